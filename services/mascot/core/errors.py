@@ -1,0 +1,60 @@
+"""Service errors, each bound to exactly one gRPC status code (DESIGN.md section 3).
+
+Only the boundary interceptor (:mod:`mascot.core.interceptors`) turns these into statuses.
+Messages say what the caller should change; they never contain prompts, user text or stack traces.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ServiceError(Exception):
+    """Base of all errors that cross a service boundary.
+
+    Attributes:
+        code: The gRPC status code the boundary sends.
+        message: Text a person can act on (no user text, no prompt, no trace).
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServiceError):
+    """Bad input: empty message, unknown persona, text over the configured limit, unspecified enum."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(ServiceError):
+    """An unknown conversation, persona set or adapter."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(ServiceError):
+    """The state forbids the request (e.g. self-play on a conversation that already has turns)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(ServiceError):
+    """A dependency is down or not ready, or the same request is still being answered: retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(ServiceError):
+    """Overload; the boundary adds ``retry-after`` metadata so that clients may retry."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(ServiceError):
+    """A propagated deadline ran out."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED

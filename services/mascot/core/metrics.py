@@ -1,0 +1,73 @@
+"""The metric catalog (DESIGN.md section 4): every name, label set and bucket, defined once.
+
+Build one :class:`Metrics` per process (or per test) on a ``CollectorRegistry`` and pass it through
+constructors; there is no module-level registry use. Labels stay bounded: never a conversation,
+user or request id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
+
+
+class Metrics:
+    """All MASCOT metrics on one registry.
+
+    Args:
+        registry: Where to register; a fresh ``CollectorRegistry`` per test keeps tests independent.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.rpc_requests = Counter(
+            "mascot_rpc_requests_total", "RPCs handled, by final status code.",
+            ["component", "rpc", "code"], registry=r)
+        self.rpc_duration = Histogram(
+            "mascot_rpc_duration_seconds", "RPC wall time in seconds, to the last message sent.",
+            ["component", "rpc", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.round_duration = Histogram(
+            "mascot_round_duration_seconds", "Wall time of one round (user message to last agent turn).",
+            ["mode"], buckets=LATENCY_BUCKETS, registry=r)
+        self.turn_duration = Histogram(
+            "mascot_turn_duration_seconds", "Wall time of one agent turn, director call included.",
+            ["persona", "adapter_version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.turn_first_token = Histogram(
+            "mascot_turn_first_token_seconds", "Time from the speaker call to its first visible delta.",
+            ["persona", "adapter_version"], buckets=LATENCY_BUCKETS, registry=r)
+        self.generated_tokens = Counter(
+            "mascot_generated_tokens_total", "Tokens generated.",
+            ["component", "persona", "adapter_version"], registry=r)
+        self.director_decisions = Counter(
+            "mascot_director_decisions_total", "Directives returned, by chosen persona and source.",
+            ["persona", "source"], registry=r)
+        self.safety_events = Counter(
+            "mascot_safety_events_total", "Safety gate actions.", ["category"], registry=r)
+        self.conversations_active = Gauge(
+            "mascot_conversations_active", "Conversations with a round in progress.", ["mode"], registry=r)
+        self.engine_batch_size = Histogram(
+            "mascot_engine_batch_size", "Requests decoded together in one engine batch.",
+            ["component"], buckets=BATCH_BUCKETS, registry=r)
+        self.judge_scores = Histogram(
+            "mascot_judge_scores", "Judge scores (1-5).", ["criterion"], buckets=SCORE_BUCKETS, registry=r)
+        self.judge_unparseable = Counter(
+            "mascot_judge_unparseable_total", "Judge answers that could not be parsed.", ["judge"], registry=r)
+        self.reward_scores = Histogram(
+            "mascot_reward_scores", "Reward-model scores (standardised).", ["model"],
+            buckets=(-3, -2, -1, -0.5, 0, 0.5, 1, 2, 3), registry=r)
+        self.reward_failures = Counter(
+            "mascot_reward_failures_total", "Reward computations that failed.", ["reason"], registry=r)
+        self.adapter_info = Gauge(
+            "mascot_adapter_info", "1 for each adapter version known to a model service.",
+            ["persona", "adapter_version", "state"], registry=r)
+        self.adapter_load_seconds = Histogram(
+            "mascot_adapter_load_seconds", "Time to load one LoRA adapter into the engine.", ["persona"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.adapter_load_failures = Counter(
+            "mascot_adapter_load_failures_total", "Adapter loads that failed.", ["reason"], registry=r)
+        self.training_runs = Counter(
+            "mascot_training_runs_total", "Training runs finished.", ["phase", "result"], registry=r)

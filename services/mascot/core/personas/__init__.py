@@ -1,0 +1,174 @@
+"""Persona cards loaded from YAML (REFERENCE.md section 3.3).
+
+A persona file holds ``persona_set`` and a list ``personas`` of cards. Unknown keys are rejected, and
+a bad file raises :class:`PersonaFileError` naming the file, the line and the field. The support and
+meeting sets ship with the package; users add their own files (``personas.extra_files``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SHIPPED_DIR = Path(__file__).parent
+SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml")
+Level = Literal["low", "mid", "high"]
+_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+class Disposition(BaseModel):
+    """Big Five disposition, each trait ``low``, ``mid`` or ``high``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    openness: Level
+    conscientiousness: Level
+    extraversion: Level
+    agreeableness: Level
+    neuroticism: Level
+
+
+class PersonaCard(BaseModel):
+    """One persona card. Field meanings: REFERENCE.md section 3.3.
+
+    ``id`` is snake_case (1-63 characters, starts with a letter) and names adapters ``<id>--v<N>``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    name: str = Field(min_length=1, max_length=64)
+    role: str = Field(min_length=1, max_length=128)
+    goal: str = Field(min_length=1, max_length=1000)
+    disposition: Disposition
+    expertise: list[str] = Field(default_factory=list)
+    allowed_moves: list[str] = Field(min_length=1)
+    forbidden_moves: list[str] = Field(default_factory=list)
+    style: list[str] = Field(default_factory=list)
+    default_tone: str = Field(min_length=1, max_length=200)
+    max_answer_words: int = Field(80, ge=5, le=2000)
+    persona_set: str = ""
+
+    @field_validator("id")
+    @classmethod
+    def _snake(cls, v: str) -> str:
+        if not _ID_RE.match(v):
+            raise ValueError("must be snake_case: lower-case letters, digits and '_', starting with a letter")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _one_line(cls, v: str) -> str:
+        if "\n" in v or ":" in v:
+            raise ValueError("must be one line without ':' (it is a speaker tag in prompts)")
+        return v
+
+
+class PersonaFile(BaseModel):
+    """The top level of a persona YAML file."""
+
+    model_config = ConfigDict(extra="forbid")
+    persona_set: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    personas: list[PersonaCard] = Field(min_length=1)
+
+
+class PersonaFileError(ValueError):
+    """A persona file is unreadable or invalid. The message reads ``FILE:LINE: field PATH: problem``."""
+
+
+def _line_of(node: yaml.Node | None, loc: tuple) -> int:
+    """Walk a composed YAML node tree along a pydantic error location; return the 1-based line."""
+    line = node.start_mark.line + 1 if node is not None else 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == part:
+                    nxt = v
+                    break
+            if nxt is None:
+                break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_persona_file(path: str | Path) -> list[PersonaCard]:
+    """Load and validate one persona file.
+
+    Args:
+        path: A YAML file with ``persona_set`` and ``personas``.
+
+    Returns:
+        The cards, each with ``persona_set`` filled in.
+
+    Raises:
+        PersonaFileError: unreadable file, bad YAML, unknown key, missing or invalid field, duplicate id.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PersonaFileError(f"{path}: cannot read persona file: {e.strerror or e}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise PersonaFileError(f"{path}:{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise PersonaFileError(f"{path}:1: expected a mapping with 'persona_set' and 'personas'")
+    try:
+        parsed = PersonaFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        raise PersonaFileError(f"{path}:{_line_of(node, loc)}: field {field}: {err['msg']}") from None
+    seen: dict[str, int] = {}
+    cards = []
+    for i, card in enumerate(parsed.personas):
+        if card.id in seen:
+            raise PersonaFileError(f"{path}:{_line_of(node, ('personas', i, 'id'))}: field personas.{i}.id: "
+                                   f"duplicate persona id '{card.id}'")
+        seen[card.id] = i
+        cards.append(card.model_copy(update={"persona_set": parsed.persona_set}))
+    return cards
+
+
+@dataclass(frozen=True)
+class PersonaCatalog:
+    """All known persona cards by id, with the default roster per mode.
+
+    Raises (from :meth:`load`): PersonaFileError for a bad file or an id defined twice across files.
+    """
+
+    cards: dict[str, PersonaCard]
+
+    @classmethod
+    def load(cls, extra_files: list[Path] | tuple[Path, ...] = ()) -> "PersonaCatalog":
+        """Load the shipped sets plus ``extra_files`` (a user card may not reuse a shipped id)."""
+        cards: dict[str, PersonaCard] = {}
+        for f in (*SHIPPED_FILES, *extra_files):
+            for card in load_persona_file(f):
+                if card.id in cards:
+                    raise PersonaFileError(f"{f}: field personas.id: persona id '{card.id}' is already defined "
+                                           f"in set '{cards[card.id].persona_set}'")
+                cards[card.id] = card
+        return cls(cards)
+
+    def get(self, persona_id: str) -> PersonaCard:
+        """Return a card. Raises KeyError for an unknown id."""
+        return self.cards[persona_id]
+
+    def in_set(self, persona_set: str) -> list[PersonaCard]:
+        """Cards of one set, in file order."""
+        return [c for c in self.cards.values() if c.persona_set == persona_set]

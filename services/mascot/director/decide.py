@@ -1,0 +1,109 @@
+"""One director decision: prompt, (constrained) generation, parse, cap, retries, fallback (REFERENCE.md section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
+from mascot.core.personas import PersonaCard
+from mascot.director.directive import (
+    DirectiveError,
+    ParsedDirective,
+    check_cap,
+    directive_regex,
+    fallback_directive,
+    fallback_persona,
+    parse_directive,
+)
+from mascot.director.prompts import fit_messages
+
+MODEL, RETRY, FALLBACK = "model", "retry", "fallback"
+
+
+@dataclass
+class Decision:
+    """The outcome of one decision.
+
+    Attributes:
+        directive: The chosen directive.
+        source: ``model`` (first attempt valid), ``retry`` (a re-prompt valid) or ``fallback``.
+        raw_attempts: Raw director text per attempt (1 + retries entries).
+        parse_errors: The error of each failed attempt.
+        model_choice: Persona the model named in its last attempt that named exactly one, before the cap; '' if none.
+        generated_tokens: Tokens generated over all attempts.
+    """
+
+    directive: ParsedDirective
+    source: str
+    raw_attempts: list[str] = field(default_factory=list)
+    parse_errors: list[str] = field(default_factory=list)
+    model_choice: str = ""
+    generated_tokens: int = 0
+
+    @property
+    def retries(self) -> int:
+        """Re-prompts made: attempts after the first."""
+        return max(0, len(self.raw_attempts) - 1)
+
+    @property
+    def raw(self) -> str:
+        """Raw text of the deciding (or last failed) attempt."""
+        return self.raw_attempts[-1] if self.raw_attempts else ""
+
+
+async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
+                 context: Sequence[tuple[str, str]], cfg: Any, *, adapter: str | None = None,
+                 seed: int | None = None) -> Decision:
+    """Ask the director model for the next directive.
+
+    Args:
+        engine: An :class:`~mascot.core.engine.Engine`.
+        roster: Active personas (at least one).
+        history: Visible history, oldest first.
+        context: Seed context lines.
+        cfg: :class:`~mascot.core.config.DirectorConfig` (constrained, max_retries, max_consecutive_turns, ...).
+        adapter: Director LoRA adapter name, or None.
+        seed: Sampling seed (used when ``cfg.temperature > 0``).
+
+    Returns:
+        A :class:`Decision`; after ``1 + max_retries`` invalid attempts the fallback persona (least recent, cap
+        respected). When the cap excludes everyone, the least recent persona regardless of the cap.
+
+    Raises:
+        ValueError: empty roster, or the prompt cannot fit the context window.
+    """
+    if not roster:
+        raise ValueError("empty roster")
+    structured = None
+    if cfg.constrained and engine.supports_structured_output:
+        structured = StructuredOutput(regex=directive_regex(roster, max_action_chars=cfg.max_action_chars,
+                                                            max_tone_chars=cfg.max_tone_chars,
+                                                            max_think_chars=cfg.max_think_chars))
+    decision = Decision(directive=fallback_directive(roster[0]), source=FALLBACK)
+    failed: list[tuple[str, str]] = []
+    for attempt in range(1 + cfg.max_retries):
+        msgs = fit_messages(roster, history, context, cfg.max_consecutive_turns, failed, engine.render_chat,
+                            engine.count_tokens, engine.max_context_tokens - cfg.max_tokens)
+        sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                            seed=None if seed is None else seed + attempt)
+        result = await engine.generate(GenerationRequest(engine.render_chat(msgs), sp, adapter=adapter,
+                                                         structured=structured))
+        decision.raw_attempts.append(result.text)
+        decision.generated_tokens += len(result.token_ids)
+        try:
+            parsed = parse_directive(result.text, roster)
+            decision.model_choice = parsed.persona_id
+            check_cap(parsed.persona_id, history, cfg.max_consecutive_turns)
+        except DirectiveError as e:
+            decision.parse_errors.append(str(e))
+            failed.append((result.text, str(e)))
+            continue
+        decision.directive = parsed
+        decision.source = MODEL if attempt == 0 else RETRY
+        return decision
+    card = fallback_persona(roster, history, cfg.max_consecutive_turns) or fallback_persona(roster, history, 10**9)
+    decision.directive = fallback_directive(card)
+    decision.source = FALLBACK
+    return decision

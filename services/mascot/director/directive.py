@@ -1,0 +1,118 @@
+"""Directive parsing, validation, the consecutive-turn cap and the fallback (REFERENCE.md section 2).
+
+Pure functions over plain data; the servicer and the Phase-2 rollouts call them directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, consecutive_turns, fallback_persona  # noqa: F401
+from mascot.core.personas import PersonaCard
+
+_FIELD_RE = re.compile(r"^\s*(agent|action|tone)\s*:(.*)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedDirective:
+    """A directive that passed the parse rules: the persona id and non-empty action and tone."""
+
+    persona_id: str
+    action: str
+    tone: str
+
+
+class DirectiveError(ValueError):
+    """The director text breaks a parse rule; the message says which, for the retry prompt."""
+
+
+def visible_part(text: str) -> str:
+    """The text after the last ``</think>`` (all of it when there is none)."""
+    k = text.rfind("</think>")
+    return text[k + len("</think>"):] if k != -1 else text
+
+
+def _norm(name: str) -> str:
+    n = " ".join(name.strip().strip("*").strip().lower().split())
+    return n[4:] if n.startswith("the ") else n
+
+
+def match_persona(name: str, roster: Sequence[PersonaCard]) -> str:
+    """Map an ``Agent:`` value to exactly one persona id of ``roster``.
+
+    Matching is case-insensitive, a leading "The " is optional, and the persona id also matches.
+
+    Raises:
+        DirectiveError: no persona or several personas match.
+    """
+    want = _norm(name)
+    if not want:
+        raise DirectiveError("the Agent line is empty")
+    hits = [c.id for c in roster if want in (_norm(c.name), c.id)]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        raise DirectiveError(f"the Agent line matches several agents ({', '.join(hits)})")
+    named = [c.name for c in roster if _norm(c.name) in want]
+    if len(named) > 1:
+        raise DirectiveError("the Agent line names several agents; name exactly one")
+    raise DirectiveError(f"'{name.strip()[:60]}' is not one of the agents: " + ", ".join(c.name for c in roster))
+
+
+def parse_directive(text: str, roster: Sequence[PersonaCard]) -> ParsedDirective:
+    """Parse director output into a directive.
+
+    Rules (REFERENCE.md section 2): read the text after any ``</think>``; it must hold exactly one ``Agent:``,
+    one ``Action:`` and one ``Tone:`` line, in that order, and nothing else (blank lines aside). Field names
+    are case-insensitive. ``Agent`` must name exactly one active persona; Action and Tone must be non-empty.
+
+    Raises:
+        DirectiveError: with a message naming the broken rule.
+    """
+    lines = [ln for ln in visible_part(text).splitlines() if ln.strip()]
+    fields: list[tuple[str, str]] = []
+    for ln in lines:
+        m = _FIELD_RE.match(ln)
+        if not m:
+            raise DirectiveError("every line must be 'Agent: ...', 'Action: ...' or 'Tone: ...'")
+        fields.append((m.group(1).lower(), m.group(2).strip()))
+    names = [f for f, _ in fields]
+    if names != ["agent", "action", "tone"]:
+        raise DirectiveError("the answer must have exactly three lines, Agent, Action and Tone, in that order")
+    agent, action, tone = (v for _, v in fields)
+    persona_id = match_persona(agent, roster)
+    if not action:
+        raise DirectiveError("the Action line is empty")
+    if not tone:
+        raise DirectiveError("the Tone line is empty")
+    return ParsedDirective(persona_id, action, tone)
+
+
+def check_cap(persona_id: str, history: Sequence[HistoryTurn], max_consecutive: int) -> None:
+    """Raise :class:`DirectiveError` when speaking again would exceed ``max_consecutive`` turns in a row."""
+    if consecutive_turns(history, persona_id) + 1 > max_consecutive:
+        raise DirectiveError(f"{persona_id} has already spoken {max_consecutive} turns in a row; pick another agent")
+
+
+def fallback_directive(card: PersonaCard) -> ParsedDirective:
+    """The fallback directive for ``card``: the standard action and the persona's default tone."""
+    return ParsedDirective(card.id, FALLBACK_ACTION, card.default_tone)
+
+
+def _rx_escape(text: str) -> str:
+    """Escape regex metacharacters (not spaces: xgrammar rejects the escape '\\ ')."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()/-])", r"\\\1", text)
+
+
+def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
+                    max_think_chars: int = 0) -> str:
+    """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
+
+    An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it).
+    """
+    names = "|".join(_rx_escape(c.name) for c in roster)
+    head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
+    return (rf"{head}Agent: ({names})\nAction: [^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}\n"
+            rf"Tone: [^\n<\t ][^\n<]{{0,{max_tone_chars - 1}}}")

@@ -1,0 +1,48 @@
+"""DirectorService: proto <-> domain and validation; the logic is :func:`mascot.director.decide.decide`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.api.director.v1 import director_pb2 as pb
+from mascot.api.director.v1 import director_pb2_grpc as pb_grpc
+from mascot.core.dialogue import context_from_proto, history_from_proto, roster_from_ids
+from mascot.core.engine import BASE_ADAPTER
+from mascot.core.errors import InvalidArgument
+from mascot.core.personas import PersonaCatalog
+from mascot.director.decide import decide
+
+SOURCES = {"model": dpb.DIRECTIVE_SOURCE_MODEL, "retry": dpb.DIRECTIVE_SOURCE_RETRY,
+           "fallback": dpb.DIRECTIVE_SOURCE_FALLBACK}
+class DirectorServicer(pb_grpc.DirectorServiceServicer):
+    """Serves NextDirective on a shared engine.
+
+    Args:
+        engine: The generation engine.
+        catalog: Persona cards.
+        cfg: :class:`~mascot.core.config.DirectorConfig`.
+        metrics: :class:`~mascot.core.metrics.Metrics`.
+    """
+
+    def __init__(self, engine: Any, catalog: PersonaCatalog, cfg: Any, metrics: Any) -> None:
+        self.engine, self.catalog, self.cfg, self.metrics = engine, catalog, cfg, metrics
+
+    async def NextDirective(self, request: pb.NextDirectiveRequest, context: Any) -> pb.NextDirectiveResponse:
+        roster = roster_from_ids(self.catalog, list(request.persona_ids))
+        history = history_from_proto(request.history, known_personas=list(self.catalog.cards))
+        adapter = self.cfg.adapter or None
+        try:
+            d = await decide(self.engine, roster, history, context_from_proto(request.context), self.cfg,
+                             adapter=adapter, seed=request.seed)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        version = adapter or BASE_ADAPTER
+        self.metrics.director_decisions.labels(persona=d.directive.persona_id, source=d.source).inc()
+        self.metrics.generated_tokens.labels(component="director", persona="director",
+                                             adapter_version=version).inc(d.generated_tokens)
+        return pb.NextDirectiveResponse(
+            directive=dpb.Directive(persona_id=d.directive.persona_id, action=d.directive.action,
+                                    tone=d.directive.tone, source=SOURCES[d.source], raw=d.raw),
+            retries=d.retries, raw_attempts=d.raw_attempts, parse_errors=d.parse_errors,
+            model_choice=d.model_choice, adapter_version=version)

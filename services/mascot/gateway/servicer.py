@@ -1,0 +1,217 @@
+"""ConversationService: validation, idempotent rounds, and proto conversion around :class:`TurnLoop`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.dialogue import HistoryTurn, roster_from_ids
+from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mascot.core.personas import PersonaCatalog
+from mascot.gateway.store import IntegrityError, Store, text_digest
+from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, turn_to_proto
+
+MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
+MODE_VALUES = {v: k for k, v in MODES.items()}
+MAX_KEY_CHARS = 128
+
+
+def _nonblank(text: str, field: str, limit: int) -> str:
+    if not text.strip():
+        raise InvalidArgument(f"{field} is empty or whitespace only; send some text")
+    if len(text) > limit:
+        raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit}")
+    return text
+
+
+class ConversationServicer(cpb_grpc.ConversationServiceServicer):
+    """The gateway's public API.
+
+    Args:
+        store: Conversation store.
+        catalog: Persona cards.
+        loop: The :class:`TurnLoop` (holds the director and speaker stubs).
+        cfg: :class:`~mascot.core.config.MascotConfig`.
+        metrics: :class:`~mascot.core.metrics.Metrics`.
+    """
+
+    def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any) -> None:
+        self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
+        self._running: dict[str, str] = {}  # conversation id -> idempotency key of the round in progress
+
+    # ------------------------------------------------------------------ helpers
+    async def _conversation(self, conv_id: str) -> tuple[Any, list]:
+        if not conv_id:
+            raise InvalidArgument("conversation_id is empty")
+        found = await asyncio.to_thread(self.store.get_conversation, conv_id)
+        if found is None:
+            raise NotFound(f"conversation {conv_id[:64]!r} does not exist (StartConversation creates one)")
+        return found
+
+    def _default_roster(self, mode: str) -> list[str]:
+        active = self.cfg.personas.active_support if mode == "support" else self.cfg.personas.active_meeting
+        return list(active) or [c.id for c in self.catalog.in_set(mode)]
+
+    def _conv_proto(self, conv: Any, turns: list, include_think: bool = False) -> cpb.Conversation:
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        ts = Timestamp()
+        ts.FromDatetime(conv.created_at)
+        return cpb.Conversation(id=conv.id, mode=MODE_VALUES[conv.mode], persona_ids=conv.persona_ids,
+                                source_id=conv.source_id,
+                                context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in conv.context],
+                                turns=[turn_to_proto(t, include_think) for t in turns], create_time=ts,
+                                adapter_versions=conv.adapter_versions)
+
+    def _acquire(self, conv_id: str, key: str) -> None:
+        held = self._running.get(conv_id)
+        if held == key:
+            raise Unavailable("this message is still being answered; retry with the same idempotency key")
+        if held is not None:
+            raise FailedPrecondition("another message of this conversation is being answered; wait for its "
+                                     "RoundCompleted event")
+        self._running[conv_id] = key
+
+    # ------------------------------------------------------------------ RPCs
+    async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
+                                ) -> cpb.StartConversationResponse:
+        if request.mode not in MODES:
+            raise InvalidArgument("mode must be MODE_SUPPORT or MODE_MEETING")
+        mode = MODES[request.mode]
+        ids = list(request.persona_ids) or self._default_roster(mode)
+        roster_from_ids(self.catalog, ids)
+        if len(request.source_id) > 256:
+            raise InvalidArgument("source_id is longer than 256 characters")
+        ctx = [(c.speaker, c.content) for c in request.context]
+        if sum(len(s) + len(c) for s, c in ctx) > self.cfg.dialogue.max_context_chars:
+            raise InvalidArgument(f"context exceeds {self.cfg.dialogue.max_context_chars} characters")
+        conv = await asyncio.to_thread(self.store.create_conversation, str(uuid.uuid4()), mode, ids,
+                                       request.source_id, ctx)
+        return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))
+
+    async def SendMessage(self, request: cpb.SendMessageRequest, context: Any) -> AsyncIterator[cpb.SendMessageResponse]:
+        key = request.idempotency_key
+        if not key or len(key) > MAX_KEY_CHARS:
+            raise InvalidArgument(f"idempotency_key must be 1 to {MAX_KEY_CHARS} characters")
+        text = _nonblank(request.text, "text", self.cfg.dialogue.max_message_chars)
+        conv, turns = await self._conversation(request.conversation_id)
+        self._acquire(conv.id, key)
+        try:
+            async for ev in self._round(conv, turns, key, text, context):
+                yield cpb.SendMessageResponse(event=ev)
+        finally:
+            self._running.pop(conv.id, None)
+
+    async def _round(self, conv: Any, turns: list, key: str, text: str, context: Any) -> AsyncIterator[Any]:
+        deadline = context.time_remaining if context is not None else None
+        rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
+        replayed: list = []
+        if rnd is not None:
+            if rnd.text_sha256 != text_digest(text):
+                raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
+            replayed = await asyncio.to_thread(self.store.round_turns, conv.id, key)
+            user_row = replayed[0]
+            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=True))
+            for row in replayed[1:]:
+                t = turn_to_proto(row)
+                yield event(turn_started=cpb.TurnStarted(index=t.index, role=t.role, directive=t.directive))
+                yield event(turn_completed=cpb.TurnCompleted(turn=t))
+            if rnd.state == "done":
+                yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
+                                                               reason=REASONS.get(rnd.reason, 0)))
+                return
+            turns = (await asyncio.to_thread(self.store.get_conversation, conv.id))[1]
+        else:
+            try:
+                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text)
+            except IntegrityError:
+                raise Unavailable("this message is being stored by another request; retry") from None
+            turns = [*turns, user_row]
+            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
+        st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
+                        history=[HistoryTurn(t.role, t.text, t.persona_id) for t in turns],
+                        context=[tuple(c) for c in conv.context], round_key=key,
+                        seed=int(text_digest(conv.id + key)[:8], 16))
+        done_before = sum(1 for r in replayed[1:] if r.role == "agent")
+        st.agent_turns = done_before
+        t0 = time.perf_counter()
+        self.metrics.conversations_active.labels(conv.mode).inc()
+        try:
+            reason = "completed"
+            async for item in self.loop.agent_turns(st, self.cfg.dialogue.agent_turns_per_round - done_before,
+                                                    deadline):
+                if isinstance(item, str):
+                    reason = item
+                else:
+                    yield item
+            await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
+            self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
+            yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
+        finally:
+            self.metrics.conversations_active.labels(conv.mode).dec()
+
+    async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any) -> AsyncIterator[cpb.RunSelfPlayResponse]:
+        opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
+        if not request.HasField("user") or not request.user.situation.strip():
+            raise InvalidArgument("user.situation is required for the simulated user")
+        n = request.agent_turns or self.cfg.selfplay.agent_turns
+        if not 1 <= n <= 64:
+            raise InvalidArgument(f"agent_turns must be 1 to 64, got {request.agent_turns}")
+        p = request.user_speak_prob if request.HasField("user_speak_prob") else self.cfg.selfplay.user_speak_prob
+        if not 0.0 <= p <= 1.0:
+            raise InvalidArgument(f"user_speak_prob must be in [0, 1], got {p}")
+        conv, turns = await self._conversation(request.conversation_id)
+        if turns:
+            raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
+        key = "selfplay"
+        self._acquire(conv.id, key)
+        t0 = time.perf_counter()
+        self.metrics.conversations_active.labels(conv.mode).inc()
+        try:
+            _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening)
+            yield cpb.RunSelfPlayResponse(event=event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row))))
+            st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
+                            history=[HistoryTurn("user", opening)], context=[tuple(c) for c in conv.context],
+                            round_key=key, seed=request.seed)
+            reason = "completed"
+            async for item in self.loop.self_play(st, request.user, n, p, context.time_remaining):
+                if isinstance(item, str):
+                    reason = item
+                else:
+                    yield cpb.RunSelfPlayResponse(event=item)
+            await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
+            self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
+            yield cpb.RunSelfPlayResponse(event=event(round_completed=cpb.RoundCompleted(
+                agent_turns=st.agent_turns, reason=REASONS[reason])))
+        except IntegrityError:
+            raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
+        finally:
+            self.metrics.conversations_active.labels(conv.mode).dec()
+            self._running.pop(conv.id, None)
+
+    async def GetConversation(self, request: cpb.GetConversationRequest, context: Any) -> cpb.GetConversationResponse:
+        conv, turns = await self._conversation(request.conversation_id)
+        return cpb.GetConversationResponse(conversation=self._conv_proto(conv, turns, request.include_think),
+                                           director_retries=conv.director_retries,
+                                           director_fallbacks=conv.director_fallbacks)
+
+    async def DeleteConversation(self, request: cpb.DeleteConversationRequest, context: Any
+                                 ) -> cpb.DeleteConversationResponse:
+        conv, _ = await self._conversation(request.conversation_id)
+        if conv.id in self._running:
+            raise FailedPrecondition("a round of this conversation is running; delete it after RoundCompleted")
+        await asyncio.to_thread(self.store.delete_conversation, conv.id)
+        return cpb.DeleteConversationResponse()
+
+    async def ListPersonas(self, request: cpb.ListPersonasRequest, context: Any) -> cpb.ListPersonasResponse:
+        if request.mode and request.mode not in MODES:
+            raise InvalidArgument(f"unknown mode {request.mode}")
+        cards = self.catalog.in_set(MODES[request.mode]) if request.mode else list(self.catalog.cards.values())
+        return cpb.ListPersonasResponse(personas=[dpb.Persona(
+            id=c.id, name=c.name, role=c.role, goal=c.goal, default_tone=c.default_tone, persona_set=c.persona_set,
+            max_answer_words=c.max_answer_words) for c in cards])

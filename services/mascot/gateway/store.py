@@ -1,0 +1,251 @@
+"""Conversation store: SQLAlchemy 2 models, Alembic-migrated schema, one committed transaction per write.
+
+Any SQLAlchemy URL works (SQLite file by default, PostgreSQL by URL). A turn is committed before its
+event is sent, so an acknowledged turn survives SIGKILL of the gateway. Rounds are keyed by
+(conversation, idempotency key) so that a retried message is answered from what was stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
+                        create_engine, delete, event, func, select)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the gateway tables."""
+
+
+class ConversationRow(Base):
+    """A conversation."""
+
+    __tablename__ = "conversations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    persona_ids: Mapped[list] = mapped_column(JSON)
+    source_id: Mapped[str] = mapped_column(String(256), default="")
+    context: Mapped[list] = mapped_column(JSON, default=list)
+    adapter_versions: Mapped[dict] = mapped_column(JSON, default=dict)
+    director_retries: Mapped[int] = mapped_column(Integer, default=0)
+    director_fallbacks: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TurnRow(Base):
+    """A stored turn; ``idx`` is its 0-based position in the conversation."""
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("conversation_id", "idx", name="uq_turn_position"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    idx: Mapped[int] = mapped_column(Integer)
+    round_key: Mapped[str] = mapped_column(String(160), default="")
+    role: Mapped[str] = mapped_column(String(8))
+    persona_id: Mapped[str] = mapped_column(String(64), default="")
+    directive: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    adapter_version: Mapped[str] = mapped_column(String(128), default="")
+    text: Mapped[str] = mapped_column(Text)
+    think: Mapped[str] = mapped_column(Text, default="")
+    safety: Mapped[bool] = mapped_column(Boolean, default=False)
+    latency_s: Mapped[float] = mapped_column(Float, default=0.0)
+    first_token_s: Mapped[float] = mapped_column(Float, default=0.0)
+    director_s: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RoundRow(Base):
+    """A round started by a user message, keyed by its idempotency key."""
+
+    __tablename__ = "rounds"
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                 primary_key=True)
+    idempotency_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    text_sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # running | done
+    user_turn_idx: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(32), default="")
+    agent_turns: Mapped[int] = mapped_column(Integer, default=0)
+
+
+@dataclass
+class NewTurn:
+    """A turn to append (``idx`` is assigned by the store)."""
+
+    role: str
+    text: str
+    persona_id: str = ""
+    directive: dict | None = None
+    adapter_version: str = ""
+    think: str = ""
+    safety: bool = False
+    latency_s: float = 0.0
+    first_token_s: float = 0.0
+    director_s: float = 0.0
+    round_key: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 hex digest of a message text (stored instead of comparing texts)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def run_migrations(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (idempotent)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Store:
+    """Synchronous store; the gateway calls it through ``asyncio.to_thread``.
+
+    Args:
+        url: SQLAlchemy URL. For a SQLite file the parent directory is created.
+        migrate: Run Alembic migrations at start (the Helm chart runs them as a hook Job instead).
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: a malformed URL.
+    """
+
+    def __init__(self, url: str, migrate: bool = True) -> None:
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(conn: Any, _rec: Any) -> None:
+                cur = conn.cursor()
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=FULL")
+                cur.close()
+        if migrate:
+            run_migrations(self.engine)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Dispose of the connection pool."""
+        self.engine.dispose()
+
+    def session(self) -> Session:
+        """A new session (use as a context manager)."""
+        return self._session()
+
+    # conversations
+    def create_conversation(self, conv_id: str, mode: str, persona_ids: list[str], source_id: str,
+                            context: list[tuple[str, str]]) -> ConversationRow:
+        """Insert a conversation and return it."""
+        row = ConversationRow(id=conv_id, mode=mode, persona_ids=list(persona_ids), source_id=source_id,
+                              context=[list(c) for c in context], adapter_versions={}, created_at=_now())
+        with self.session() as s, s.begin():
+            s.add(row)
+        return row
+
+    def get_conversation(self, conv_id: str) -> tuple[ConversationRow, list[TurnRow]] | None:
+        """The conversation and its turns in order, or None."""
+        with self.session() as s:
+            conv = s.get(ConversationRow, conv_id)
+            if conv is None:
+                return None
+            turns = list(s.scalars(select(TurnRow).where(TurnRow.conversation_id == conv_id).order_by(TurnRow.idx)))
+            return conv, turns
+
+    def delete_conversation(self, conv_id: str) -> bool:
+        """Delete a conversation with its turns and rounds; False when it did not exist."""
+        with self.session() as s, s.begin():
+            conv = s.get(ConversationRow, conv_id)
+            if conv is None:
+                return False
+            for model in (TurnRow, RoundRow, ConversationRow):
+                col = model.id if model is ConversationRow else model.conversation_id
+                s.execute(delete(model).where(col == conv_id))
+        return True
+
+    def count_turns(self, conv_id: str) -> int:
+        """Number of stored turns."""
+        with self.session() as s:
+            return int(s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id)))
+
+    # turns
+    def append_turn(self, conv_id: str, turn: NewTurn, director_retries: int = 0,
+                    director_fallbacks: int = 0) -> TurnRow:
+        """Append a turn at the next index (and add director counters) in one committed transaction."""
+        with self.session() as s, s.begin():
+            n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
+            row = TurnRow(conversation_id=conv_id, idx=int(n), round_key=turn.round_key, role=turn.role,
+                          persona_id=turn.persona_id, directive=turn.directive, adapter_version=turn.adapter_version,
+                          text=turn.text, think=turn.think, safety=turn.safety, latency_s=turn.latency_s,
+                          first_token_s=turn.first_token_s, director_s=turn.director_s, created_at=_now())
+            s.add(row)
+            if director_retries or director_fallbacks:
+                conv = s.get(ConversationRow, conv_id)
+                conv.director_retries += director_retries
+                conv.director_fallbacks += director_fallbacks
+        return row
+
+    def add_director_counts(self, conv_id: str, retries: int, fallbacks: int) -> None:
+        """Add to the conversation's director counters."""
+        if not (retries or fallbacks):
+            return
+        with self.session() as s, s.begin():
+            conv = s.get(ConversationRow, conv_id)
+            conv.director_retries += retries
+            conv.director_fallbacks += fallbacks
+
+    # rounds
+    def get_round(self, conv_id: str, key: str) -> RoundRow | None:
+        """The round stored under ``key``, or None."""
+        with self.session() as s:
+            return s.get(RoundRow, (conv_id, key))
+
+    def start_round(self, conv_id: str, key: str, text: str) -> tuple[RoundRow, TurnRow]:
+        """Store the user's turn and a ``running`` round in one transaction.
+
+        Raises:
+            IntegrityError: a round with this key already exists (a concurrent duplicate).
+        """
+        with self.session() as s, s.begin():
+            n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
+            turn = TurnRow(conversation_id=conv_id, idx=int(n), round_key=key, role="user", text=text,
+                           created_at=_now())
+            rnd = RoundRow(conversation_id=conv_id, idempotency_key=key, text_sha256=text_digest(text),
+                           state="running", user_turn_idx=int(n))
+            s.add_all([turn, rnd])
+        return rnd, turn
+
+    def finish_round(self, conv_id: str, key: str, reason: str, agent_turns: int) -> None:
+        """Mark a round ``done`` with why it ended."""
+        with self.session() as s, s.begin():
+            rnd = s.get(RoundRow, (conv_id, key))
+            rnd.state, rnd.reason, rnd.agent_turns = "done", reason, agent_turns
+
+    def round_turns(self, conv_id: str, key: str) -> list[TurnRow]:
+        """Turns stored under a round key, in order (the user turn first)."""
+        with self.session() as s:
+            return list(s.scalars(select(TurnRow).where(TurnRow.conversation_id == conv_id,
+                                                        TurnRow.round_key == key).order_by(TurnRow.idx)))
+
+
+__all__ = ["Store", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "IntegrityError", "text_digest",
+           "run_migrations"]

@@ -1,0 +1,251 @@
+"""The turn loop (REFERENCE.md section 1): director -> speaker, per round and in self-play.
+
+Each agent turn: NextDirective on the director service, then GenerateReply on the speaker service with
+its deltas forwarded as events. An empty visible reply is retried once; then the turn goes to another
+persona (a ``fallback`` directive naming it); if that reply is empty too, the round ends. Every turn is
+committed to the store before its TurnCompleted event is yielded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.api.director.v1 import director_pb2 as dirpb
+from mascot.api.speaker.v1 import speaker_pb2 as spb
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, fallback_persona, history_to_proto
+from mascot.core.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
+from mascot.core.personas import PersonaCatalog
+from mascot.gateway.store import NewTurn, Store, TurnRow
+
+SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
+                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety"}
+SOURCE_VALUES = {v: k for k, v in SOURCE_NAMES.items()}
+REASONS = {"completed": cpb.ROUND_END_REASON_COMPLETED, "empty_replies": cpb.ROUND_END_REASON_EMPTY_REPLIES,
+           "safety": cpb.ROUND_END_REASON_SAFETY}
+
+
+def duration(seconds: float) -> Any:
+    """A ``google.protobuf.Duration`` of ``seconds``."""
+    from google.protobuf.duration_pb2 import Duration
+
+    d = Duration()
+    d.FromNanoseconds(int(max(0.0, seconds) * 1e9))
+    return d
+
+
+def turn_to_proto(row: TurnRow, include_think: bool = False) -> dpb.Turn:
+    """A stored turn as a proto ``Turn`` (thinking text only on request)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    ts = Timestamp()
+    ts.FromDatetime(row.created_at)
+    directive = None
+    if row.directive:
+        d = row.directive
+        directive = dpb.Directive(persona_id=d["persona_id"], action=d["action"], tone=d["tone"],
+                                  source=SOURCE_VALUES.get(d["source"], 0), raw=d.get("raw", ""))
+    return dpb.Turn(index=row.idx, role=dpb.ROLE_USER if row.role == "user" else dpb.ROLE_AGENT,
+                    persona_id=row.persona_id, directive=directive, adapter_version=row.adapter_version,
+                    text=row.text, think=row.think if include_think else "", safety=row.safety, create_time=ts,
+                    timings=dpb.TurnTimings(latency=duration(row.latency_s), first_token=duration(row.first_token_s),
+                                            director=duration(row.director_s)))
+
+
+def event(**kw: Any) -> cpb.ConversationEvent:
+    """A ConversationEvent with one field set."""
+    return cpb.ConversationEvent(**kw)
+
+
+def _rpc_error(e: grpc.aio.AioRpcError, what: str) -> ServiceError:
+    code = e.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DeadlineExceeded(f"the {what} did not answer before the deadline")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(f"the {what} rejected the request: {e.details()}")
+    return Unavailable(f"the {what} is unavailable ({code.name}); retry later")
+
+
+@dataclass
+class RoundState:
+    """Mutable state of one running round or self-play session."""
+
+    conv_id: str
+    mode: str
+    roster: list
+    history: list[HistoryTurn]
+    context: list[tuple[str, str]]
+    round_key: str
+    seed: int
+    agent_turns: int = 0
+
+
+class TurnLoop:
+    """Runs rounds against the director and speaker services.
+
+    Args:
+        store: The conversation store.
+        catalog: Persona cards.
+        director: A ``DirectorServiceStub``.
+        speaker: A ``SpeakerServiceStub``.
+        cfg: :class:`~mascot.core.config.MascotConfig`.
+        metrics: :class:`~mascot.core.metrics.Metrics`.
+        time_remaining: Callable returning seconds left of the caller's deadline, or None.
+    """
+
+    def __init__(self, store: Store, catalog: PersonaCatalog, director: Any, speaker: Any, cfg: Any,
+                 metrics: Any) -> None:
+        self.store, self.catalog, self.director, self.speaker = store, catalog, director, speaker
+        self.cfg, self.metrics = cfg, metrics
+
+    def _timeout(self, time_remaining: Callable[[], float | None] | None) -> float:
+        t = self.cfg.server.call_timeout_s
+        left = time_remaining() if time_remaining else None
+        return min(t, left) if left is not None else t
+
+    async def _store(self, conv_id: str, turn: NewTurn, retries: int = 0, fallbacks: int = 0) -> TurnRow:
+        return await asyncio.to_thread(self.store.append_turn, conv_id, turn, retries, fallbacks)
+
+    async def _speak(self, st: RoundState, index: int, request: spb.GenerateReplyRequest,
+                     deadline: Callable[[], float | None] | None) -> AsyncIterator[Any]:
+        """Forward speaker deltas as TurnDelta events; finally yield the ReplyFinal."""
+        final = None
+        try:
+            call = self.speaker.GenerateReply(request, timeout=self._timeout(deadline))
+            async for msg in call:
+                if msg.WhichOneof("event") == "delta":
+                    yield event(turn_delta=cpb.TurnDelta(index=index, text=msg.delta.text))
+                else:
+                    final = msg.final
+        except grpc.aio.AioRpcError as e:
+            raise _rpc_error(e, "speaker service") from None
+        if final is None:
+            raise Unavailable("the speaker service ended the stream without a final reply; retry")
+        yield final
+
+    async def agent_turn(self, st: RoundState, deadline: Callable[[], float | None] | None = None
+                         ) -> AsyncIterator[Any]:
+        """Yield the events of one agent turn; the last item is ``True`` if a turn was stored, else ``False``."""
+        t0 = time.perf_counter()
+        try:
+            resp = await self.director.NextDirective(dirpb.NextDirectiveRequest(
+                persona_ids=[c.id for c in st.roster], history=history_to_proto(st.history),
+                context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
+                seed=st.seed + len(st.history)), timeout=self._timeout(deadline))
+        except grpc.aio.AioRpcError as e:
+            raise _rpc_error(e, "director service") from None
+        director_s = time.perf_counter() - t0
+        retries = resp.retries
+        fallbacks = 1 if resp.directive.source == dpb.DIRECTIVE_SOURCE_FALLBACK else 0
+        directive = resp.directive
+        index = len(st.history)
+        tried: list[str] = []
+        for attempt in range(3):
+            pid = directive.persona_id
+            yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=directive))
+            final = None
+            for repeat in range(2):  # an empty visible reply is retried once
+                req = spb.GenerateReplyRequest(
+                    persona_id=pid, directive=directive, history=history_to_proto(st.history),
+                    context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
+                    roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + attempt * 2 + repeat)
+                async for item in self._speak(st, index, req, deadline):
+                    if isinstance(item, spb.ReplyFinal):
+                        final = item
+                    else:
+                        yield item
+                if final.text.strip():
+                    break
+            if final is not None and final.text.strip():
+                latency = time.perf_counter() - t0
+                first = final.first_token.ToTimedelta().total_seconds()
+                d = {"persona_id": pid, "action": directive.action, "tone": directive.tone,
+                     "source": SOURCE_NAMES.get(directive.source, "model"), "raw": directive.raw}
+                row = await self._store(st.conv_id, NewTurn(
+                    role="agent", text=final.text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
+                    think=final.think, latency_s=latency, first_token_s=first, director_s=director_s,
+                    round_key=st.round_key), retries, fallbacks)
+                st.history.append(HistoryTurn("agent", final.text, pid))
+                st.agent_turns += 1
+                self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
+                self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
+                yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
+                yield True
+                return
+            tried.append(pid)
+            if attempt == 1:
+                break
+            card = fallback_persona(st.roster, st.history, self.cfg.director.max_consecutive_turns, exclude=tried)
+            if card is None:
+                break
+            fallbacks += 1
+            self.metrics.director_decisions.labels(persona=card.id, source="fallback").inc()
+            directive = dpb.Directive(persona_id=card.id, action=FALLBACK_ACTION, tone=card.default_tone,
+                                      source=dpb.DIRECTIVE_SOURCE_FALLBACK, raw=directive.raw)
+        await asyncio.to_thread(self.store.add_director_counts, st.conv_id, retries, fallbacks)
+        yield False
+
+    async def user_turn(self, st: RoundState, user: dpb.UserSimulation,
+                        deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
+        """Yield the events of one simulated-user turn (nothing is stored when its reply is empty)."""
+        t0 = time.perf_counter()
+        index = len(st.history)
+        yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_USER))
+        req = spb.GenerateReplyRequest(user_simulation=user, history=history_to_proto(st.history),
+                                       context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
+                                       roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13)
+        final = None
+        async for item in self._speak(st, index, req, deadline):
+            if isinstance(item, spb.ReplyFinal):
+                final = item
+            else:
+                yield item
+        if final is not None and final.text.strip():
+            row = await self._store(st.conv_id, NewTurn(
+                role="user", text=final.text, think=final.think, adapter_version=final.adapter_version,
+                latency_s=time.perf_counter() - t0, first_token_s=final.first_token.ToTimedelta().total_seconds(),
+                round_key=st.round_key))
+            st.history.append(HistoryTurn("user", final.text))
+            yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
+
+    async def agent_turns(self, st: RoundState, n: int, deadline: Callable[[], float | None] | None = None
+                          ) -> AsyncIterator[Any]:
+        """Run up to ``n`` agent turns; the last item is the end reason ("completed" or "empty_replies")."""
+        for _ in range(n):
+            ok = False
+            async for item in self.agent_turn(st, deadline):
+                if isinstance(item, bool):
+                    ok = item
+                else:
+                    yield item
+            if not ok:
+                yield "empty_replies"
+                return
+        yield "completed"
+
+    async def self_play(self, st: RoundState, user: dpb.UserSimulation, agent_turns: int, user_speak_prob: float,
+                        deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
+        """Self-play after the opening user turn: ``agent_turns`` agent turns, the simulated user speaking after
+        each (but the last) with probability ``user_speak_prob`` (seeded Bernoulli draws). Last item: end reason."""
+        rng = random.Random(st.seed)
+        for k in range(agent_turns):
+            ok = False
+            async for item in self.agent_turn(st, deadline):
+                if isinstance(item, bool):
+                    ok = item
+                else:
+                    yield item
+            if not ok:
+                yield "empty_replies"
+                return
+            if k < agent_turns - 1 and rng.random() < user_speak_prob:
+                async for item in self.user_turn(st, user, deadline):
+                    yield item
+        yield "completed"

@@ -1,0 +1,150 @@
+"""The main job: one self-play conversation per situation record, over the gateway's gRPC API.
+
+Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` in the schema of
+issue 2. Records come from ``../shared/data`` (EmpatheticDialogues situations for ``support``, QMSum
+excerpts for ``meeting``: the excerpt seeds the conversation and the query opens the user's turn).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+
+SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
+                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety"}
+MODES = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
+
+
+def read_records(path: str | Path, mode: str, limit: int | None) -> list[dict]:
+    """Read up to ``limit`` JSONL records and check the fields the mode needs.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line is not JSON or lacks a required field (the message names the line).
+    """
+    need = ("id", "situation", "first_utterance") if mode == "support" else ("id", "turns", "query")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            missing = [k for k in need if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)} needed by --mode {mode}")
+            out.append(rec)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def _start_request(rec: dict, mode: str) -> cpb.StartConversationRequest:
+    ctx = []
+    if mode == "meeting":
+        ctx = [dpb.ContextUtterance(speaker=t.get("speaker", "Speaker"), content=t.get("content", ""))
+               for t in rec["turns"]]
+    return cpb.StartConversationRequest(mode=MODES[mode], context=ctx, source_id=str(rec["id"])[:256])
+
+
+def _selfplay_request(conv_id: str, rec: dict, mode: str, agent_turns: int, seed: int) -> cpb.RunSelfPlayRequest:
+    if mode == "support":
+        user = dpb.UserSimulation(situation=rec["situation"], emotion=rec.get("emotion", ""))
+        opening = rec["first_utterance"]
+    else:
+        user = dpb.UserSimulation(situation=f"You attended this meeting and want to know: {rec['query']}")
+        opening = rec["query"]
+    return cpb.RunSelfPlayRequest(conversation_id=conv_id, opening_text=opening, user=user, agent_turns=agent_turns,
+                                  seed=seed)
+
+
+def transcript_line(resp: cpb.GetConversationResponse, mode: str) -> dict:
+    """One ``transcripts.jsonl`` object from a stored conversation (schema of issue 2, item 9)."""
+    c = resp.conversation
+    turns = []
+    for t in c.turns:
+        agent = t.role == dpb.ROLE_AGENT
+        turns.append({
+            "index": t.index, "role": "agent" if agent else "user", "persona_id": t.persona_id or None,
+            "directive": {"persona_id": t.directive.persona_id, "action": t.directive.action, "tone": t.directive.tone,
+                          "source": SOURCE_NAMES.get(t.directive.source, "model"), "raw": t.directive.raw}
+            if agent else None,
+            "adapter_version": t.adapter_version, "text": t.text, "think": t.think, "safety": t.safety,
+            "latency_seconds": round(t.timings.latency.ToTimedelta().total_seconds(), 6),
+        })
+    return {"conversation_id": c.id, "mode": mode, "source_id": c.source_id, "personas": list(c.persona_ids),
+            "turns": turns, "director_retries": resp.director_retries, "director_fallbacks": resp.director_fallbacks}
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    if len(xs) == 1:
+        return xs[0]
+    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
+
+
+def summarize(lines: Iterable[dict]) -> dict:
+    """``summary.json``: counts, persona counts, director fallback rate, turn latency p50/p95 (agent turns)."""
+    lines = list(lines)
+    agent = [t for ln in lines for t in ln["turns"] if t["role"] == "agent"]
+    user = [t for ln in lines for t in ln["turns"] if t["role"] == "user"]
+    lat = sorted(t["latency_seconds"] for t in agent)
+    fallbacks = sum(1 for t in agent if t["directive"]["source"] == "fallback")
+    return {
+        "conversations": len(lines), "agent_turns": len(agent), "user_turns": len(user),
+        "persona_counts": dict(sorted(Counter(t["persona_id"] for t in agent).items())),
+        "director_fallback_rate": round(fallbacks / len(agent), 6) if agent else 0.0,
+        "turn_latency_seconds": {"p50": round(_percentile(lat, 50), 6), "p95": round(_percentile(lat, 95), 6)},
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Path, *, agent_turns: int = 0,
+                  seed: int = 0, progress: Callable[[], None] | None = None, max_message_bytes: int = 16 << 20) -> dict:
+    """Run one self-play conversation per record against the gateway at ``target``; write the outputs.
+
+    Files are written to temporary names and renamed, so a crashed run leaves no half-written artefact.
+
+    Returns:
+        The summary dict (also written to ``summary.json``).
+
+    Raises:
+        grpc.aio.AioRpcError: the gateway refused a request (its status says why).
+    """
+    from mascot.core.server import channel
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    async with channel(target, max_message_bytes) as ch:
+        stub = cpb_grpc.ConversationServiceStub(ch)
+        for i, rec in enumerate(records):
+            conv = (await stub.StartConversation(_start_request(rec, mode))).conversation
+            async for _ in stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns, seed + i)):
+                pass
+            resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, include_think=True))
+            lines.append(transcript_line(resp, mode))
+            if progress:
+                progress()
+    summary = summarize(lines)
+    _atomic_write(out / "transcripts.jsonl", "".join(json.dumps(ln, ensure_ascii=False) + "\n" for ln in lines))
+    _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary

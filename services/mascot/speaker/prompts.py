@@ -1,0 +1,245 @@
+"""Speaker and simulated-user prompt assembly, and the visible-text filter (REFERENCE.md sections 1-3, 10).
+
+Prompt: persona card (system), then the history with speaker tags, then the directive (Action and Tone)
+as the final instruction. A speaker sees only its own turns as ``assistant``; everyone else appears as
+tagged user-side messages (guard against role flipping, REFERENCE.md section 10). Replies are cut at
+the first foreign speaker tag; a leading ``<think>...</think>`` block is split off and never shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from mascot.core.context import trim_oldest_first
+from mascot.core.personas import PersonaCard
+from mascot.core.dialogue import HistoryTurn
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+PERSONA_TEMPLATE = """You are {name}, the {role}, one member of a group of companion agents talking with a user.
+You are {name} only: never speak as the user or as another agent, and never write their names as speaker tags.
+Goal: {goal}
+Expertise: {expertise}
+Do: {allowed}
+Never: {forbidden}
+Style: {style}
+Answer in at most {max_words} words."""
+
+DIRECTIVE_TEMPLATE = "Director's instruction for your next turn as {name}.\nAction: {action}\nTone: {tone}"
+
+USER_SIM_TEMPLATE = """You are a person talking with a group of companion agents about something in your life.
+Situation: {situation}
+{emotion_line}{personality}Write your next message as this person, in one or two sentences, in the first person.
+Never speak as the companions and never write speaker tags."""
+
+_MBTI = {
+    "E": "outgoing and talkative", "I": "reserved and reflective",
+    "S": "focused on concrete facts", "N": "drawn to ideas and possibilities",
+    "T": "logical and direct", "F": "guided by feelings and values",
+    "J": "organised and decisive", "P": "spontaneous and open-ended",
+}
+_BIG_FIVE = {
+    "openness": ("curious and open to new ideas", "conventional and practical"),
+    "conscientiousness": ("careful and organised", "easy-going and spontaneous"),
+    "extraversion": ("outgoing and energetic", "quiet and reserved"),
+    "agreeableness": ("warm and cooperative", "sceptical and blunt"),
+    "neuroticism": ("easily worried and stressed", "calm and emotionally steady"),
+}
+
+
+def persona_system_prompt(card: PersonaCard) -> str:
+    """The persona card as a system prompt."""
+    def join(xs: Sequence[str]) -> str:
+        return "; ".join(xs) if xs else "-"
+    return PERSONA_TEMPLATE.format(name=card.name, role=card.role, goal=card.goal, expertise=join(card.expertise),
+                                   allowed=join(card.allowed_moves), forbidden=join(card.forbidden_moves),
+                                   style=join(card.style), max_words=card.max_answer_words)
+
+
+def personality_text(mbti: str = "", big_five: dict[str, str] | None = None) -> str:
+    """Two sentences describing an MBTI type or a Big Five profile (REFERENCE.md section 3.4); '' for none.
+
+    Args:
+        mbti: Four letters (E/I, S/N, T/F, J/P), case-insensitive.
+        big_five: ``{trait: "high"|"low"}`` for any of the five traits.
+
+    Raises:
+        ValueError: an invalid MBTI type or trait level.
+    """
+    if mbti:
+        t = mbti.upper()
+        if len(t) != 4 or any(a not in pair for a, pair in zip(t, ("EI", "SN", "TF", "JP"))):
+            raise ValueError(f"invalid MBTI type {mbti!r}: four letters from E/I, S/N, T/F, J/P")
+        d = [_MBTI[c] for c in t]
+        return f"Your personality type is {t}: you are {d[0]} and {d[1]}. You are also {d[2]} and {d[3]}."
+    if big_five:
+        hi = [_BIG_FIVE[k][0] for k, v in big_five.items() if v == "high"]
+        lo = [_BIG_FIVE[k][1] for k, v in big_five.items() if v == "low"]
+        bad = [k for k, v in big_five.items() if k not in _BIG_FIVE or v not in ("high", "low")]
+        if bad:
+            raise ValueError(f"invalid Big Five entries {bad}: traits {sorted(_BIG_FIVE)} with 'high' or 'low'")
+        first = "You are " + ", ".join(hi) + "." if hi else "You have no strongly marked traits."
+        second = "You are also " + ", ".join(lo) + "." if lo else "You speak in your own natural way."
+        return f"{first} {second}"
+    return ""
+
+
+def _tag(turn: HistoryTurn, names: dict[str, str]) -> str:
+    return "User" if turn.role == "user" else names.get(turn.persona_id, turn.persona_id)
+
+
+def context_message(context: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The seed context (meeting excerpt) as one user-side message."""
+    return {"role": "user", "content": "Meeting transcript:\n" + "\n".join(f"{s}: {c}" for s, c in context)}
+
+
+def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
+                           action: str, tone: str, names: dict[str, str]) -> list[dict[str, str]]:
+    """Chat messages for one persona reply.
+
+    Args:
+        card: The speaking persona.
+        history: Visible history, oldest first.
+        context: Seed context ``(speaker, content)``.
+        action: Directive action.
+        tone: Directive tone.
+        names: ``{persona_id: display name}`` of the roster, for speaker tags.
+    """
+    msgs = [{"role": "system", "content": persona_system_prompt(card)}]
+    if context:
+        msgs.append(context_message(context))
+    for t in history:
+        if t.role == "agent" and t.persona_id == card.id:
+            msgs.append({"role": "assistant", "content": t.text})
+        else:
+            msgs.append({"role": "user", "content": f"{_tag(t, names)}: {t.text}"})
+    msgs.append({"role": "user", "content": DIRECTIVE_TEMPLATE.format(name=card.name, action=action, tone=tone)})
+    return msgs
+
+
+def build_user_sim_messages(situation: str, emotion: str, personality: str, history: Sequence[HistoryTurn],
+                            context: Sequence[tuple[str, str]], names: dict[str, str]) -> list[dict[str, str]]:
+    """Chat messages for the simulated user's next turn (REFERENCE.md section 6 step 3)."""
+    system = USER_SIM_TEMPLATE.format(situation=situation,
+                                      emotion_line=f"You feel {emotion}.\n" if emotion else "",
+                                      personality=personality + "\n" if personality else "")
+    msgs = [{"role": "system", "content": system}]
+    if context:
+        msgs.append(context_message(context))
+    for t in history:
+        if t.role == "user":
+            msgs.append({"role": "assistant", "content": t.text})
+        else:
+            msgs.append({"role": "user", "content": f"{_tag(t, names)}: {t.text}"})
+    if not history or history[-1].role == "user":
+        msgs.append({"role": "user", "content": "(The companions are listening. Continue.)"})
+    return msgs
+
+
+def fit_history(build: Callable[[list[HistoryTurn], list[tuple[str, str]]], list[dict[str, str]]],
+                history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
+                render: Callable[[list], str], count_tokens: Callable[[str], int],
+                budget_tokens: int) -> list[dict[str, str]]:
+    """Call ``build(history, context)`` with items trimmed oldest first (context first) to fit the budget.
+
+    The latest user message is never dropped; the system prompt and final instruction are always kept.
+    Raises ValueError when even the protected parts do not fit.
+    """
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1)
+
+    def split(kept: Sequence[tuple[str, object]]) -> tuple[list, list]:
+        return [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"]
+
+    kept = trim_oldest_first(items, lambda kept: render(build(*split(kept))), count_tokens, budget_tokens,
+                             protected=lambda i, it: i == last_user)
+    return build(*split(kept))
+
+
+def stop_strings(own_name: str, roster_names: Sequence[str], user_tag: str = "User") -> tuple[str, ...]:
+    """Stop sequences: a new line opening with another speaker's tag (REFERENCE.md section 10)."""
+    tags = [user_tag, "Director"] + [n for n in roster_names if n != own_name]
+    return tuple(f"\n{t}:" for t in tags)
+
+
+@dataclass
+class VisibleTextFilter:
+    """Split a streamed reply into thinking text and visible text, incrementally.
+
+    Feed raw engine deltas to :meth:`feed`; it returns the visible deltas to forward. Rules:
+    a reply that opens with ``<think>`` is thinking until ``</think>``; the visible part loses a leading
+    tag of its own speaker (``"The Anchor: "``) and is cut entirely when it opens with a foreign tag;
+    leading and trailing whitespace never reach the client, so the joined deltas equal :attr:`visible`.
+
+    Args:
+        own_tag: The speaker's display name (its own tag is stripped).
+        foreign_tags: Other speaker names (``User`` included) whose tag at the start cuts the reply.
+    """
+
+    own_tag: str
+    foreign_tags: Sequence[str]
+    think: str = ""
+    visible: str = ""
+    truncated: bool = False
+    _buf: str = ""
+    _state: str = "start"  # start -> (think ->) head -> body | cut
+    _pending_ws: str = ""
+    _head_len: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._head_len = max([len(t) for t in (self.own_tag, *self.foreign_tags)] + [0]) + 2
+
+    def feed(self, delta: str, final: bool = False) -> str:
+        """Consume a raw delta; return the visible text to send now ('' when none)."""
+        self._buf += delta
+        out = ""
+        while True:
+            if self._state == "start":
+                s = self._buf.lstrip()
+                if s.startswith(THINK_OPEN):
+                    self._buf = s[len(THINK_OPEN):]
+                    self._state = "think"
+                    continue
+                if THINK_OPEN.startswith(s) and not final and s:
+                    return out
+                if not s and not final:
+                    return out
+                self._state = "head"
+                continue
+            if self._state == "think":
+                k = self._buf.find(THINK_CLOSE)
+                if k == -1:
+                    if final:
+                        self.think += self._buf
+                        self._buf = ""
+                        self._state = "body"
+                    return out
+                self.think += self._buf[:k]
+                self._buf = self._buf[k + len(THINK_CLOSE):]
+                self.think = self.think.strip()
+                self._state = "head"
+                continue
+            if self._state == "head":
+                s = self._buf.lstrip()
+                if len(s) < self._head_len and not final and "\n" not in s:
+                    return out
+                low = s.lower()
+                if any(low.startswith(t.lower() + ":") for t in self.foreign_tags):
+                    self._state, self._buf, self.truncated = "cut", "", True
+                    return out
+                if low.startswith(self.own_tag.lower() + ":"):
+                    s = s[len(self.own_tag) + 1:].lstrip()
+                self._buf = s
+                self._state = "body"
+                continue
+            if self._state == "body":
+                text = self._pending_ws + self._buf
+                self._buf = ""
+                stripped = text.rstrip()
+                self._pending_ws = text[len(stripped):]
+                if not self.visible:
+                    stripped = stripped.lstrip()
+                self.visible += stripped
+                return out + stripped
+            return out  # cut

@@ -1,0 +1,127 @@
+"""Assemble and start components in one process (embedded mode, DESIGN.md section 1) or one at a time.
+
+Embedded mode runs the director and speaker services on 127.0.0.1 free ports and the gateway on its
+port, all sharing ONE engine; the gateway reaches the others over real gRPC on loopback, exactly as
+in a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from mascot.core.config import MascotConfig
+from mascot.core.metrics import Metrics
+from mascot.core.server import Server, build_server, channel
+
+log = logging.getLogger(__name__)
+COMPONENTS = ("gateway", "director", "speaker")
+
+
+@dataclass
+class Stack:
+    """Running components: servers by name, the shared engine, the store, the metrics."""
+
+    cfg: MascotConfig
+    metrics: Metrics
+    servers: dict[str, Server] = field(default_factory=dict)
+    engine: Any = None
+    store: Any = None
+    channels: list = field(default_factory=list)
+    own_engine: bool = False
+
+    def target(self, component: str) -> str:
+        """``host:port`` of a running component."""
+        return f"{self.cfg.server.host}:{self.servers[component].port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Stop servers (gateway first), close channels, the engine and the store."""
+        for name in ("gateway", "director", "speaker"):
+            if name in self.servers:
+                await self.servers[name].stop(grace)
+        for ch in self.channels:
+            await ch.close()
+        if self.engine is not None and self.own_engine:
+            await self.engine.close()
+        if self.store is not None:
+            self.store.close()
+
+
+async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = COMPONENTS, *, engine: Any = None,
+                      metrics: Metrics | None = None) -> Stack:
+    """Start ``components`` in this process.
+
+    Args:
+        cfg: Effective configuration. ``server.gateway_port`` 0 picks a free port (tests).
+        components: Any of ``gateway``, ``director``, ``speaker``. A gateway without the other two uses
+            ``server.director_target`` / ``server.speaker_target``.
+        engine: An already started engine to share (tests inject a scripted engine); else one is built from
+            ``cfg.engine`` when a model component runs.
+        metrics: Metrics to register on; a fresh registry by default.
+
+    Raises:
+        ValueError: an unknown component, or a lone gateway without targets.
+        PersonaFileError: a bad persona file.
+    """
+    from mascot.api.conversation.v1 import conversation_pb2_grpc
+    from mascot.api.director.v1 import director_pb2_grpc
+    from mascot.api.speaker.v1 import speaker_pb2_grpc
+    from mascot.core.personas import PersonaCatalog
+
+    unknown = set(components) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown component(s) {sorted(unknown)}; choose from {COMPONENTS}")
+    metrics = metrics or Metrics()
+    catalog = PersonaCatalog.load(cfg.personas.extra_files)
+    stack = Stack(cfg=cfg, metrics=metrics)
+    srv = cfg.server
+    try:
+        if {"director", "speaker"} & set(components):
+            if engine is None:
+                from mascot.core.engine import build_engine
+
+                engine = build_engine(cfg.engine, metrics, component="+".join(
+                    c for c in components if c != "gateway"))
+                stack.engine, stack.own_engine = engine, True
+                await engine.start()
+            stack.engine = engine
+        if "director" in components:
+            from mascot.director.servicer import DirectorServicer
+
+            stack.servers["director"] = await build_server("director", metrics, [(
+                director_pb2_grpc.add_DirectorServiceServicer_to_server,
+                DirectorServicer(engine, catalog, cfg.director, metrics), "mascot.api.director.v1.DirectorService")],
+                host=srv.host, port=srv.director_port, max_message_bytes=srv.max_message_bytes)
+        if "speaker" in components:
+            from mascot.speaker.servicer import SpeakerServicer
+
+            stack.servers["speaker"] = await build_server("speaker", metrics, [(
+                speaker_pb2_grpc.add_SpeakerServiceServicer_to_server,
+                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics),
+                "mascot.api.speaker.v1.SpeakerService")],
+                host=srv.host, port=srv.speaker_port, max_message_bytes=srv.max_message_bytes)
+        if "gateway" in components:
+            from mascot.gateway.servicer import ConversationServicer
+            from mascot.gateway.store import Store
+            from mascot.gateway.turn_loop import TurnLoop
+
+            director_target = stack.target("director") if "director" in stack.servers else srv.director_target
+            speaker_target = stack.target("speaker") if "speaker" in stack.servers else srv.speaker_target
+            if not director_target or not speaker_target:
+                raise ValueError("a gateway alone needs server.director_target and server.speaker_target")
+            dch = channel(director_target, srv.max_message_bytes)
+            sch = channel(speaker_target, srv.max_message_bytes)
+            stack.channels += [dch, sch]
+            stack.store = Store(cfg.store.url)
+            loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
+                            speaker_pb2_grpc.SpeakerServiceStub(sch), cfg, metrics)
+            stack.servers["gateway"] = await build_server("gateway", metrics, [(
+                conversation_pb2_grpc.add_ConversationServiceServicer_to_server,
+                ConversationServicer(stack.store, catalog, loop, cfg, metrics),
+                "mascot.api.conversation.v1.ConversationService")],
+                host=srv.host, port=srv.gateway_port, max_message_bytes=srv.max_message_bytes)
+    except BaseException:
+        await stack.stop(0)
+        raise
+    return stack

@@ -1,0 +1,58 @@
+"""Shared fixtures: the tiny model (built once), one shared engine, a real stack on 127.0.0.1:0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("MASCOT_SHARED_DIR", ROOT.parent / "shared"))
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def need(condition: bool, why: str) -> None:
+    """Skip (outside CI) or fail (under CI=true) when a dependency is missing."""
+    if not condition:
+        if IN_CI:
+            pytest.fail(f"missing dependency under CI=true: {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (the real evaluation data); never copied into the project."""
+    d = SHARED / "data"
+    need(d.is_dir(), f"{d} not found: the shared data folder must sit beside the checkout")
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-init Qwen3 built locally once per session."""
+    from mascot.core.engine.tiny import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir: Path):
+    """One started TransformersEngine shared by the session (it serves any event loop)."""
+    from mascot.core.engine.transformers import TransformersEngine
+
+    eng = TransformersEngine(str(tiny_model_dir), max_model_len=2048, batch_wait_ms=5)
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.close())
+
+
+def make_config(tmp_path: Path, **sections):
+    """A MascotConfig for tests: ports 0, a SQLite file in ``tmp_path``, section overrides merged in."""
+    from mascot.core.config import MascotConfig
+
+    base = {"server": {"gateway_port": 0, "metrics_port": 0}, "store": {"url": f"sqlite:///{tmp_path}/store.db"}}
+    for k, v in sections.items():
+        base[k] = {**base.get(k, {}), **v}
+    return MascotConfig(**base)

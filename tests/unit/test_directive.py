@@ -1,0 +1,79 @@
+import re
+
+import pytest
+
+from mascot.core.dialogue import HistoryTurn, consecutive_turns, fallback_persona
+from mascot.core.personas import PersonaCatalog
+from mascot.director.directive import (DirectiveError, check_cap, directive_regex, fallback_directive,
+                                       parse_directive)
+
+CAT = PersonaCatalog.load()
+ROSTER = CAT.in_set("support")
+
+
+def test_parse_valid_and_case_insensitive_fields():
+    d = parse_directive("agent: The Anchor\nACTION: Validate the guilt.\nTone: Calm", ROSTER)
+    assert (d.persona_id, d.action, d.tone) == ("anchor", "Validate the guilt.", "Calm")
+
+
+@pytest.mark.parametrize("name", ["Anchor", "the anchor", "THE ANCHOR", "anchor"])
+def test_leading_the_optional_and_name_case(name):
+    assert parse_directive(f"Agent: {name}\nAction: a\nTone: b", ROSTER).persona_id == "anchor"
+
+
+def test_text_after_think_is_parsed():
+    d = parse_directive("<think>Agent: Beacon\nnot this</think>\nAgent: Catalyst\nAction: Ask.\nTone: Curious", ROSTER)
+    assert d.persona_id == "catalyst"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("Agent: Nobody\nAction: a\nTone: b", "not one of the agents"),
+    ("Agent: The Anchor and The Beacon\nAction: a\nTone: b", "several"),
+    ("Agent: The Anchor\nTone: b\nAction: a", "in that order"),
+    ("Agent: The Anchor\nAction: a", "exactly three lines"),
+    ("Agent: The Anchor\nAction: a\nTone: b\nAgent: Beacon", "exactly three lines"),
+    ("Agent: The Anchor\nAction:   \nTone: b", "Action line is empty"),
+    ("Agent: The Anchor\nAction: a\nTone:", "Tone line is empty"),
+    ("Agent: \nAction: a\nTone: b", "Agent line is empty"),
+    ("Sure! Agent: The Anchor\nAction: a\nTone: b", "every line"),
+    ("", "exactly three lines"),
+])
+def test_invalid_directives(text, fragment):
+    with pytest.raises(DirectiveError, match=re.escape(fragment)):
+        parse_directive(text, ROSTER)
+
+
+def test_inactive_persona_is_rejected():
+    with pytest.raises(DirectiveError):
+        parse_directive("Agent: The Beacon\nAction: a\nTone: b", [CAT.get("anchor"), CAT.get("catalyst")])
+
+
+def test_cap_counts_trailing_turns_and_user_turn_resets():
+    h = [HistoryTurn("user", "hi"), HistoryTurn("agent", "x", "anchor"), HistoryTurn("agent", "y", "anchor")]
+    assert consecutive_turns(h, "anchor") == 2
+    with pytest.raises(DirectiveError, match="2 turns in a row"):
+        check_cap("anchor", h, 2)
+    check_cap("beacon", h, 2)
+    check_cap("anchor", h + [HistoryTurn("user", "more")], 2)
+
+
+def test_fallback_least_recent_respecting_cap():
+    h = [HistoryTurn("user", "hi")] + [HistoryTurn("agent", "t", p) for p in
+                                       ("empathetic_listener", "anchor", "catalyst", "action_guide")]
+    assert fallback_persona(ROSTER, h, 2).id == "beacon"  # never spoke
+    h.append(HistoryTurn("agent", "t", "beacon"))
+    assert fallback_persona(ROSTER, h, 2).id == "empathetic_listener"  # spoke least recently
+    capped = [HistoryTurn("agent", "t", "anchor")] * 2
+    assert fallback_persona([CAT.get("anchor")], capped, 2) is None
+    assert fallback_persona(ROSTER, h, 2, exclude=["empathetic_listener"]).id == "anchor"
+    fd = fallback_directive(CAT.get("anchor"))
+    assert fd.action == "Respond to the user's latest message in your role" and fd.tone == "Calm and empathetic"
+
+
+def test_directive_regex_accepts_roster_names_only():
+    rx = re.compile(directive_regex(ROSTER, max_action_chars=40, max_tone_chars=10))
+    assert rx.fullmatch("Agent: The Anchor\nAction: Validate it.\nTone: Calm")
+    assert not rx.fullmatch("Agent: Bob\nAction: Validate it.\nTone: Calm")
+    assert not rx.fullmatch("Agent: The Anchor\nAction: " + "x" * 41 + "\nTone: Calm")
+    with_think = re.compile(directive_regex(ROSTER, max_action_chars=40, max_tone_chars=10, max_think_chars=20))
+    assert with_think.fullmatch("<think>hmm</think>\nAgent: Action Guide\nAction: a\nTone: b")

@@ -1,0 +1,65 @@
+import textwrap
+
+import pytest
+
+from mascot.core.personas import PersonaCatalog, PersonaFileError, load_persona_file
+
+SHIPPED = {"empathetic_listener", "anchor", "catalyst", "action_guide", "beacon",
+           "minutes_scribe", "decision_logger", "action_item_captain", "critic"}
+
+CARD = """\
+persona_set: custom
+personas:
+  - id: coach
+    name: The Coach
+    role: Motivator
+    goal: Keep the user moving.
+    disposition: {openness: mid, conscientiousness: high, extraversion: high, agreeableness: mid, neuroticism: low}
+    allowed_moves: [encourage]
+    default_tone: Energetic
+"""
+
+
+def test_shipped_sets():
+    cat = PersonaCatalog.load()
+    assert set(cat.cards) == SHIPPED
+    assert [c.id for c in cat.in_set("support")] == ["empathetic_listener", "anchor", "catalyst", "action_guide",
+                                                      "beacon"]
+    assert {c.id for c in cat.in_set("meeting")} == {"minutes_scribe", "decision_logger", "action_item_captain",
+                                                      "critic"}
+    assert "celebrating a negative situation" in cat.get("beacon").forbidden_moves
+
+
+def test_user_file_is_added(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text(CARD)
+    cat = PersonaCatalog.load([f])
+    assert cat.get("coach").persona_set == "custom" and len(cat.cards) == 10
+
+
+@pytest.mark.parametrize("edit, line, field", [
+    (lambda s: s.replace("    default_tone: Energetic\n", "    default_tone: Energetic\n    mood: happy\n"), 10,
+     "personas.0.mood"),
+    (lambda s: s.replace("    role: Motivator\n", ""), 3, "personas.0.role"),
+    (lambda s: s.replace("id: coach", "id: Coach-1"), 3, "personas.0.id"),
+    (lambda s: s.replace("extraversion: high", "extraversion: huge"), 7, "personas.0.disposition.extraversion"),
+])
+def test_bad_file_names_file_line_and_field(tmp_path, edit, line, field):
+    f = tmp_path / "bad.yaml"
+    f.write_text(edit(CARD))
+    with pytest.raises(PersonaFileError) as e:
+        load_persona_file(f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}:{line}:"), msg
+    assert f"field {field}" in msg
+
+
+def test_bad_yaml_and_duplicate_ids(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("persona_set: x\npersonas: [\n")
+    with pytest.raises(PersonaFileError, match=r"broken.yaml:\d+: invalid YAML"):
+        load_persona_file(f)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(CARD.replace("id: coach", "id: anchor"))
+    with pytest.raises(PersonaFileError, match="already defined"):
+        PersonaCatalog.load([dup])
