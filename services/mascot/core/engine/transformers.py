@@ -196,7 +196,7 @@ class TransformersEngine:
             if key[0] == "regex":
                 self._grammar_cache[key] = self._grammar_compiler.compile_regex(structured.regex)
             else:
-                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(structured.json_schema)
+                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(structured.json_schema, any_whitespace=False)
         return self._grammar_cache[key]
 
     # ---------------------------------------------------------------- public API

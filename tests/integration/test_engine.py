@@ -1,0 +1,145 @@
+"""The transformers engine on the tiny Qwen3: batching, mixed adapters, streaming, structured output, loading."""
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mascot.core.engine import GenerationRequest, SamplingParams, StreamDelta, StructuredOutput
+from mascot.core.engine.transformers import TransformersEngine
+from mascot.core.metrics import Metrics
+
+pytestmark = pytest.mark.integration
+
+
+def _lora(base_dir: Path, out: Path, seed: int) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    m = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
+                       LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    m.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_engine(tiny_model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("loras")
+    metrics = Metrics()
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=50, metrics=metrics, component="speaker", adapters={
+        "anchor--v1": str(_lora(tiny_model_dir, d / "a", 1)), "beacon--v1": str(_lora(tiny_model_dir, d / "b", 2))})
+    asyncio.run(eng.start())
+    yield eng, metrics
+    asyncio.run(eng.close())
+
+
+async def test_concurrent_calls_batch_with_mixed_adapters_and_match_sequential(adapter_engine):
+    eng, metrics = adapter_engine
+    prompts = [eng.render_chat([{"role": "user", "content": f"message {i} " * (i + 1)}]) for i in range(8)]
+    adapters = [None, "anchor--v1", "beacon--v1", None, "anchor--v1", "beacon--v1", "anchor--v1", None]
+    reqs = [GenerationRequest(p, SamplingParams(max_tokens=16), adapter=a) for p, a in zip(prompts, adapters)]
+    sequential = [await eng.generate(r) for r in reqs]
+    assert all(r.batch_size == 1 for r in sequential)
+    concurrent = await asyncio.gather(*(eng.generate(r) for r in reqs))
+    assert max(r.batch_size for r in concurrent) > 1
+    assert [r.token_ids for r in concurrent] == [r.token_ids for r in sequential]
+    # the adapters change the output, so the mix is real
+    same_prompt = [GenerationRequest(prompts[0], SamplingParams(max_tokens=16), adapter=a)
+                   for a in (None, "anchor--v1", "beacon--v1")]
+    outs = await asyncio.gather(*(eng.generate(r) for r in same_prompt))
+    assert len({o.token_ids for o in outs}) == 3
+    assert [o.adapter for o in outs] == ["base", "anchor--v1", "beacon--v1"]
+    text = metrics.registry.get_sample_value("mascot_engine_batch_size_count", {"component": "speaker"})
+    assert text and text >= 9
+    assert metrics.registry.get_sample_value("mascot_engine_batch_size_sum", {"component": "speaker"}) > text
+
+
+async def test_stream_first_delta_before_end_and_deltas_join(engine):
+    prompt = engine.render_chat([{"role": "user", "content": "tell me something long"}])
+    items = []
+    async for it in engine.stream(GenerationRequest(prompt, SamplingParams(max_tokens=48, temperature=1.0, seed=5))):
+        items.append((asyncio.get_running_loop().time(), it))
+    deltas = [it for _, it in items if isinstance(it, StreamDelta)]
+    result = items[-1][1]
+    assert len(deltas) >= 2, "expected several deltas"
+    assert items[0][0] < items[-1][0]
+    assert "".join(d.text for d in deltas) == result.text
+
+
+async def test_multibyte_characters_stream_whole(engine):
+    """Byte-level tokens split characters; a delta must never carry half a character. A grammar forces a
+    text whose emoji and CJK characters take several byte tokens each."""
+    target = "日本語 ü é ✓ 😊 done"
+    assert len(engine.tokenizer(target, add_special_tokens=False)["input_ids"]) > len(target.split())
+    assert len(engine.tokenizer("😊", add_special_tokens=False)["input_ids"]) > 1
+    prompt = engine.render_chat([{"role": "user", "content": "say it"}])
+    deltas, result = [], None
+    async for it in engine.stream(GenerationRequest(prompt, SamplingParams(max_tokens=64),
+                                                    structured=StructuredOutput(regex=target))):
+        if isinstance(it, StreamDelta):
+            deltas.append(it.text)
+        else:
+            result = it
+    assert result.text == target
+    assert "".join(deltas) == target
+    assert all("\ufffd" not in d for d in deltas)
+    assert len(deltas) > 3
+
+
+async def test_stop_strings_cut_text(engine):
+    prompt = engine.render_chat([{"role": "user", "content": "x"}])
+    full = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=30)))
+    assert len(full.text) > 6
+    stop = full.text[4:7]
+    cut = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=30, stop=(stop,))))
+    assert cut.text == full.text[:full.text.find(stop)] and cut.finish_reason == "stop"
+
+
+async def test_structured_output_regex_and_json_schema(engine):
+    prompt = engine.render_chat([{"role": "user", "content": "pick"}])
+    rx = r"Agent: (The Anchor|The Beacon)\nAction: [a-z ]{1,20}\nTone: [a-z]{1,8}"
+    import re
+
+    for seed in range(3):
+        r = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=80, temperature=1.0, seed=seed),
+                                                    structured=StructuredOutput(regex=rx)))
+        assert re.fullmatch(rx, r.text), r.text
+    schema = '{"type":"object","properties":{"score":{"type":"integer","minimum":1,"maximum":5}},"required":["score"],"additionalProperties":false}'
+    r = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=40),
+                                                structured=StructuredOutput(json_schema=schema)))
+    import json
+
+    assert set(json.loads(r.text)) == {"score"}
+
+
+async def test_errors(engine):
+    from mascot.core.engine import PromptTooLong, UnknownAdapter
+
+    with pytest.raises(UnknownAdapter):
+        await engine.generate(GenerationRequest("hi", adapter="nope"))
+    with pytest.raises(PromptTooLong):
+        await engine.generate(GenerationRequest("word " * 3000, SamplingParams(max_tokens=10)))
+
+
+def test_loads_hub_id_from_offline_cache(tiny_model_dir, tmp_path):
+    """A hub id resolves through a Hugging Face cache folder with HF_HUB_OFFLINE=1 (no network)."""
+    cache = tmp_path / "hub"
+    snap = cache / "models--acme--tiny-qwen3" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir, snap)
+    (cache / "models--acme--tiny-qwen3" / "refs").mkdir()
+    (cache / "models--acme--tiny-qwen3" / "refs" / "main").write_text("0" * 40)
+    code = ("import asyncio; from mascot.core.engine.transformers import TransformersEngine as E;"
+            "from mascot.core.engine import GenerationRequest, SamplingParams;"
+            "e=E('acme/tiny-qwen3'); asyncio.run(e.start());"
+            "r=asyncio.run(e.generate(GenerationRequest('hello', SamplingParams(max_tokens=4))));"
+            "print(len(r.token_ids), e.max_context_tokens)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["4", "2048"]
