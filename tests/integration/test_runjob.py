@@ -1,0 +1,78 @@
+"""The main job over real situations (../shared/data): transcripts.jsonl and summary.json in the issue's schema."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TURN_KEYS = {"index", "role", "persona_id", "directive", "adapter_version", "text", "think", "safety",
+             "latency_seconds"}
+
+
+def run(args, tiny_model_dir, tmp_path):
+    env = {"MASCOT_ENGINE__MODEL": str(tiny_model_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", *args], capture_output=True, text=True,
+                         timeout=900, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def check_outputs(out_dir, mode, n, personas):
+    lines = [json.loads(x) for x in (out_dir / "transcripts.jsonl").read_text().splitlines()]
+    assert len(lines) == n
+    for ln in lines:
+        assert set(ln) == {"conversation_id", "mode", "source_id", "personas", "turns", "director_retries",
+                           "director_fallbacks"}
+        assert ln["mode"] == mode and set(ln["personas"]) == personas and ln["source_id"]
+        assert ln["turns"][0]["role"] == "user"
+        agent = [t for t in ln["turns"] if t["role"] == "agent"]
+        assert len(agent) == 6
+        for t in ln["turns"]:
+            assert set(t) == TURN_KEYS
+        for t in agent:
+            assert set(t["directive"]) == {"persona_id", "action", "tone", "source", "raw"}
+            assert t["directive"]["source"] in ("model", "retry", "fallback")
+            assert t["persona_id"] in personas and t["latency_seconds"] > 0
+        assert [t["index"] for t in ln["turns"]] == list(range(len(ln["turns"])))
+    s = json.loads((out_dir / "summary.json").read_text())
+    assert s["conversations"] == n and s["agent_turns"] == 6 * n
+    assert s["user_turns"] == sum(1 for ln in lines for t in ln["turns"] if t["role"] == "user")
+    assert sum(s["persona_counts"].values()) == 6 * n
+    assert 0 <= s["director_fallback_rate"] <= 1
+    assert 0 < s["turn_latency_seconds"]["p50"] <= s["turn_latency_seconds"]["p95"]
+    return lines
+
+
+def test_support_situations(shared_data, tiny_model_dir, tmp_path):
+    src = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+    run(["--situations", str(src), "--limit", "4", "--out", str(tmp_path / "s"), "--seed", "1"], tiny_model_dir,
+        tmp_path)
+    lines = check_outputs(tmp_path / "s", "support", 4,
+                          {"empathetic_listener", "anchor", "catalyst", "action_guide", "beacon"})
+    records = [json.loads(x) for x in src.read_text().splitlines()[:4]]
+    assert [ln["source_id"] for ln in lines] == [r["id"] for r in records]
+    assert [ln["turns"][0]["text"] for ln in lines] == [r["first_utterance"] for r in records]
+
+
+def test_meeting_excerpts(shared_data, tiny_model_dir, tmp_path):
+    src = shared_data / "qmsum" / "meeting_excerpts.jsonl"
+    run(["--situations", str(src), "--limit", "5", "--mode", "meeting", "--out", str(tmp_path / "m")],
+        tiny_model_dir, tmp_path)
+    lines = check_outputs(tmp_path / "m", "meeting", 5, {"minutes_scribe", "decision_logger",
+                                                          "action_item_captain", "critic"})
+    records = [json.loads(x) for x in src.read_text().splitlines()[:5]]
+    assert [ln["turns"][0]["text"] for ln in lines] == [r["query"] for r in records]
+
+
+def test_bad_situations_file_is_refused(tmp_path, tiny_model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "situation": "x"}\n')
+    env = {"MASCOT_ENGINE__MODEL": str(tiny_model_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", "--situations", str(bad), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 2 and "bad.jsonl:1" in out.stderr and "first_utterance" in out.stderr
+    assert not (tmp_path / "o" / "transcripts.jsonl").exists()

@@ -1,0 +1,92 @@
+"""Golden files for prompt assembly (reviewed by hand; regenerate with MASCOT_UPDATE_GOLDEN=1 and review the diff),
+and the visible-text filter (think split, tags, whitespace)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.personas import PersonaCatalog
+from mascot.director.prompts import build_messages
+from mascot.speaker.prompts import (VisibleTextFilter, build_persona_messages, build_user_sim_messages,
+                                    personality_text, stop_strings)
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+CAT = PersonaCatalog.load()
+ROSTER = [CAT.get(i) for i in ("anchor", "catalyst", "beacon")]
+NAMES = {c.id: c.name for c in ROSTER}
+HISTORY = [HistoryTurn("user", "I failed my driving test again."),
+           HistoryTurn("agent", "That sounds really discouraging.", "anchor"),
+           HistoryTurn("agent", "What do you think went differently this time?", "catalyst"),
+           HistoryTurn("user", "I panicked at the roundabout.")]
+
+
+def check(name, messages):
+    path = GOLDEN / f"{name}.json"
+    text = json.dumps(messages, indent=2, ensure_ascii=False) + "\n"
+    if os.environ.get("MASCOT_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} prompt changed; review and update tests/golden/{name}.json"
+
+
+def test_director_prompt_golden():
+    check("director", build_messages(ROSTER, HISTORY, [], 2))
+
+
+def test_director_retry_prompt_golden():
+    check("director_retry", build_messages(ROSTER, HISTORY[:1], [("Meeting", "Budget is fixed.")], 2,
+                                           failed=[("Agent: Bob", "'Bob' is not one of the agents")]))
+
+
+def test_persona_prompt_golden():
+    msgs = build_persona_messages(CAT.get("catalyst"), HISTORY, [], "Reframe the panic.", "Curious", NAMES)
+    check("speaker_catalyst", msgs)
+    # a speaker sees only its own turns as assistant
+    assert [m["role"] for m in msgs] == ["system", "user", "user", "assistant", "user", "user"]
+
+
+def test_user_simulator_prompt_golden():
+    msgs = build_user_sim_messages("I failed my driving test.", "ashamed", personality_text(mbti="infp"),
+                                   HISTORY, [], NAMES)
+    check("user_simulator", msgs)
+
+
+def test_personality_texts():
+    assert personality_text(big_five={"openness": "high", "agreeableness": "low"}).count(".") == 2
+    assert personality_text() == ""
+    for bad in ({"mbti": "ABCD"}, {"mbti": "INF"}, {"big_five": {"openness": "mid"}}):
+        with pytest.raises(ValueError):
+            personality_text(**bad)
+
+
+def run_filter(chunks, own="The Anchor", foreign=("User", "The Beacon")):
+    f = VisibleTextFilter(own_tag=own, foreign_tags=list(foreign))
+    out = [f.feed(c) for c in chunks] + [f.feed("", final=True)]
+    return f, "".join(out)
+
+
+@pytest.mark.parametrize("chunks", [["<think>plan</think>\nHello there."], ["<th", "ink>pl", "an</thi", "nk>Hel", "lo there."],
+                                    list("<think>plan</think> Hello there.  ")])
+def test_think_split_in_any_chunking(chunks):
+    f, streamed = run_filter(chunks)
+    assert (f.think, f.visible, streamed) == ("plan", "Hello there.", "Hello there.")
+
+
+def test_own_tag_stripped_and_foreign_tag_cuts():
+    f, streamed = run_filter(["The Anchor: I am ", "here."])
+    assert streamed == f.visible == "I am here."
+    f, streamed = run_filter(["User: I feel", " better"])
+    assert streamed == "" and f.truncated
+    f, streamed = run_filter(["Plain reply"])
+    assert streamed == "Plain reply" and not f.truncated
+
+
+def test_unclosed_think_yields_no_visible_text():
+    f, streamed = run_filter(["<think>never closed"])
+    assert streamed == "" and f.think == "never closed"
+
+
+def test_stop_strings_cover_other_tags():
+    assert stop_strings("The Anchor", ["The Anchor", "The Beacon"]) == ("\nUser:", "\nDirector:", "\nThe Beacon:")
