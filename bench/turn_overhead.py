@@ -1,0 +1,111 @@
+"""Per-turn wall time through the gRPC services vs the same engine calls made in-process (issue 2, item 10).
+
+Same tiny model, same inputs, the same per-turn sampling seeds so both paths generate the same tokens, measured side by side
+in one run (interleaved: one gRPC round, then the same round in-process). Prints the ratio; goal <= 1.05.
+
+    python bench/turn_overhead.py [--rounds N] [--model DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "services"))
+
+MESSAGES = ["I failed my driving test again and I feel stupid.", "My best friend is moving to another country.",
+            "I finally finished my thesis!", "I can't stop worrying about my mother's health.",
+            "Someone stole my bike this morning.", "I got promoted but I'm scared I'm not ready."]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=6, help="user messages (3 agent turns each) per path")
+    ap.add_argument("--model", default="", help="model dir (default: build the tiny Qwen3)")
+    args = ap.parse_args()
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from mascot.api.conversation.v1 import conversation_pb2 as cpb
+    from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+    from mascot.core.config import MascotConfig
+    from mascot.core.dialogue import HistoryTurn
+    from mascot.core.engine.tiny import build_tiny_qwen3
+    from mascot.core.engine.transformers import TransformersEngine
+    from mascot.core.personas import PersonaCatalog
+    from mascot.core.server import channel
+    from mascot.director.decide import decide
+    from mascot.speaker.reply import ReplyOutcome, persona_reply
+    from mascot.gateway.store import text_digest
+    from mascot.stack import start_stack
+
+    tmp = Path(tempfile.mkdtemp(prefix="mascot-bench-"))
+    model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
+    engine = TransformersEngine(model, max_model_len=4096, batch_wait_ms=0)
+    await engine.start()
+    cfg = MascotConfig(server={"gateway_port": 0}, store={"url": f"sqlite:///{tmp}/bench.db"},
+                       speaker={"temperature": 0.7, "max_tokens": 48})
+    stack = await start_stack(cfg, engine=engine)
+    catalog = PersonaCatalog.load()
+    roster = catalog.in_set("support")
+    ch = channel(stack.target("gateway"))
+    stub = cpb_grpc.ConversationServiceStub(ch)
+
+    async def grpc_round(conv_id: str, text: str, key: str) -> tuple[float, int, list[str]]:
+        t0 = time.perf_counter()
+        texts = []
+        async for r in stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text=text, idempotency_key=key)):
+            if r.event.HasField("turn_completed"):
+                texts.append(r.event.turn_completed.turn.text)
+        return time.perf_counter() - t0, len(texts), texts
+
+    async def inproc_round(history: list, text: str, round_seed: int) -> tuple[float, int, list[str]]:
+        t0 = time.perf_counter()
+        history.append(HistoryTurn("user", text))
+        texts = []
+        for _ in range(cfg.dialogue.agent_turns_per_round):
+            d = await decide(engine, roster, history, [], cfg.director)
+            card = catalog.get(d.directive.persona_id)
+            out = None
+            async for item in persona_reply(engine, card, roster, history, [], d.directive.action, d.directive.tone,
+                                            max_tokens=cfg.speaker.max_tokens, temperature=cfg.speaker.temperature,
+                                            top_p=cfg.speaker.top_p, seed=round_seed * 7919 + len(history) * 13,
+                                            adapter=None):
+                if isinstance(item, ReplyOutcome):
+                    out = item
+            history.append(HistoryTurn("agent", out.text, card.id))
+            texts.append(out.text)
+        return time.perf_counter() - t0, len(texts), texts
+
+    conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+    await grpc_round(conv.id, "warm up", "warm")  # first-call costs (grammar compile, channel) out of the figures
+    conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+    history: list = []
+    g_times, i_times, same = [], [], 0
+    for k in range(args.rounds):
+        msg = MESSAGES[k % len(MESSAGES)]
+        gt, gn, gtexts = await grpc_round(conv.id, msg, f"k{k}")
+        it, inn, itexts = await inproc_round(history, msg, int(text_digest(conv.id + f"k{k}")[:8], 16))
+        g_times.append(gt / max(gn, 1))
+        i_times.append(it / max(inn, 1))
+        same += gtexts == itexts
+        if k == 0 and gtexts != itexts:
+            print("first differing round:", [len(x) for x in gtexts], [len(x) for x in itexts], file=sys.stderr)
+    await ch.close()
+    await stack.stop(0)
+    await engine.close()
+    g, i = statistics.median(g_times), statistics.median(i_times)
+    print(f"turns per path: {3 * args.rounds}; identical outputs in {same}/{args.rounds} rounds")
+    print(f"per-turn wall time: gRPC services {g * 1000:.1f} ms, in-process {i * 1000:.1f} ms (medians)")
+    print(f"ratio gRPC / in-process = {g / i:.3f} (goal <= 1.05)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
