@@ -328,3 +328,24 @@ async def test_long_meeting_excerpt_is_trimmed_to_fit(engine, tmp_path):
     assert events[-1].round_completed.agent_turns == 3
     await client.ch.close()
     await stack.stop(0)
+
+
+async def test_chat_cli_streams_replies(tmp_path):
+    import asyncio
+    import sys
+
+    from tests.conftest import ROOT
+
+    stack, client, _ = await scripted_stack(tmp_path, lambda p: "Agent: The Beacon\nAction: Cheer.\nTone: Warm",
+                                            lambda p: "You did something brave today.")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "mascot.cli", "chat", "--target", stack.target("gateway"), "--persona", "anchor",
+        "--persona", "beacon", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=ROOT)
+    out, err = await asyncio.wait_for(proc.communicate(b"I quit smoking last month.\n\n"), 120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    text = out.decode()
+    assert "[The Beacon] You did something brave today." in text
+    assert "conversation" in err.decode() and "The Anchor, The Beacon" in err.decode()
+    await client.ch.close()
+    await stack.stop(0)
