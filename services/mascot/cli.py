@@ -206,8 +206,16 @@ def run(
             with Progress(TextColumn("conversations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console) as bar:
                 task = bar.add_task("run", total=len(records))
+                done = [0]
+
+                def step() -> None:
+                    bar.advance(task)
+                    done[0] += 1
+                    if not console.is_terminal:  # no live bar without a terminal: print a line per conversation
+                        console.print(f"conversation {done[0]}/{len(records)} done")
+
                 return await run_job(tgt, records, mode, out, agent_turns=agent_turns or cfg.selfplay.agent_turns,
-                                     seed=seed, progress=lambda: bar.advance(task))
+                                     seed=seed, progress=step)
         finally:
             if stack is not None:
                 await stack.stop(1)
