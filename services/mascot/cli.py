@@ -63,9 +63,10 @@ def _redacted(cfg: Any) -> str:
 @app.command()
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
-    component: Optional[str] = typer.Option(None, "--component", help="Run one component: gateway, director, speaker."),
+    component: list[str] = typer.Option([], "--component", help="Component to run (repeatable): gateway, director, "
+                                        "speaker, judge, reward. Default: gateway, director and speaker."),
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port of the component (gateway default 50051)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the gateway, or of the one component named."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     store_url: Optional[str] = typer.Option(None, "--store-url", help="SQLAlchemy URL of the conversation store."),
     director_target: Optional[str] = typer.Option(None, "--director-target", help="host:port (gateway alone)."),
@@ -73,12 +74,18 @@ def serve(
     print_config: bool = typer.Option(False, "--print-config", help="Print the effective config and exit."),
 ) -> None:
     """Serve the stack: by default gateway, director and speaker in one process sharing one engine."""
-    comps = ("gateway", "director", "speaker") if component is None else (component,)
-    port_key = {"gateway": "server.gateway_port", "director": "server.director_port",
-                "speaker": "server.speaker_port"}.get(comps[0] if component else "gateway")
-    if port_key is None:
-        console.print(f"[red]unknown component {component!r}[/red]; choose gateway, director or speaker")
+    from mascot.stack import COMPONENTS, DEFAULT_COMPONENTS
+
+    comps = tuple(dict.fromkeys(component)) or DEFAULT_COMPONENTS
+    bad = [c for c in comps if c not in COMPONENTS]
+    if bad:
+        console.print(f"[red]unknown component {bad[0]!r}[/red]; choose from {', '.join(COMPONENTS)}")
         raise typer.Exit(2)
+    target_comp = comps[0] if len(comps) == 1 else "gateway"
+    if port is not None and len(comps) > 1 and "gateway" not in comps:
+        console.print("[red]--port needs a single component (or the gateway among several)[/red]")
+        raise typer.Exit(2)
+    port_key = f"server.{target_comp}_port"
     cfg = _config(config, **{"server.host": host, port_key: port, "engine.model": model, "store.url": store_url,
                              "server.director_target": director_target, "server.speaker_target": speaker_target})
     if print_config:

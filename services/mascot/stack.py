@@ -8,6 +8,7 @@ in a cluster.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,10 @@ from mascot.core.metrics import Metrics
 from mascot.core.server import Server, build_server, channel
 
 log = logging.getLogger(__name__)
-COMPONENTS = ("gateway", "director", "speaker")
+COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
+#: What ``mascot serve`` runs by default (the dialogue path); judge and reward join on request.
+DEFAULT_COMPONENTS = ("gateway", "director", "speaker")
+ENGINE_COMPONENTS = {"director", "speaker", "judge"}
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Stack:
     store: Any = None
     channels: list = field(default_factory=list)
     own_engine: bool = False
+    judges: dict = field(default_factory=dict)
 
     def target(self, component: str) -> str:
         """``host:port`` of a running component."""
@@ -37,9 +42,18 @@ class Stack:
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop servers (gateway first), close channels, the engine and the store."""
-        for name in ("gateway", "director", "speaker"):
+        for name in COMPONENTS:
             if name in self.servers:
                 await self.servers[name].stop(grace)
+        closed = set()
+        for j in self.judges.values():
+            close = getattr(j.backend, "close", None)
+            if close is not None and id(j.backend) not in closed:
+                closed.add(id(j.backend))
+                await close()
+        caches = {id(j.cache): j.cache for j in self.judges.values() if j.cache is not None}
+        for c in caches.values():
+            c.close()
         for ch in self.channels:
             await ch.close()
         if self.engine is not None and self.own_engine:
@@ -48,13 +62,13 @@ class Stack:
             self.store.close()
 
 
-async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = COMPONENTS, *, engine: Any = None,
+async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_COMPONENTS, *, engine: Any = None,
                       metrics: Metrics | None = None) -> Stack:
     """Start ``components`` in this process.
 
     Args:
         cfg: Effective configuration. ``server.gateway_port`` 0 picks a free port (tests).
-        components: Any of ``gateway``, ``director``, ``speaker``. A gateway without the other two uses
+        components: Any of ``gateway``, ``director``, ``speaker``, ``judge``, ``reward``. A gateway without the other two uses
             ``server.director_target`` / ``server.speaker_target``.
         engine: An already started engine to share (tests inject a scripted engine); else one is built from
             ``cfg.engine`` when a model component runs.
@@ -77,12 +91,14 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = COMPONENT
     stack = Stack(cfg=cfg, metrics=metrics)
     srv = cfg.server
     try:
-        if {"director", "speaker"} & set(components):
+        needs_engine = bool(ENGINE_COMPONENTS & set(components)) and (
+            {"director", "speaker"} & set(components) or any(j.kind == "local" for j in cfg.judge.judges))
+        if needs_engine:
             if engine is None:
                 from mascot.core.engine import build_engine
 
                 engine = build_engine(cfg.engine, metrics, component="+".join(
-                    c for c in components if c != "gateway"))
+                    c for c in components if c in ENGINE_COMPONENTS))
                 stack.engine, stack.own_engine = engine, True
                 await engine.start()
             stack.engine = engine
@@ -101,6 +117,32 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = COMPONENT
                 SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics),
                 "mascot.api.speaker.v1.SpeakerService")],
                 host=srv.host, port=srv.speaker_port, max_message_bytes=srv.max_message_bytes)
+        if "judge" in components:
+            from mascot.api.judge.v1 import judge_pb2_grpc
+            from mascot.core.engine import resolve_model
+            from mascot.judge.servicer import JudgeServicer, build_judges
+
+            model_name = cfg.engine.model or Path(resolve_model("", cfg.engine.tiny_dir)).name
+            stack.judges = build_judges(cfg.judge, engine, model_name, metrics)
+            stack.servers["judge"] = await build_server("judge", metrics, [(
+                judge_pb2_grpc.add_JudgeServiceServicer_to_server,
+                JudgeServicer(stack.judges, catalog, cfg.judge.max_batch), "mascot.api.judge.v1.JudgeService")],
+                host=srv.host, port=srv.judge_port, max_message_bytes=srv.max_message_bytes)
+        if "reward" in components:
+            import asyncio
+
+            from mascot.api.reward.v1 import reward_pb2_grpc
+            from mascot.reward.scorer import RewardScorer, resolve_reward_model
+            from mascot.reward.servicer import RewardServicer
+
+            rcfg = cfg.reward
+            model_dir = await asyncio.to_thread(resolve_reward_model, rcfg.model, rcfg.tiny_dir)
+            scorer = await asyncio.to_thread(RewardScorer, model_dir, rcfg.max_length, rcfg.batch_size,
+                                             rcfg.padding_side)
+            stack.servers["reward"] = await build_server("reward", metrics, [(
+                reward_pb2_grpc.add_RewardServiceServicer_to_server,
+                RewardServicer(scorer, catalog, rcfg.max_batch, metrics), "mascot.api.reward.v1.RewardService")],
+                host=srv.host, port=srv.reward_port, max_message_bytes=srv.max_message_bytes)
         if "gateway" in components:
             from mascot.gateway.servicer import ConversationServicer
             from mascot.gateway.store import Store

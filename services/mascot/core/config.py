@@ -3,7 +3,7 @@
 Environment variables use the prefix ``MASCOT_`` and ``__`` for nesting, e.g.
 ``MASCOT_DIRECTOR__MAX_RETRIES=1``. Unknown keys are rejected everywhere. The YAML file is named by
 ``MASCOT_CONFIG`` or the ``--config`` flag. Defaults follow REFERENCE.md (sections 1-2: turn loop,
-director retries and cap). Secrets never live here (none are needed before the judge issue).
+director retries and cap). Secrets never live here: a judge's API key is read from an environment variable or a mounted file.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class ServerConfig(_Section):
     gateway_port: int = Field(50051, ge=0, le=65535)
     director_port: int = Field(0, ge=0, le=65535)
     speaker_port: int = Field(0, ge=0, le=65535)
+    judge_port: int = Field(0, ge=0, le=65535)
+    reward_port: int = Field(0, ge=0, le=65535)
     #: Targets the gateway calls when run alone (``--component gateway``): ``host:port``.
     director_target: str = ""
     speaker_target: str = ""
@@ -112,6 +114,60 @@ class ServerConfig(_Section):
     #: gRPC message size limit in bytes, equal on servers and clients.
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     metrics_port: int = Field(9464, ge=0, le=65535)
+
+
+class JudgeSpec(_Section):
+    """One judge (REFERENCE.md section 4.3). Secrets never live here: the API key comes from the environment
+    variable ``api_key_env`` or the mounted file ``api_key_file``."""
+
+    #: Name requests use to pick the judge; letters, digits, ``_ . -``.
+    name: str = Field("local", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    #: ``local``: the shared engine (optionally through ``adapter``); ``openai``: an OpenAI-compatible endpoint.
+    kind: Literal["local", "openai"] = "local"
+    #: Model name sent to the endpoint (openai); ignored for local.
+    model: str = ""
+    #: Base URL of the endpoint, e.g. ``https://api.openai.com/v1`` (openai only).
+    endpoint: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+    api_key_file: Path | None = None
+    adapter: str = ""
+    response_format: Literal["json_schema", "json_object", "none"] = "json_schema"
+    max_tokens: int = Field(256, ge=16, le=4096)
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+    max_concurrency: int = Field(8, ge=1, le=256)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("endpoint must be an http(s) URL such as https://api.openai.com/v1")
+        return v
+
+
+class JudgeConfig(_Section):
+    """Judge service (REFERENCE.md section 4.3)."""
+
+    judges: list[JudgeSpec] = Field(default_factory=lambda: [JudgeSpec()], min_length=1)
+    max_retries: int = Field(2, ge=0, le=10)
+    #: Most candidates in one JudgeCandidates call.
+    max_batch: int = Field(64, ge=1, le=1024)
+    #: SQLAlchemy URL of the judgement cache; empty disables caching.
+    cache_url: str = "sqlite:///.cache/judge-cache.db"
+
+
+class RewardConfig(_Section):
+    """Reward service (REFERENCE.md section 5): a sequence-classification reward model."""
+
+    #: Reward-model directory; empty builds the tiny random one at ``tiny_dir`` (untrained).
+    model: str = ""
+    tiny_dir: Path = Path(".cache/tiny-reward")
+    #: Most tokens of one input (longer inputs lose their oldest context).
+    max_length: int = Field(2048, ge=32, le=131072)
+    #: Most candidates in one ScoreCandidates call.
+    max_batch: int = Field(64, ge=1, le=1024)
+    #: Forward micro-batch size.
+    batch_size: int = Field(8, ge=1, le=256)
+    padding_side: Literal["left", "right"] = "right"
 
 
 class MascotConfig(BaseSettings):
@@ -132,6 +188,8 @@ class MascotConfig(BaseSettings):
     personas: PersonasConfig = PersonasConfig()
     store: StoreConfig = StoreConfig()
     server: ServerConfig = ServerConfig()
+    judge: JudgeConfig = JudgeConfig()
+    reward: RewardConfig = RewardConfig()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -1,0 +1,494 @@
+"""Render an evaluation report (``report.json``) as ``report.md`` and PNG charts, beside the paper's numbers.
+
+Input: the report dict built by the evaluation runner (the ``report.json`` schema): ``seed``, ``mode``
+(``"support"`` | ``"meeting"``), ``situations``, ``judges``, ``generated_at``, ``models`` (``backbone``,
+``trained``, free-form extras), ``systems`` ``{system: {split: stats}}`` and, with more than one judge,
+``by_judge`` ``{judge: {system: {split: stats}}}``. ``stats`` holds ``n``, ``criteria`` / ``collective``
+``{key: {"mean", "std"}}``, ``overall`` / ``collective_overall`` ``{"mean", "std"}`` (judge scores on 0-100,
+REFERENCE.md section 4.3), ``automatic`` (NLI rates, Self-BLEU, distinct-1/2 in [0, 1]; embedding redundancy,
+a mean cosine similarity in [-1, 1]; REFERENCE.md section 7), ``safety_turns``, ``unparseable`` and
+``personas`` ``{persona: {key: mean}}``. Any mean or std may be ``None`` (no data) and is rendered as "–".
+
+The paper's numbers beside ours come from :mod:`mascot.eval.paper` (REFERENCE.md sections 8.1-8.4, 8.7); a value
+read off a figure is prefixed "~". Charts use matplotlib's Agg canvas on bare ``Figure`` objects (never
+registered with pyplot, so no display is needed and nothing accumulates); every file is written to a temporary
+name in its folder and moved into place with ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
+
+from mascot.eval import paper
+from mascot.eval.paper import AGENT_COLUMNS, AGENT_KEYS, COLLECTIVE_COLUMNS, COLLECTIVE_KEYS, system_label
+
+#: Shown for a missing value.
+DASH = "–"
+#: Warning printed when the models (or the NLI model) are untrained.
+UNTRAINED_WARNING = "tiny random models: numbers exercise the pipeline, they are not comparable with the paper"
+MODES = ("support", "meeting")
+_SPLIT_ORDER = {"support": paper.SUPPORT_SPLITS + ("all",), "meeting": paper.MEETING_SPLITS + ("all",)}
+_AUTOMATIC = (("entailment", "NLI entailment"), ("neutral", "NLI neutral"), ("contradiction", "NLI contradiction"),
+              ("self_bleu", "Self-BLEU"), ("distinct_1", "Distinct-1"), ("distinct_2", "Distinct-2"),
+              ("embedding_redundancy", "Embedding redundancy"))
+_NLI_KEYS = ("entailment", "neutral", "contradiction")
+
+
+# ----------------------------------------------------------------------------------------------- small helpers
+
+def _num(x: Any) -> float | None:
+    """``x`` as a finite float, else ``None`` (``None``, bools, strings, NaN)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _ms(stat: Any) -> tuple[float | None, float | None]:
+    """``(mean, std)`` of a ``{"mean", "std"}`` dict; ``(None, None)`` for anything else."""
+    if not isinstance(stat, Mapping):
+        return None, None
+    return _num(stat.get("mean")), _num(stat.get("std"))
+
+
+def _fmt(stat: Any, digits: int = 1) -> str:
+    """"mean ± std", "mean" without a std, "–" without a mean."""
+    m, s = _ms(stat)
+    if m is None:
+        return DASH
+    return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _cell(stat: Any, ref: float | tuple[float, float] | None = None, digits: int = 1, approx: bool = False) -> str:
+    """Our value, then "(paper X)" when the paper has a number for the same cell ("~X" if figure-read)."""
+    ours = _fmt(stat, digits)
+    if ref is None:
+        return ours
+    if isinstance(ref, tuple):
+        theirs = f"{ref[0]:.{digits}f} ± {ref[1]:.{digits}f}"
+    else:
+        theirs = f"{'~' if approx else ''}{ref:.{digits}f}"
+    return f"{ours} (paper {theirs})"
+
+
+def _esc(text: Any) -> str:
+    """Free text made safe for one markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A GitHub markdown table (lines, followed by a blank line)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _mode(report: Mapping[str, Any]) -> str:
+    """The report's mode; raises ValueError for anything but "support" or "meeting"."""
+    mode = report.get("mode")
+    if mode not in MODES:
+        raise ValueError(f"report mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def _systems_in_order(systems: Mapping[str, Any]) -> list[str]:
+    """Paper row order, then the ablations, then unknown ids sorted."""
+    known = [s for s in paper.PAPER_SYSTEMS + paper.ABLATION_SYSTEMS if s in systems]
+    return known + sorted(s for s in systems if s not in known)
+
+
+def _splits_in_order(systems: Mapping[str, Any], mode: str) -> list[str]:
+    """The mode's splits that some system has (paper order, ``all`` last), then unknown splits sorted."""
+    present = {sp for by_split in systems.values() if isinstance(by_split, Mapping) for sp in by_split}
+    known = [sp for sp in _SPLIT_ORDER[mode] if sp in present]
+    return known + sorted(present - set(known))
+
+
+def _stats(systems: Mapping[str, Any], system: str, split: str) -> Mapping[str, Any]:
+    """``systems[system][split]`` or ``{}``."""
+    by_split = systems.get(system)
+    out = by_split.get(split) if isinstance(by_split, Mapping) else None
+    return out if isinstance(out, Mapping) else {}
+
+
+def _sub(stats: Mapping[str, Any], *path: str) -> Any:
+    """``stats[path[0]][path[1]]...`` or ``None``."""
+    cur: Any = stats
+    for p in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(p)
+    return cur
+
+
+def _split_title(split: str) -> str:
+    return "All splits" if split == "all" else split.capitalize()
+
+
+def _untrained_nli(report: Mapping[str, Any]) -> list[str]:
+    """Names of NLI models marked ``trained: false`` anywhere in the report."""
+    names: set[str] = set()
+    tables = [report.get("systems") or {}] + list((report.get("by_judge") or {}).values())
+    for systems in tables:
+        for by_split in systems.values():
+            for stats in (by_split or {}).values() if isinstance(by_split, Mapping) else ():
+                nli = _sub(stats, "automatic", "nli")
+                if isinstance(nli, Mapping) and nli.get("trained") is False:
+                    names.add(str(nli.get("model") or "unnamed"))
+    return sorted(names)
+
+
+# ----------------------------------------------------------------------------------------------- markdown sections
+
+def _header(report: Mapping[str, Any], mode: str) -> list[str]:
+    models = report.get("models") or {}
+    judges = [str(j) for j in report.get("judges") or []]
+    lines = ["# MASCOT evaluation report", ""]
+    untrained_nli = _untrained_nli(report)
+    if models.get("trained") is False or untrained_nli:
+        why = []
+        if models.get("trained") is False:
+            why.append("the backbone/adapters are untrained (`models.trained` is false)")
+        if untrained_nli:
+            why.append("the NLI model is untrained (" + ", ".join(f"`{n}`" for n in untrained_nli) + ")")
+        lines += [f"> **Warning: {UNTRAINED_WARNING}.** Reason: {'; '.join(why)}.", ""]
+    dataset = "EmpatheticDialogues, valence splits" if mode == "support" else "QMSum, per domain (collective only)"
+    extra = {k: v for k, v in models.items() if k not in ("backbone", "trained")}
+    lines += [
+        f"- Mode: {mode} ({dataset})",
+        f"- Judges: {', '.join(judges) or DASH}"
+        + (" — the tables below are the mean over judges; one section per judge follows." if len(judges) > 1 else ""),
+        f"- Backbone: {models.get('backbone', DASH)} (trained: {'yes' if models.get('trained') else 'no'})",
+    ]
+    lines += [f"- Model `{k}`: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in extra.items()]
+    lines += [
+        f"- Seed: {report.get('seed', DASH)}",
+        f"- Situations: {len(report.get('situations') or [])} (per split and system: see Run counts)",
+        f"- Generated at: {report.get('generated_at', DASH)}",
+        "- Scores are 0–100 (judge 1–5 mapped by (s − 1)/4 × 100), shown as mean ± std over dialogues; "
+        "\"(paper X)\" is the paper's number for the same system, split and column (REFERENCE.md §8; "
+        "\"~\" = read off a figure). \"–\" = no data.",
+        "",
+    ]
+    return lines
+
+
+def _run_counts(systems: Mapping[str, Any], order: list[str], splits: list[str], h: str) -> list[str]:
+    def counts(system: str, field: str) -> str:
+        vals = [_sub(_stats(systems, system, sp), field) for sp in splits]
+        return " / ".join(str(int(v)) if _num(v) is not None else DASH for v in vals)
+
+    lines = [f"{h} Run counts", "", f"Each cell lists the splits in the order {' / '.join(splits)}.", ""]
+    rows = [[system_label(s), counts(s, "n"), counts(s, "unparseable"), counts(s, "safety_turns")] for s in order]
+    return lines + _table(["System", "Dialogues (n)", "Unparseable judgements", "Safety turns"], rows)
+
+
+def _score_tables(systems: Mapping[str, Any], order: list[str], splits: list[str], h: str, *, title: str,
+                  keys: tuple[str, ...], columns: Mapping[str, str], section: str, overall: str,
+                  ref: Mapping[str, Mapping[str, Mapping[str, float]]], note: str, approx: bool = False) -> list[str]:
+    """One table per split: rows = systems, columns = criteria + Overall, paper numbers beside ours."""
+    lines = [f"{h} {title}", "", note, ""]
+    for split in splits:
+        rows = []
+        for s in order:
+            stats = _stats(systems, s, split)
+            theirs = ref.get(split, {}).get(s, {})
+            row = [system_label(s)]
+            row += [_cell(_sub(stats, section, k), theirs.get(k), approx=approx) for k in keys]
+            row.append(_cell(stats.get(overall), theirs.get("overall"), approx=approx))
+            rows.append(row)
+        lines += [f"{h}# {_split_title(split)}", ""]
+        lines += _table(["System"] + [columns[k] for k in keys] + ["Overall"], rows)
+    return lines
+
+
+def _ablation(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
+    present = [s for s in ("mascot",) + paper.ABLATION_SYSTEMS if s in systems]
+    if not any(s in systems for s in paper.ABLATION_SYSTEMS):
+        return []
+    with_paper = mode == "support"
+    note = ("Our values are on split `all`. Paper: REFERENCE.md §8.4 (figure, ~±1; split not stated); MASCOT-C = "
+            "random speaking order (`no-director`), MASCOT-P = no persona prompts (`no-persona`); Coherence = the "
+            "collective Relevance & Coherence criterion.")
+    if not with_paper:
+        note += " The paper's ablation is on ED, so no paper numbers are shown in meeting mode."
+    rows = []
+    for s in present:
+        st = _stats(systems, s, "all")
+        abl = paper.ABLATION.get(s, {}) if with_paper else {}
+        crit = paper.ABLATION_CRITERIA.get(s, {}) if with_paper else {}
+        rows.append([
+            system_label(s),
+            _cell(st.get("overall"), abl.get("agent_overall"), approx=True),
+            _cell(_sub(st, "criteria", "empathetic_support_quality"), crit.get("empathetic_support_quality"),
+                  approx=True),
+            _cell(_sub(st, "criteria", "persona_consistency"), crit.get("persona_consistency"), approx=True),
+            _cell(st.get("collective_overall"), abl.get("collective_overall"), approx=True),
+            _cell(_sub(st, "collective", "relevance_coherence"), abl.get("coherence"), approx=True),
+        ])
+    header = ["Variant", "Agent-specific Overall", "Empathy", "Consistency", "Collective Overall", "Coherence"]
+    return [f"{h} Ablation (paper §8.4)", "", note, ""] + _table(header, rows)
+
+
+def _automatic(systems: Mapping[str, Any], order: list[str], splits: list[str], mode: str, h: str) -> list[str]:
+    note = ("NLI label rates between consecutive agent turns, Self-BLEU (0–1, lower = more diverse), distinct-1/2 "
+            "and embedding redundancy (mean pairwise cosine of turn embeddings), mean ± std over dialogues. "
+            "Paper: REFERENCE.md §8.7 (ED, split not stated), "
+            "shown beside our `all` split in support mode; the paper's \"Few-Shot CoT\" is our `few-shot-cot`.")
+    lines = [f"{h} Automatic metrics (paper §8.7)", "", note, ""]
+    for split in splits:
+        rows = []
+        for s in order:
+            auto = _sub(_stats(systems, s, split), "automatic")
+            auto = auto if isinstance(auto, Mapping) else {}
+            nli = auto.get("nli") if isinstance(auto.get("nli"), Mapping) else {}
+            theirs = paper.AUTOMATIC.get(s, {}) if (mode == "support" and split == "all") else {}
+            model = DASH
+            if nli.get("model"):
+                model = _esc(nli["model"]) + (" (untrained)" if nli.get("trained") is False else "")
+            row = [system_label(s), model]
+            for key, _ in _AUTOMATIC:
+                stat = nli.get(key) if key in _NLI_KEYS else auto.get(key)
+                row.append(_cell(stat, theirs.get(key), digits=3))
+            rows.append(row)
+        lines += [f"{h}# {_split_title(split)}", ""]
+        lines += _table(["System", "NLI model"] + [title for _, title in _AUTOMATIC], rows)
+    return lines
+
+
+def _personas(systems: Mapping[str, Any], order: list[str], splits: list[str], h: str) -> list[str]:
+    lines: list[str] = []
+    for split in splits:
+        rows_src = [(s, pid, scores) for s in order
+                    for pid, scores in sorted((_stats(systems, s, split).get("personas") or {}).items())
+                    if isinstance(scores, Mapping)]
+        if not rows_src:
+            continue
+        found = {k for _, _, scores in rows_src for k in scores}
+        keys = [k for k in AGENT_KEYS + COLLECTIVE_KEYS if k in found] + sorted(
+            found - set(AGENT_KEYS) - set(COLLECTIVE_KEYS))
+        titles = [AGENT_COLUMNS.get(k) or COLLECTIVE_COLUMNS.get(k) or k for k in keys]
+        rows = [[system_label(s), _esc(pid)] + [_cell({"mean": scores.get(k)}) for k in keys]
+                for s, pid, scores in rows_src]
+        lines += [f"{h}# {_split_title(split)}", ""] + _table(["System", "Persona"] + titles, rows)
+    if not lines:
+        return []
+    return [f"{h} Persona-level breakdown", "", "Mean score per persona (0–100); no paper numbers exist.", ""] + lines
+
+
+def _body(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
+    """Every table for one ``systems`` block; ``h`` is the heading prefix of its sections (e.g. "###")."""
+    order = _systems_in_order(systems)
+    if not order:
+        return ["No systems in this report.", ""]
+    splits = _splits_in_order(systems, mode)
+    lines = _run_counts(systems, order, splits, h)
+    if mode == "support":
+        lines += _score_tables(
+            systems, order, splits, h, title="Agent-specific scores (paper §8.1)", keys=AGENT_KEYS,
+            columns=AGENT_COLUMNS, section="criteria", overall="overall", ref=paper.AGENT_SPECIFIC,
+            note="Paper: REFERENCE.md §8.1 (no std published); no paper numbers for split `all` or the ablations.")
+        lines += _score_tables(
+            systems, order, splits, h, title="Collective scores (paper §8.2)", keys=COLLECTIVE_KEYS,
+            columns=COLLECTIVE_COLUMNS, section="collective", overall="collective_overall", ref=paper.COLLECTIVE,
+            note="Paper: REFERENCE.md §8.2, Positive and Negative splits only (no std published).")
+    else:
+        lines += _score_tables(
+            systems, order, splits, h, title="Collective scores per QMSum domain (paper §8.3)", keys=COLLECTIVE_KEYS,
+            columns=COLLECTIVE_COLUMNS, section="collective", overall="collective_overall",
+            ref=paper.QMSUM_COLLECTIVE, approx=True,
+            note="Paper: REFERENCE.md §8.3, a dot plot (~±1), MASCOT and MultiAgentESC only. Agent-specific scores "
+                 "are not computed in meeting mode.")
+    lines += _ablation(systems, mode, h)
+    lines += _automatic(systems, order, splits, mode, h)
+    lines += _personas(systems, order, splits, h)
+    return lines
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """Render ``report.md``: a header, then the paper-style tables with the paper's numbers beside ours.
+
+    Sections (each per split or domain): run counts (n, unparseable judgements, safety turns); in support mode the
+    agent-specific table (REFERENCE.md §8.1) and the collective table (§8.2, paper numbers for Positive and
+    Negative only); in meeting mode the per-domain collective table (§8.3, MASCOT and MultiAgentESC); the ablation
+    table (§8.4) when ``no-director`` or ``no-persona`` is present; automatic metrics (§8.7); the persona-level
+    breakdown. Rows follow the paper's system order, then the ablations, then unknown ids. With a ``by_judge``
+    block, the mean tables come first, then one section per judge. The header carries a warning when
+    ``models.trained`` is false or any NLI model is marked untrained.
+
+    Args:
+        report: The ``report.json`` dict (schema in the module docstring). Missing or ``None`` values render
+            as "–"; judge scores are 0–100, automatic metrics 0–1 (embedding redundancy −1–1).
+
+    Returns:
+        The markdown text, ending with a newline.
+
+    Raises:
+        ValueError: ``report["mode"]`` is not ``"support"`` or ``"meeting"``.
+    """
+    mode = _mode(report)
+    judges = [str(j) for j in report.get("judges") or []]
+    by_judge = report.get("by_judge") or {}
+    lines = _header(report, mode)
+    if by_judge:
+        lines += [f"## Mean over judges ({', '.join(judges or sorted(by_judge))})", ""]
+    else:
+        lines += [f"## Scores (judge: {', '.join(judges) or DASH})", ""]
+    lines += _body(report.get("systems") or {}, mode, "###")
+    for judge in judges + sorted(set(by_judge) - set(judges)):
+        if judge in by_judge:
+            lines += [f"## Judge: {judge}", ""] + _body(by_judge[judge] or {}, mode, "###")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- files and plots
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` through a temporary file in the same folder, then ``os.replace`` it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _save_figure(fig: Any, path: Path) -> Path:
+    """Save ``fig`` as PNG atomically, then release it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    try:
+        FigureCanvasAgg(fig)
+        fig.tight_layout()
+        _atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    finally:
+        fig.clear()
+    return path
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def _bar_chart(systems: Mapping[str, Any], order: list[str], splits: list[str], key: str, section: str,
+               out_dir: Path) -> Path | None:
+    """Grouped bars (systems x splits) of one criterion with std error bars, or ``None`` without data."""
+    from matplotlib.figure import Figure
+
+    values = {(s, sp): _ms(_sub(_stats(systems, s, sp), section, key)) for s in order for sp in splits}
+    if all(m is None for m, _ in values.values()):
+        return None
+    fig = Figure(figsize=(max(6.0, 1.1 * len(order) + 2), 4.5))
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(splits))
+    for i, sp in enumerate(splits):
+        pts = [(x, values[(s, sp)]) for x, s in enumerate(order) if values[(s, sp)][0] is not None]
+        if not pts:
+            continue
+        xs = [x - 0.4 + width * (i + 0.5) for x, _ in pts]
+        ax.bar(xs, [m for _, (m, _) in pts], width, yerr=[sd or 0.0 for _, (_, sd) in pts], capsize=2,
+               label=_split_title(sp))
+    ax.set_xticks(range(len(order)), [system_label(s) for s in order], rotation=30, ha="right")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("score (0–100)")
+    ax.set_title(f"{AGENT_COLUMNS.get(key) or COLLECTIVE_COLUMNS.get(key, key)} ({key})")
+    ax.legend(fontsize="small")
+    return _save_figure(fig, out_dir / f"bar_{_safe_name(key)}.png")
+
+
+def _radar_chart(systems: Mapping[str, Any], system: str, splits: list[str], keys: tuple[str, ...],
+                 section: str, columns: Mapping[str, str], out_dir: Path) -> Path | None:
+    """One polygon per split with every criterion present, or ``None`` when no split is complete."""
+    from matplotlib.figure import Figure
+
+    polygons = []
+    for sp in splits:
+        means = [_ms(_sub(_stats(systems, system, sp), section, k))[0] for k in keys]
+        if all(m is not None for m in means):
+            polygons.append((sp, means))
+    if not polygons:
+        return None
+    angles = [2 * math.pi * i / len(keys) for i in range(len(keys))]
+    fig = Figure(figsize=(5.5, 5.5))
+    ax = fig.add_subplot(projection="polar")
+    for sp, means in polygons:
+        ax.plot(angles + angles[:1], means + means[:1], label=_split_title(sp))
+        ax.fill(angles + angles[:1], means + means[:1], alpha=0.1)
+    ax.set_xticks(angles, [columns[k] for k in keys])
+    ax.set_ylim(0, 100)
+    ax.set_title(system_label(system))
+    ax.legend(fontsize="small", loc="lower right", bbox_to_anchor=(1.15, -0.1))
+    return _save_figure(fig, out_dir / f"radar_{_safe_name(system)}.png")
+
+
+def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write the PNG charts of the report's ``systems`` block (the mean over judges) into ``out_dir``.
+
+    Charts: ``bar_<key>.png`` for every agent criterion (REFERENCE.md §4.1) and collective criterion (§4.2), as
+    grouped bars (systems × splits) with the std as error bars on a 0–100 axis; ``radar_<system>.png`` per
+    system, with the agent criteria (support mode) or the collective criteria (meeting mode), one polygon per
+    split. A chart without data (every mean ``None``; for a radar, no split with all criteria) is skipped. Each
+    file is saved under a temporary name in ``out_dir`` and moved into place with ``os.replace``.
+
+    Args:
+        report: The ``report.json`` dict.
+        out_dir: Destination folder; created if missing.
+
+    Returns:
+        The paths written, bar charts first (criterion order), then radar charts (system order).
+
+    Raises:
+        ValueError: ``report["mode"]`` is not ``"support"`` or ``"meeting"``.
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    mode = _mode(report)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    systems = report.get("systems") or {}
+    order = _systems_in_order(systems)
+    splits = _splits_in_order(systems, mode)
+    written: list[Path] = []
+    for key in AGENT_KEYS + COLLECTIVE_KEYS:
+        path = _bar_chart(systems, order, splits, key, "criteria" if key in AGENT_KEYS else "collective", out)
+        if path is not None:
+            written.append(path)
+    keys, section, columns = ((AGENT_KEYS, "criteria", AGENT_COLUMNS) if mode == "support"
+                              else (COLLECTIVE_KEYS, "collective", COLLECTIVE_COLUMNS))
+    for system in order:
+        path = _radar_chart(systems, system, splits, keys, section, columns, out)
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def write_report(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> None:
+    """Write ``report.json`` (indent 2), ``report.md`` (:func:`render_markdown`) and the charts (:func:`write_plots`).
+
+    Every file is written atomically (temporary name in ``out_dir``, then ``os.replace``).
+
+    Args:
+        report: The ``report.json`` dict; it must be JSON-serialisable without NaN or infinity.
+        out_dir: Destination folder; created if missing.
+
+    Raises:
+        ValueError: an unknown ``report["mode"]``, or a NaN/infinite value in ``report``.
+        TypeError: a value that JSON cannot encode.
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    markdown = render_markdown(report)
+    _atomic_write(out / "report.json", lambda fh: fh.write(text.encode("utf-8")))
+    _atomic_write(out / "report.md", lambda fh: fh.write(markdown.encode("utf-8")))
+    write_plots(report, out)

@@ -1,0 +1,108 @@
+"""Judge one item with retries, the drop rule and the cache (REFERENCE.md section 4.3).
+
+An answer that does not parse (or has a score out of range) is re-prompted with the reason, up to
+``max_retries`` times; after that the item is dropped: its verdict has status ``unparseable`` and is
+counted. Verdicts (both kinds) are cached by content hash, so repeating an item never calls the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from mascot.judge import rubric as rb
+from mascot.judge.backends import JudgeBackend
+from mascot.judge.cache import CachedJudgement, JudgeCache, content_hash
+from mascot.judge.parse import JudgementError, parse_judgement
+
+OK, UNPARSEABLE = "ok", "unparseable"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome for one item.
+
+    Attributes:
+        status: ``"ok"`` or ``"unparseable"``.
+        scores: Criterion key to int 1-5 (empty unless ok).
+        rationale: The judge's rationale (empty unless ok).
+        error: Why the last attempt was rejected (unparseable only).
+        attempts: Model calls made now (0 when cached).
+        cached: Answered from the cache.
+        content_hash: The cache key.
+    """
+
+    status: str
+    scores: dict[str, int] = field(default_factory=dict)
+    rationale: str = ""
+    error: str = ""
+    attempts: int = 0
+    cached: bool = False
+    content_hash: str = ""
+
+    @property
+    def mean(self) -> float:
+        """Unweighted mean of the scores (1-5), 0.0 unless ok."""
+        return sum(self.scores.values()) / len(self.scores) if self.scores else 0.0
+
+
+class Judge:
+    """A named judge: a backend plus the retry/drop rule and the cache.
+
+    Args:
+        name: The judge's name (requests select it; part of the cache key).
+        backend: Where answers come from.
+        max_retries: Re-prompts after an invalid answer (REFERENCE.md section 4.3: 2).
+        cache: Optional persistent cache.
+        metrics: Optional :class:`~mascot.core.metrics.Metrics` (judge scores and unparseable counters).
+    """
+
+    def __init__(self, name: str, backend: JudgeBackend, max_retries: int = 2, cache: JudgeCache | None = None,
+                 metrics=None) -> None:  # noqa: ANN001
+        self.name, self.backend, self.max_retries, self.cache, self.metrics = name, backend, max_retries, cache, metrics
+        self.version = rb.rubric_version()
+
+    @property
+    def model(self) -> str:
+        """The backend's model name."""
+        return self.backend.model
+
+    async def judge(self, rubric: str, messages: list[dict]) -> Verdict:
+        """Score one item whose first-attempt prompt is ``messages`` on ``rubric`` (``"agent"``/``"collective"``).
+
+        Raises:
+            ServiceError: from the backend (endpoint unavailable, key rejected, prompt too long).
+        """
+        key = content_hash(self.name, self.model, self.version, messages)
+        if self.cache is not None:
+            hit = await asyncio.to_thread(self.cache.get, key)
+            if hit is not None:
+                return Verdict(hit.status, hit.scores, hit.rationale, hit.error, 0, True, key)
+        schema = rb.json_schema(rubric)
+        msgs, error = messages, ""
+        for attempt in range(1, self.max_retries + 2):
+            text = await self.backend.complete(msgs, schema, seed=attempt - 1)
+            try:
+                parsed = parse_judgement(text, rubric)
+            except JudgementError as e:
+                error = str(e)
+                msgs = rb.retry_messages(messages, text, error, rubric)
+                continue
+            verdict = Verdict(OK, parsed.scores, parsed.rationale, "", attempt, False, key)
+            break
+        else:
+            verdict = Verdict(UNPARSEABLE, {}, "", error, self.max_retries + 1, False, key)
+        if self.metrics is not None:
+            if verdict.status == OK:
+                for k, s in verdict.scores.items():
+                    self.metrics.judge_scores.labels(k).observe(s)
+            else:
+                self.metrics.judge_unparseable.labels(self.name).inc()
+        if self.cache is not None:
+            await asyncio.to_thread(self.cache.put, key, self.name, self.model, CachedJudgement(
+                verdict.status, verdict.scores, verdict.rationale, verdict.error, verdict.attempts))
+        return verdict
+
+    async def judge_many(self, rubric: str, items: list[list[dict]]) -> list[Verdict]:
+        """Score several items concurrently (the local engine batches them); results in input order."""
+        return list(await asyncio.gather(*(self.judge(rubric, m) for m in items)))

@@ -1,0 +1,148 @@
+"""JudgeService: proto <-> domain and validation; the logic is :class:`mascot.judge.judging.Judge`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mascot.api.judge.v1 import judge_pb2 as pb
+from mascot.api.judge.v1 import judge_pb2_grpc as pb_grpc
+from mascot.core.dialogue import context_from_proto, history_from_proto, roster_from_ids
+from mascot.core.errors import InvalidArgument
+from mascot.core.personas import PersonaCatalog
+from mascot.judge import rubric as rb
+from mascot.judge.judging import OK, Judge
+
+RUBRICS = {pb.RUBRIC_AGENT: rb.AGENT, pb.RUBRIC_COLLECTIVE: rb.COLLECTIVE}
+
+
+class JudgeServicer(pb_grpc.JudgeServiceServicer):
+    """Serves JudgeCandidates over one or more configured judges.
+
+    Args:
+        judges: Judges by name, in configuration order (the first is the default).
+        catalog: Persona cards.
+        max_batch: Most candidates per call.
+    """
+
+    def __init__(self, judges: dict[str, Judge], catalog: PersonaCatalog, max_batch: int = 64) -> None:
+        if not judges:
+            raise ValueError("at least one judge is required")
+        self.judges, self.catalog, self.max_batch = judges, catalog, max_batch
+
+    def _judge(self, name: str) -> Judge:
+        if not name:
+            return next(iter(self.judges.values()))
+        if name not in self.judges:
+            raise InvalidArgument(f"unknown judge {name!r}; configured judges: {', '.join(self.judges)}")
+        return self.judges[name]
+
+    def build_items(self, request: pb.JudgeCandidatesRequest) -> tuple[str, list[list[dict]]]:
+        """Validate a request and build each candidate's first-attempt judge messages.
+
+        Returns:
+            ``(rubric, messages per candidate)``.
+
+        Raises:
+            InvalidArgument: see the RPC's error list.
+        """
+        if request.rubric not in RUBRICS:
+            raise InvalidArgument("rubric must be RUBRIC_AGENT or RUBRIC_COLLECTIVE")
+        n = len(request.candidates)
+        if n == 0:
+            raise InvalidArgument("candidates is empty; send at least one")
+        if n > self.max_batch:
+            raise InvalidArgument(f"{n} candidates exceed the batch limit of {self.max_batch}; split the call")
+        rubric = RUBRICS[request.rubric]
+        known = list(self.catalog.cards)
+        history = history_from_proto(request.history, known_personas=known)
+        context = context_from_proto(request.context)
+        items = []
+        if rubric == rb.AGENT:
+            names = {pid: c.name for pid, c in self.catalog.cards.items()}
+            for i, c in enumerate(request.candidates):
+                if not c.persona_id or c.persona_id not in self.catalog.cards:
+                    raise InvalidArgument(f"candidates[{i}]: persona_id {c.persona_id!r} is missing or unknown; "
+                                          "ListPersonas shows the known ids")
+                if not c.text.strip():
+                    raise InvalidArgument(f"candidates[{i}]: text is empty; the agent rubric judges a reply")
+                items.append(rb.agent_messages(self.catalog.get(c.persona_id), history, c.text, context, names))
+        else:
+            for i, c in enumerate(request.candidates):
+                block = history_from_proto(c.block, known_personas=known)
+                if not any(t.role == "agent" for t in block):
+                    raise InvalidArgument(f"candidates[{i}]: block has no agent turn; the collective rubric "
+                                          "judges a block of agent turns")
+                ids = list(request.roster_persona_ids) or list(dict.fromkeys(
+                    t.persona_id for t in history + block if t.role == "agent"))
+                items.append(rb.collective_messages(roster_from_ids(self.catalog, ids), history, block, context))
+        return rubric, items
+
+    async def JudgeCandidates(self, request: pb.JudgeCandidatesRequest, context: Any) -> pb.JudgeCandidatesResponse:
+        judge = self._judge(request.judge)
+        rubric, items = self.build_items(request)
+        verdicts = await judge.judge_many(rubric, items)
+        out = []
+        for c, v in zip(request.candidates, verdicts):
+            ok = v.status == OK
+            out.append(pb.Judgement(
+                candidate_id=c.candidate_id,
+                status=pb.JUDGEMENT_STATUS_OK if ok else pb.JUDGEMENT_STATUS_UNPARSEABLE,
+                scores=v.scores, rationale=v.rationale, mean_score=v.mean, attempts=v.attempts, cached=v.cached,
+                error=v.error, content_hash=v.content_hash))
+        return pb.JudgeCandidatesResponse(judgements=out, judge=judge.name, model=judge.model,
+                                          rubric_version=judge.version)
+
+
+def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) -> dict[str, Judge]:
+    """Judges from a :class:`~mascot.core.config.JudgeConfig`, sharing one cache.
+
+    Args:
+        cfg: The judge config section.
+        engine: The local engine (needed when any judge is ``local``), or None.
+        model_name: Name reported for local judges.
+        metrics: Optional metrics.
+
+    Raises:
+        ValueError: a local judge without an engine, an openai judge without endpoint or model, or two judges
+            with one name.
+    """
+    from mascot.judge.backends import LocalJudgeBackend, OpenAIJudgeBackend, read_api_key
+    from mascot.judge.cache import JudgeCache
+
+    cache = JudgeCache(cfg.cache_url) if cfg.cache_url else None
+    judges: dict[str, Judge] = {}
+    for spec in cfg.judges:
+        if spec.name in judges:
+            raise ValueError(f"two judges are named {spec.name!r}; judge names must be unique")
+        if spec.kind == "local":
+            if engine is None:
+                raise ValueError(f"judge {spec.name!r} is local but no engine runs in this process")
+            backend = LocalJudgeBackend(engine, model_name + (f"+{spec.adapter}" if spec.adapter else ""),
+                                        spec.adapter or None, spec.max_tokens)
+        else:
+            if not spec.endpoint or not spec.model:
+                raise ValueError(f"judge {spec.name!r} is openai: set both endpoint and model")
+            backend = OpenAIJudgeBackend(spec.model, spec.endpoint, read_api_key(spec.api_key_env, spec.api_key_file),
+                                         spec.response_format, spec.max_tokens, spec.timeout_s, spec.max_concurrency)
+        judges[spec.name] = Judge(spec.name, backend, cfg.max_retries, cache, metrics)
+    return judges
+
+
+def parse_judge_spec(spec: str) -> dict:
+    """Parse a CLI judge spec into a :class:`~mascot.core.config.JudgeSpec` dict.
+
+    Forms: ``local``; ``openai:MODEL@URL``; ``NAME=openai:MODEL@URL`` (e.g.
+    ``gpt4o=openai:gpt-4o@https://api.openai.com/v1``); ``NAME=local``.
+
+    Raises:
+        ValueError: any other form.
+    """
+    name, _, body = spec.partition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
+    body = body.strip()
+    if body == "local":
+        return {"name": name or "local", "kind": "local"}
+    if body.startswith("openai:") and "@" in body:
+        model, _, url = body[len("openai:"):].partition("@")
+        if model and url:
+            return {"name": name or model.replace("/", "_")[:64], "kind": "openai", "model": model, "endpoint": url}
+    raise ValueError(f"bad judge spec {spec!r}: use 'local', 'openai:MODEL@URL' or 'NAME=openai:MODEL@URL'")

@@ -1,0 +1,1 @@
+"""RewardService: persona-conditioned reward-model scoring (REFERENCE.md section 5)."""
