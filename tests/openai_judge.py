@@ -5,7 +5,9 @@ compute expected report values by hand from the recorded calls. Planted markers 
 
 - ``[[garbage]]``: always answers non-JSON (the item is dropped after the retries);
 - ``[[range]]``: answers a score of 9 first, then a valid answer on the re-prompt;
-- anything else: scores = 1 + (byte k of sha256(last user message)) % 5 for criterion k.
+- anything else: scores = 1 + (byte k of sha256(judged text)) % 5 for criterion k, where the judged text is the
+  reply (agent rubric) or the block's turn texts (collective rubric); with ``faults=True`` about 1 in 8 items
+  is garbage and 1 in 8 out of range first, chosen by the judged text's hash.
 """
 
 from __future__ import annotations
@@ -13,16 +15,32 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import threading
 import time
 
 from aiohttp import web
 
 
-def scripted_scores(user_text: str, keys: list[str]) -> dict[str, int]:
-    """The scores the scripted judge gives for a first-attempt prompt ``user_text``."""
-    h = hashlib.sha256(user_text.encode("utf-8")).digest()
+def scripted_scores(key_text: str, keys: list[str]) -> dict[str, int]:
+    """The scores the scripted judge gives for an item whose judged text is ``key_text`` (see :func:`key_text`)."""
+    h = hashlib.sha256(key_text.encode("utf-8")).digest()
     return {k: 1 + h[i] % 5 for i, k in enumerate(keys)}
+
+
+def scripted_fault(key_text: str) -> str:
+    """With faults on: ``garbage`` (dropped), ``range`` (valid on retry) or ``ok``, from the judged text's hash."""
+    b = hashlib.sha256(("fault" + key_text).encode("utf-8")).digest()[0] % 8
+    return "garbage" if b == 0 else "range" if b == 1 else "ok"
+
+
+def key_text(first_user: str) -> str:
+    """What the scripted judge keys on: the reply text (agent rubric) or the block's turn texts joined by newlines."""
+    if "Reply to judge, by " in first_user:
+        body = first_user.split("Reply to judge, by ", 1)[1].split("\n", 1)[1]
+        return body.rsplit("\n\nCriteria:\n", 1)[0]
+    block = first_user.split("Block of turns to judge:\n", 1)[1].rsplit("\n\nCriteria:\n", 1)[0]
+    return "\n".join(re.sub(r"^\[\d+\] [^:]+: ", "", line, count=1) for line in block.split("\n"))
 
 
 AGENT_KEYS = ["emotional_expressiveness", "empathetic_support_quality", "persona_consistency", "response_relevance",
@@ -33,8 +51,8 @@ COLLECTIVE_KEYS = ["fidelity", "originality_specificity", "relevance_coherence",
 class ScriptedOpenAIJudge:
     """Start with :meth:`start`; ``url`` is the base URL (``http://127.0.0.1:PORT/v1``); ``calls`` records requests."""
 
-    def __init__(self, api_key: str | None = None) -> None:
-        self.api_key = api_key
+    def __init__(self, api_key: str | None = None, faults: bool = False) -> None:
+        self.api_key, self.faults = api_key, faults
         self.calls: list[dict] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -45,10 +63,12 @@ class ScriptedOpenAIJudge:
         first_user = messages[1]["content"]
         keys = AGENT_KEYS if "Reply to judge" in first_user else COLLECTIVE_KEYS
         retry = len(messages) > 2
-        if "[[garbage]]" in first_user:
+        key = key_text(first_user)
+        fault = scripted_fault(key) if self.faults else "ok"
+        if "[[garbage]]" in key or fault == "garbage":
             return "I think it was fine."
-        scores = scripted_scores(first_user, keys)
-        if "[[range]]" in first_user and not retry:
+        scores = scripted_scores(key, keys)
+        if ("[[range]]" in key or fault == "range") and not retry:
             scores[keys[0]] = 9
         return json.dumps({**scores, "rationale": "scripted"})
 

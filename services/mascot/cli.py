@@ -1,4 +1,4 @@
-"""``mascot`` command line (typer + rich): serve, chat, run, models.
+"""``mascot`` command line (typer + rich): serve, chat, run, eval, models.
 
 Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import).
 """
@@ -21,6 +21,9 @@ from rich.console import Console
 app = typer.Typer(help="MASCOT multi-agent companion platform.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+from mascot.eval.cli import eval_app  # noqa: E402
+
+app.add_typer(eval_app, name="eval")
 console = Console(stderr=True)
 MODEL_HELP = ("Real weights for the generation services: a local model directory or a Hugging Face hub id such as "
               "Qwen/Qwen3-0.6B (read from the local HF cache). Default: the tiny random-init Qwen3 (its words are "

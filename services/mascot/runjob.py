@@ -20,7 +20,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 
 SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
-                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety"}
+                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety", dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
 MODES = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
 
 

@@ -69,6 +69,9 @@ class DirectorConfig(_Section):
     max_think_chars: int = Field(0, ge=0, le=20000)
     #: Optional LoRA adapter name (loaded by the engine) used for director decisions.
     adapter: str = ""
+    #: ``model``: the director model decides; ``random``: a seeded uniform speaking order within the cap (the
+    #: MASCOT-C ablation of REFERENCE.md 8.4; used by ``mascot eval --systems no-director``).
+    policy: Literal["model", "random"] = "model"
 
 
 class SpeakerConfig(_Section):
@@ -79,6 +82,9 @@ class SpeakerConfig(_Section):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     adapter_mode: Literal["none", "per_persona", "shared"] = "per_persona"
     shared_adapter: str = ""
+    #: False drops the persona card from speaker prompts (a generic group-member prompt; the MASCOT-P ablation of
+    #: REFERENCE.md 8.4, used by ``mascot eval --systems no-persona``).
+    persona_prompts: bool = True
 
 
 class PersonasConfig(_Section):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from mascot.core.dialogue import HistoryTurn
+import random
+
+from mascot.core.dialogue import HistoryTurn, consecutive_turns
 from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
 from mascot.core.personas import PersonaCard
 from mascot.director.directive import (
@@ -19,7 +21,7 @@ from mascot.director.directive import (
 )
 from mascot.director.prompts import fit_messages
 
-MODEL, RETRY, FALLBACK = "model", "retry", "fallback"
+MODEL, RETRY, FALLBACK, RANDOM = "model", "retry", "fallback", "random"
 
 
 @dataclass
@@ -28,7 +30,8 @@ class Decision:
 
     Attributes:
         directive: The chosen directive.
-        source: ``model`` (first attempt valid), ``retry`` (a re-prompt valid) or ``fallback``.
+        source: ``model`` (first attempt valid), ``retry`` (a re-prompt valid), ``fallback``, or ``random``
+            (``director.policy = random``).
         raw_attempts: Raw director text per attempt (1 + retries entries).
         parse_errors: The error of each failed attempt.
         model_choice: Persona the model named in its last attempt that named exactly one, before the cap; '' if none.
@@ -76,6 +79,12 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
     """
     if not roster:
         raise ValueError("empty roster")
+    if getattr(cfg, "policy", "model") == "random":
+        # MASCOT-C ablation (REFERENCE.md 8.4): a seeded uniform choice among the personas the cap allows, with the
+        # fallback action and the persona's default tone; no model call.
+        allowed = [c for c in roster if consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns]
+        card = random.Random(seed).choice(allowed or list(roster))
+        return Decision(directive=fallback_directive(card), source=RANDOM, model_choice=card.id)
     structured = None
     if cfg.constrained and engine.supports_structured_output:
         structured = StructuredOutput(regex=directive_regex(roster, max_action_chars=cfg.max_action_chars,

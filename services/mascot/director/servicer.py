@@ -14,7 +14,7 @@ from mascot.core.personas import PersonaCatalog
 from mascot.director.decide import decide
 
 SOURCES = {"model": dpb.DIRECTIVE_SOURCE_MODEL, "retry": dpb.DIRECTIVE_SOURCE_RETRY,
-           "fallback": dpb.DIRECTIVE_SOURCE_FALLBACK}
+           "fallback": dpb.DIRECTIVE_SOURCE_FALLBACK, "random": dpb.DIRECTIVE_SOURCE_RANDOM}
 class DirectorServicer(pb_grpc.DirectorServiceServicer):
     """Serves NextDirective on a shared engine.
 

@@ -26,7 +26,8 @@ from mascot.core.personas import PersonaCatalog
 from mascot.gateway.store import NewTurn, Store, TurnRow
 
 SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
-                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety"}
+                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety",
+                dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
 SOURCE_VALUES = {v: k for k, v in SOURCE_NAMES.items()}
 REASONS = {"completed": cpb.ROUND_END_REASON_COMPLETED, "empty_replies": cpb.ROUND_END_REASON_EMPTY_REPLIES,
            "safety": cpb.ROUND_END_REASON_SAFETY}

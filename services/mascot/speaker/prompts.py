@@ -48,6 +48,16 @@ _BIG_FIVE = {
 }
 
 
+GENERIC_AGENT_PROMPT = """You are {name}, one member of a group of companion agents talking with a user.
+You are {name} only: never speak as the user or as another agent, and never write their names as speaker tags.
+Answer in at most {max_words} words."""
+
+
+def generic_system_prompt(card: PersonaCard) -> str:
+    """A persona-free system prompt (name and length only): the MASCOT-P ablation (REFERENCE.md section 8.4)."""
+    return GENERIC_AGENT_PROMPT.format(name=card.name, max_words=card.max_answer_words)
+
+
 def persona_system_prompt(card: PersonaCard) -> str:
     """The persona card as a system prompt."""
     def join(xs: Sequence[str]) -> str:
@@ -95,7 +105,8 @@ def context_message(context: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
-                           action: str, tone: str, names: dict[str, str]) -> list[dict[str, str]]:
+                           action: str, tone: str, names: dict[str, str],
+                           persona_prompt: bool = True) -> list[dict[str, str]]:
     """Chat messages for one persona reply.
 
     Args:
@@ -105,8 +116,10 @@ def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], co
         action: Directive action.
         tone: Directive tone.
         names: ``{persona_id: display name}`` of the roster, for speaker tags.
+        persona_prompt: False replaces the card with :func:`generic_system_prompt` (MASCOT-P).
     """
-    msgs = [{"role": "system", "content": persona_system_prompt(card)}]
+    system = persona_system_prompt(card) if persona_prompt else generic_system_prompt(card)
+    msgs = [{"role": "system", "content": system}]
     if context:
         msgs.append(context_message(context))
     for t in history:

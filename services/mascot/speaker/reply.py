@@ -74,8 +74,8 @@ async def _stream(engine: Any, messages: list[dict[str, str]], sampling: Samplin
 async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
                         context: Sequence[tuple[str, str]], action: str, tone: str, *, max_tokens: int,
                         temperature: float, top_p: float, seed: int | None,
-                        adapter: str | None) -> AsyncIterator[str | ReplyOutcome]:
-    """Stream a persona's visible deltas, then a :class:`ReplyOutcome`.
+                        adapter: str | None, persona_prompt: bool = True) -> AsyncIterator[str | ReplyOutcome]:
+    """Stream a persona's visible deltas, then a :class:`ReplyOutcome` (``persona_prompt`` False: MASCOT-P).
 
     Raises:
         ValueError: the prompt cannot fit the context window even with history trimmed.
@@ -84,7 +84,7 @@ async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[Persona
     names.setdefault(card.id, card.name)
 
     def build(h: list, c: list) -> list[dict[str, str]]:
-        return build_persona_messages(card, h, c, action, tone, names)
+        return build_persona_messages(card, h, c, action, tone, names, persona_prompt)
 
     msgs = fit_history(build, history, context, engine.render_chat, engine.count_tokens,
                        engine.max_context_tokens - max_tokens)

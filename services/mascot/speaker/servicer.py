@@ -60,7 +60,8 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             label = card.id
             gen = persona_reply(self.engine, card, roster or [card], history, ctx, request.directive.action,
                                 request.directive.tone, max_tokens=request.max_tokens or self.cfg.max_tokens,
-                                temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed, adapter=adapter)
+                                temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed, adapter=adapter,
+                                persona_prompt=self.cfg.persona_prompts)
         elif which == "user_simulation":
             u = request.user_simulation
             if not u.situation.strip():

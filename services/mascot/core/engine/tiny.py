@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mascot.core.personas import SHIPPED_FILES
+from mascot.core.personas import SHIPPED_DIR
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -29,7 +29,7 @@ _EXTRA_CORPUS = [
 
 def training_corpus() -> list[str]:
     """Texts the tiny tokenizer is trained on: the shipped persona files plus a few prompt phrases."""
-    corpus = [p.read_text(encoding="utf-8") for p in SHIPPED_FILES]
+    corpus = [(SHIPPED_DIR / f).read_text(encoding="utf-8") for f in ("support.yaml", "meeting.yaml")]
     return corpus + _EXTRA_CORPUS * 4
 
 

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SHIPPED_DIR = Path(__file__).parent
-SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml")
+SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml", SHIPPED_DIR / "baselines.yaml")
 Level = Literal["low", "mid", "high"]
 _ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 

@@ -23,6 +23,7 @@ class DirectiveSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DIRECTIVE_SOURCE_RETRY: _ClassVar[DirectiveSource]
     DIRECTIVE_SOURCE_FALLBACK: _ClassVar[DirectiveSource]
     DIRECTIVE_SOURCE_SAFETY: _ClassVar[DirectiveSource]
+    DIRECTIVE_SOURCE_RANDOM: _ClassVar[DirectiveSource]
 
 class TraitLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ DIRECTIVE_SOURCE_MODEL: DirectiveSource
 DIRECTIVE_SOURCE_RETRY: DirectiveSource
 DIRECTIVE_SOURCE_FALLBACK: DirectiveSource
 DIRECTIVE_SOURCE_SAFETY: DirectiveSource
+DIRECTIVE_SOURCE_RANDOM: DirectiveSource
 TRAIT_LEVEL_UNSPECIFIED: TraitLevel
 TRAIT_LEVEL_LOW: TraitLevel
 TRAIT_LEVEL_HIGH: TraitLevel

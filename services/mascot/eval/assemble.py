@@ -1,0 +1,101 @@
+"""Assemble ``report.json`` from dialogues, judgements and automatic metrics, and write every output.
+
+Report schema: issue 3 (``seed``, ``mode``, ``situations``, ``judges``, ``models``, ``systems`` → split →
+criteria/overall/collective/collective_overall/automatic/safety_turns/unparseable/personas, and ``by_judge``
+when several judges ran). Splits: positive/neutral/negative/all (support), academic/committee/product/all
+(meeting).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from mascot.eval.aggregate import aggregate_split, combine_judges
+from mascot.eval.data import MEETING_SPLITS, SUPPORT_SPLITS
+
+
+def _nli_scorer(model: str) -> Any:
+    from mascot.eval.automatic import NLIScorer, build_tiny_nli_model
+
+    if not model:
+        tiny = Path(".cache/tiny-nli")
+        if not tiny.is_dir():
+            build_tiny_nli_model(tiny)
+        model = str(tiny)
+    return NLIScorer(model)
+
+
+def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,
+                 progress: Callable[[str, int, int], None]) -> dict:
+    """The report dict (blocking: runs the NLI and embedding models)."""
+    from mascot.eval.automatic import aggregate as aggregate_automatic
+    from mascot.eval.automatic import dialogue_metrics
+
+    meeting = opts.mode == "meeting"
+    splits = (*(MEETING_SPLITS if meeting else SUPPORT_SPLITS), "all")
+    nli = _nli_scorer(opts.nli_model)
+    auto: dict = {}
+    for i, d in enumerate(dialogues):
+        texts = [t["text"] for t in d["turns"] if t["role"] == "agent" and t["text"].strip()]
+        auto[(d["system"], d["situation_id"])] = dialogue_metrics(texts, nli, embedder)
+        progress("metrics", i + 1, len(dialogues))
+    judges = [j["name"] for j in opts.judges]
+
+    def systems_block(judge_names: list[str]) -> dict:
+        res: dict = {}
+        for system in opts.systems:
+            res[system] = {}
+            mine = [d for d in dialogues if d["system"] == system]
+            for split in splits:
+                items = []
+                for d in mine:
+                    if split != "all" and d["split"] != split:
+                        continue
+                    key = (system, d["situation_id"])
+                    per = [judged[key][n] for n in judge_names]
+                    n_agent = len(per[0]["agent"])
+                    items.append({
+                        "agent": [combine_judges([p["agent"][k] for p in per]) for k in range(n_agent)],
+                        "agent_personas": [t["persona_id"] for t in d["turns"] if t["role"] == "agent"],
+                        "collective": combine_judges([p["collective"] for p in per]),
+                        "unparseable": sum(p["unparseable"] for p in per),
+                        "safety_turns": sum(1 for t in d["turns"] if t.get("safety")),
+                    })
+                block = aggregate_split(items, meeting)
+                block["automatic"] = aggregate_automatic(
+                    [auto[(system, d["situation_id"])] for d in mine if split == "all" or d["split"] == split],
+                    nli.model_name, nli.trained)
+                res[system][split] = block
+        return res
+
+    model_name = cfg.engine.model or "tiny-random-qwen3"
+    report = {
+        "seed": opts.seed, "mode": opts.mode, "situations": [s.id for s in situations], "judges": judges,
+        "models": {"backbone": model_name, "trained": bool(cfg.engine.model), "nli": nli.model_name,
+                   "nli_trained": nli.trained, "embedding": embedder.model_name,
+                   "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None},
+        "agent_turns": opts.agent_turns or cfg.selfplay.agent_turns,
+        "systems": systems_block(judges),
+    }
+    if len(judges) > 1:
+        report["by_judge"] = {n: systems_block([n]) for n in judges}
+    return report
+
+
+def _atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_outputs(out: Path, report: dict, dialogues: list[dict]) -> None:
+    """``transcripts.jsonl`` (ordered by system then situation), ``report.json``, ``report.md`` and the plots."""
+    from mascot.eval.report import write_report
+
+    _atomic(out / "transcripts.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues))
+    write_report(report, out)

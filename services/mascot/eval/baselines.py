@@ -1,0 +1,316 @@
+"""Baseline systems of the evaluation (REFERENCE.md section 9), run on the same engine and user simulator.
+
+- Prompting baselines (``zero-shot``, ``zero-shot-cot``, ``few-shot``, ``few-shot-cot``, ``sft``): one call to the
+  backbone writes the group's next turn, one labelled reply per active persona, from the same persona cards.
+  The ``Name: reply`` layout is enforced with structured output (a regex), so every baseline turn is
+  attributable. CoT first asks for step-by-step reasoning, then for the turn with that reasoning shown; Few-Shot
+  adds 2 example dialogues; ``sft`` is Zero-Shot through the SFT LoRA adapter.
+- ``self-consistency``: 5 samples of the Zero-Shot CoT prompt; the medoid by MiniLM embedding similarity is kept.
+- ``multiagentesc``: MultiAgentESC's three stages ported onto our engine, one ``supporter`` reply per step:
+  dialogue analysis (emotion → cause → intention agents), strategy deliberation (3 experts in round-robin pick
+  among the 8 ESConv strategies, majority vote), response generation (one response per chosen strategy, then a
+  vote of 3 judges). No ESConv retrieval (not shipped); the debate/reflect/self-reflection rounds are folded
+  into the vote. Meeting mode swaps the strategy list for meeting-answer strategies.
+
+After each system step the simulated user (SpeakerService, the same one MASCOT's self-play uses) speaks with
+probability ``user_speak_prob`` (seeded), until ``agent_turns`` agent turns exist.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.api.speaker.v1 import speaker_pb2 as spb
+from mascot.core import formatting
+from mascot.core.context import trim_oldest_first
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.engine import BASE_ADAPTER, GenerationRequest, PromptTooLong, SamplingParams, StructuredOutput
+from mascot.core.personas import PersonaCard
+from mascot.eval.data import Situation
+
+PROMPTING = ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "sft")
+BASELINES = (*PROMPTING, "self-consistency", "multiagentesc")
+SC_SAMPLES = 5
+ESCONV_STRATEGIES = ("Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
+                     "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others")
+MEETING_STRATEGIES = ("Summarize the discussion", "Quote the speakers", "Explain the decision", "Compare the options",
+                      "Clarify the question", "List the action items", "Give background", "Others")
+
+GROUP_SYSTEM = """You are a group of companion agents talking with a user. The agents are:
+{roster}
+Write the group's next turn: exactly one reply per agent, in the order listed, each on its own line that starts with
+the agent's name and a colon. Each agent stays in its role. Never write the user's lines."""
+
+FEW_SHOT = """Example 1
+User: I finally finished my first marathon today!
+{a}: That is a huge achievement, you must feel so proud of yourself.
+{b}: What kept you going in the last few kilometres?
+Example 2
+User: My best friend moved abroad and I feel lost.
+{a}: It makes sense to feel lost when someone that close is far away.
+{b}: Could you set up a regular call so the friendship keeps its rhythm?"""
+
+COT_INSTRUCTION = ("Before the agents answer, think step by step: how does the user feel, what do they need, and what "
+                   "should each agent contribute? Write only your reasoning, in a few sentences.")
+
+
+def _rx(text: str) -> str:
+    """Escape ``text`` for an xgrammar regex (no ``\\ `` escapes, which xgrammar rejects)."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\/-])", r"\\\1", text)
+
+
+@dataclass
+class BaselineContext:
+    """What a baseline needs.
+
+    Attributes:
+        engine: The started engine (base model = the backbone).
+        speaker: A SpeakerService stub (simulated user).
+        roster: Active persona cards (prompting baselines).
+        supporter: The single-voice ``supporter`` card (MultiAgentESC).
+        agent_turns: Agent turns per dialogue.
+        user_speak_prob: Probability that the simulated user speaks after a system step.
+        max_tokens: Token budget of one agent reply.
+        temperature: Sampling temperature of replies (> 0) and Self-Consistency samples.
+        sft_adapter: Loaded adapter name for ``sft``, or None.
+        embedder: An :class:`~mascot.eval.automatic.EmbeddingRedundancy` (Self-Consistency medoid).
+        mode: ``support`` or ``meeting``.
+        timeout_s: Deadline of each SpeakerService call.
+    """
+
+    engine: Any
+    speaker: Any
+    roster: list[PersonaCard]
+    supporter: PersonaCard
+    agent_turns: int
+    user_speak_prob: float
+    max_tokens: int
+    temperature: float
+    sft_adapter: str | None
+    embedder: Any
+    mode: str
+    timeout_s: float = 120.0
+
+
+def _turn(index: int, role: str, text: str, persona_id: str | None = None, think: str = "",
+          adapter: str = BASE_ADAPTER, source: str = "") -> dict:
+    return {"index": index, "role": role, "persona_id": persona_id,
+            "directive": {"persona_id": persona_id, "action": "", "tone": "", "source": source, "raw": ""}
+            if role == "agent" else None,
+            "adapter_version": adapter if role == "agent" else "", "text": text, "think": think, "safety": False}
+
+
+def _history(turns: Sequence[dict]) -> list[HistoryTurn]:
+    return [HistoryTurn(t["role"], t["text"], t["persona_id"] or "") for t in turns]
+
+
+async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], context: Sequence[tuple[str, str]],
+                    max_tokens: int, temperature: float, seed: int, regex: str | None = None,
+                    adapter: str | None = None, stop: tuple[str, ...] = ()) -> str:
+    """Fit ``build(history, context)`` into the window (oldest context/history dropped first) and generate."""
+    eng = ctx.engine
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1)
+
+    def msgs(kept: Sequence[tuple[str, object]]) -> list[dict]:
+        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
+
+    kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
+                             eng.max_context_tokens - max_tokens, protected=lambda i, it: i == last_user)
+    structured = StructuredOutput(regex=regex) if regex and eng.supports_structured_output else None
+    try:
+        res = await eng.generate(GenerationRequest(eng.render_chat(msgs(kept)), SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=0.95 if temperature > 0 else 1.0, seed=seed,
+            stop=stop), adapter=adapter, structured=structured))
+    except PromptTooLong:
+        raise ValueError("a baseline prompt does not fit the engine's context window; raise engine.max_model_len")
+    return res.text
+
+
+def _conversation_text(history: Sequence[HistoryTurn], names: dict[str, str], context: Sequence[tuple[str, str]]) -> str:
+    head = f"Meeting transcript:\n{formatting.context_text(context)}\n\n" if context else ""
+    return head + "Conversation so far:\n" + formatting.transcript_text(history, names)
+
+
+def _group_messages(roster: list[PersonaCard], history, context, *, few_shot: bool, reasoning: str | None,
+                    ask_reasoning: bool = False) -> list[dict]:
+    names = {c.id: c.name for c in roster}
+    system = GROUP_SYSTEM.format(roster=formatting.roster_text(roster))
+    if few_shot:
+        a, b = roster[0].name, roster[min(1, len(roster) - 1)].name
+        system += "\n\n" + FEW_SHOT.format(a=a, b=b)
+    user = _conversation_text(history, names, context)
+    if ask_reasoning:
+        user += "\n\n" + COT_INSTRUCTION
+    elif reasoning is not None:
+        user += f"\n\nYour reasoning: {reasoning.strip()}\nNow write the group's next turn."
+    else:
+        user += "\n\nNow write the group's next turn."
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def group_regex(roster: Sequence[PersonaCard], max_chars: int = 200) -> str:
+    """``Name: text`` lines, one per persona in order (the prompting baselines' output constraint)."""
+    return r"\n".join(f"{_rx(c.name)}: [^\\n]{{1,{max_chars}}}" for c in roster)
+
+
+def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str, str]]:
+    """``(persona_id, reply)`` for each ``Name: reply`` line naming a roster persona, in text order.
+
+    Lines without a known name continue the previous reply; replies that end up empty are dropped.
+    """
+    by_name = {c.name: c.id for c in roster}
+    pat = re.compile(r"^\s*(" + "|".join(re.escape(n) for n in sorted(by_name, key=len, reverse=True)) + r")\s*:\s*(.*)$")
+    out: list[list[str]] = []
+    for line in text.splitlines():
+        m = pat.match(line)
+        if m:
+            out.append([by_name[m.group(1)], m.group(2).strip()])
+        elif out and line.strip():
+            out[-1][1] = (out[-1][1] + " " + line.strip()).strip()
+    return [(pid, t) for pid, t in out if t]
+
+
+async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
+                          temperature: float | None = None) -> tuple[list[tuple[str, str]], str]:
+    temperature = ctx.temperature if temperature is None else temperature
+    cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
+    few = system in ("few-shot", "few-shot-cot")
+    adapter = ctx.sft_adapter if system == "sft" else None
+    reasoning = ""
+    if cot:
+        reasoning = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few, reasoning=None,
+                                                                      ask_reasoning=True),
+                                    history, context, 64, temperature, seed, adapter=adapter)
+    max_tokens = min(ctx.max_tokens * len(ctx.roster), 1024)
+    text = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few,
+                                                             reasoning=reasoning if cot else None),
+                           history, context, max_tokens, temperature, seed + 1, regex=group_regex(ctx.roster),
+                           adapter=adapter)
+    return parse_group_turn(text, ctx.roster), reasoning
+
+
+async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int) -> tuple[list, str]:
+    import asyncio
+
+    temp = ctx.temperature if ctx.temperature > 0 else 0.7
+    samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp)
+                                     for k in range(SC_SAMPLES)))
+    texts = ["\n".join(t for _, t in s) or "(empty)" for s, _ in samples]
+    best = ctx.embedder.medoid_index(texts)
+    return samples[best][0], f"medoid of {SC_SAMPLES} samples: #{best}"
+
+
+def _esc_messages(role_prompt: str, history, context, names) -> list[dict]:
+    return [{"role": "system", "content": role_prompt},
+            {"role": "user", "content": _conversation_text(history, names, context)}]
+
+
+async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int) -> tuple[list, str]:
+    names = {ctx.supporter.id: ctx.supporter.name}
+    meeting = ctx.mode == "meeting"
+    strategies = MEETING_STRATEGIES if meeting else ESCONV_STRATEGIES
+    analysis: list[str] = []
+    stages = (("topic", "Which part of the meeting does the user ask about? One sentence."),
+              ("evidence", "What did the speakers say about it? One sentence."),
+              ("intention", "What does the user want to learn? One sentence.")) if meeting else (
+        ("emotion", "You are the emotion agent. Which emotion does the user feel, and how strongly? One sentence."),
+        ("cause", "You are the cause agent. What caused the user's emotion? One sentence."),
+        ("intention", "You are the intention agent. What does the user want from this conversation? One sentence."))
+    for k, (label, instr) in enumerate(stages):
+        prompt = instr + ("\nAnalysis so far: " + " ".join(analysis) if analysis else "")
+        out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context, 48, 0.0,
+                              seed + k, stop=("\n",))
+        analysis.append(f"{label}: {out.strip()}")
+    picks: list[str] = []
+    rx = "|".join(_rx(s) for s in strategies)
+    for e in range(3):
+        prompt = (f"You are psychological counselling expert {e + 1} of 3. Analysis: {' '.join(analysis)}\n"
+                  f"Earlier experts chose: {', '.join(picks) or 'none yet'}.\nChoose the best strategy for the "
+                  f"supporter's next reply from: {'; '.join(strategies)}. Answer with the strategy name only.")
+        out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context, 16, 0.0,
+                              seed + 10 + e, regex=f"({rx})")
+        picks.append(out.strip() if out.strip() in strategies else "Others")
+    chosen = [s for s, _ in Counter(picks).most_common()]
+    responses = []
+    for k, strategy in enumerate(chosen):
+        prompt = (f"{formatting.persona_card_text(ctx.supporter)}\nAnalysis: {' '.join(analysis)}\n"
+                  f"Write the supporter's next reply using the strategy '{strategy}', in at most "
+                  f"{ctx.supporter.max_answer_words} words. Write only the reply.")
+        out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context,
+                              ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",))
+        responses.append(out.strip())
+    best = 0
+    if len(responses) > 1:
+        listing = "\n".join(f"Response {i + 1}: {r}" for i, r in enumerate(responses))
+        votes = []
+        for v in range(3):
+            prompt = f"You are judge {v + 1} of 3. Which response supports the user best?\n{listing}\nAnswer 'Response N'."
+            out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context, 8,
+                                  0.0, seed + 30 + v, regex="Response [1-%d]" % len(responses))
+            m = re.search(r"(\d+)", out)
+            votes.append(int(m.group(1)) - 1 if m and 0 < int(m.group(1)) <= len(responses) else 0)
+        best = Counter(votes).most_common(1)[0][0]
+    think = "; ".join(analysis) + f"; strategies: {', '.join(picks)}"
+    return ([(ctx.supporter.id, responses[best])] if responses[best] else []), think
+
+
+async def _user_turn(ctx: BaselineContext, sit: Situation, turns: list[dict], roster_ids: list[str], seed: int) -> str:
+    req = spb.GenerateReplyRequest(
+        user_simulation=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion),
+        history=[dpb.Turn(role=dpb.ROLE_USER if t["role"] == "user" else dpb.ROLE_AGENT,
+                          persona_id=t["persona_id"] or "", text=t["text"]) for t in turns],
+        context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context],
+        roster_persona_ids=roster_ids, seed=seed)
+    text = ""
+    async for ev in ctx.speaker.GenerateReply(req, timeout=ctx.timeout_s):
+        if ev.HasField("final"):
+            text = ev.final.text
+    return text
+
+
+async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: int) -> dict:
+    """One self-play dialogue of a baseline system.
+
+    Returns:
+        ``{"personas": [ids], "turns": [turn dicts]}`` in the transcript format of ``mascot run``.
+
+    Raises:
+        ValueError: unknown system, ``sft`` without an adapter, or a prompt that cannot fit the window.
+    """
+    if system not in BASELINES:
+        raise ValueError(f"unknown baseline {system!r}")
+    if system == "sft" and not ctx.sft_adapter:
+        raise ValueError("the sft system needs --sft-adapter")
+    rng = random.Random(seed)
+    single = system == "multiagentesc"
+    roster_ids = [ctx.supporter.id] if single else [c.id for c in ctx.roster]
+    turns = [_turn(0, "user", sit.opening)]
+    n_agent, step, empty_steps = 0, 0, 0
+    adapter = ctx.sft_adapter if system == "sft" else BASE_ADAPTER
+    while n_agent < ctx.agent_turns and empty_steps < 2:
+        history = _history(turns)
+        s = seed * 1000 + step * 50
+        if system == "self-consistency":
+            replies, think = await _self_consistency_step(ctx, history, sit.context, s)
+        elif single:
+            replies, think = await _multiagentesc_step(ctx, history, sit.context, s)
+        else:
+            replies, think = await _prompting_step(system, ctx, history, sit.context, s)
+        step += 1
+        empty_steps = 0 if replies else empty_steps + 1
+        for k, (pid, text) in enumerate(replies):
+            if n_agent >= ctx.agent_turns:
+                break
+            turns.append(_turn(len(turns), "agent", text, pid, think if k == 0 else "", adapter, "baseline"))
+            n_agent += 1
+        if n_agent < ctx.agent_turns and (not replies or rng.random() < ctx.user_speak_prob):
+            text = await _user_turn(ctx, sit, turns, roster_ids, s + 49)
+            if text:
+                turns.append(_turn(len(turns), "user", text))
+    return {"personas": roster_ids, "turns": turns}

@@ -1,0 +1,147 @@
+"""``mascot eval`` commands: the evaluation run, and the human-preference export/import (issue 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+eval_app = typer.Typer(help="Evaluate MASCOT against baselines (LLM judge, automatic metrics, human preference).",
+                       invoke_without_command=True, add_completion=False)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    console.print(f"[red]{msg}[/red]")
+    raise typer.Exit(code)
+
+
+@eval_app.callback()
+def evaluate(
+    ctx: typer.Context,
+    situations: Optional[Path] = typer.Option(None, "--situations", help="JSONL records (../shared/data/...)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
+    systems: str = typer.Option("mascot,zero-shot,zero-shot-cot,few-shot,few-shot-cot,self-consistency,no-director,"
+                                "no-persona,multiagentesc", "--systems", help="Comma-separated system ids."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output directory (a rerun resumes it)."),
+    judges: str = typer.Option("local", "--judges", help="Comma-separated judge specs: local, openai:MODEL@URL or "
+                               "NAME=openai:MODEL@URL (key from OPENAI_API_KEY or --judge-key-file)."),
+    judge_key_file: Optional[Path] = typer.Option(None, "--judge-key-file", help="File holding the judges' API key."),
+    mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
+    seed: int = typer.Option(0, "--seed", help="Base seed (same seed, same report)."),
+    agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per dialogue."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=256, help="Dialogues / judge calls in flight."),
+    sft_adapter: Optional[Path] = typer.Option(None, "--sft-adapter", help="PEFT adapter for the sft system."),
+    training_manifest: list[Path] = typer.Option([], "--training-manifest", help="A training run's manifest.json: "
+                                                 "its ids are refused (repeatable)."),
+    nli_model: str = typer.Option("", "--nli-model", help="NLI cross-encoder directory (default: tiny random)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Backbone model directory or hub id (default tiny)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+) -> None:
+    """Run the evaluation: dialogues for every system, judge scores, automatic metrics, report.json/md/png."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mascot.cli import _config, _quiet
+    from mascot.eval.runner import EvalOptions, run_eval
+    from mascot.judge.servicer import parse_judge_spec
+
+    if situations is None or out is None:
+        _fail("mascot eval needs --situations FILE and --out DIR (or a subcommand: export-pairs, import-pairs)")
+    try:
+        specs = [parse_judge_spec(s.strip()) for s in judges.split(",") if s.strip()]
+    except ValueError as e:
+        _fail(str(e))
+    if judge_key_file is not None:
+        if not judge_key_file.is_file():
+            _fail(f"--judge-key-file {judge_key_file} does not exist")
+        specs = [{**s, "api_key_file": str(judge_key_file)} if s["kind"] == "openai" else s for s in specs]
+    opts = EvalOptions(situations=situations, out_dir=out, mode=mode, limit=limit,
+                       systems=[s.strip() for s in systems.split(",") if s.strip()], judges=specs, seed=seed,
+                       agent_turns=agent_turns or 0, concurrency=concurrency, sft_adapter=sft_adapter,
+                       manifests=list(training_manifest), nli_model=nli_model)
+    cfg = _config(config, **{"engine.model": model})
+    try:
+        from mascot.core.config import JudgeConfig
+        from mascot.eval.runner import validate
+
+        validate(opts)
+        JudgeConfig(judges=specs)
+    except ValueError as e:
+        _fail(str(e))
+    _quiet()
+    import grpc
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        tasks: dict[str, int] = {}
+        last: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+            step = max(1, total // 20)
+            if not console.is_terminal and (done == total or done - last.get(phase, -step) >= step):
+                last[phase] = done
+                console.print(f"{phase} {done}/{total}")
+
+        try:
+            report = asyncio.run(run_eval(opts, cfg, progress))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        except grpc.aio.AioRpcError as e:
+            _fail(f"a service refused: {e.code().name}: {e.details()}", 1)
+    overall = {s: v["all"]["overall"]["mean"] if mode == "support" else v["all"]["collective_overall"]["mean"]
+               for s, v in report["systems"].items()}
+    console.print_json(json.dumps({"overall": overall}))
+    console.print(f"report: {out / 'report.md'} (and report.json, *.png, transcripts.jsonl)")
+
+
+@eval_app.command("export-pairs")
+def export_pairs_cmd(
+    eval_dir: Path = typer.Option(..., "--eval-dir", help="A finished `mascot eval` output directory."),
+    out: Path = typer.Option(..., "--out", help="Where the rater sheets go."),
+    target: str = typer.Option("mascot", "--target", help="The system compared against the others."),
+    against: str = typer.Option("", "--against", help="Comma-separated systems (default: all others)."),
+    threeway: str = typer.Option("", "--threeway", help="Three comma-separated systems for three-way items."),
+    raters: int = typer.Option(3, "--raters", min=1, max=100, help="Raters per item."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Situations to sample."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the blinding order."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier study in --out."),
+) -> None:
+    """Write blinded pairwise (and three-way) rater sheets: pairs.csv, ratings_template.csv, form.html, key.json."""
+    from mascot.core.personas import PersonaCatalog
+    from mascot.eval.human import export_pairs
+
+    tw = [s.strip() for s in threeway.split(",") if s.strip()] or None
+    try:
+        res = export_pairs(eval_dir, out, target=target, against=[s.strip() for s in against.split(",") if s.strip()]
+                           or None, seed=seed, raters=raters, threeway=tw, limit=limit, overwrite=overwrite,
+                           names={c.id: c.name for c in PersonaCatalog.load().cards.values()})
+    except FileExistsError as e:
+        _fail(str(e).replace("overwrite=True", "--overwrite"))
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print_json(json.dumps({k: v for k, v in res.items() if k != "files"}, default=str))
+
+
+@eval_app.command("import-pairs")
+def import_pairs_cmd(
+    study: Path = typer.Option(..., "--study", help="The directory export-pairs wrote (holds key.json)."),
+    ratings: list[Path] = typer.Option(..., "--ratings", help="Filled ratings CSV (repeatable)."),
+) -> None:
+    """Unblind filled ratings: win rates, ties, binomial p-values, Krippendorff's alpha -> preference.json."""
+    from mascot.eval.human import import_pairs
+
+    try:
+        res = import_pairs(study, ratings)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print_json(json.dumps(res.get("pairs", res), default=str))
+    console.print(f"written: {study / 'preference.json'}")

@@ -1,0 +1,277 @@
+"""``mascot eval``: generate dialogues for every system, judge them, add automatic metrics, write the report.
+
+Phases (each resumable after SIGKILL):
+
+1. Dialogues: MASCOT and its ablations run self-play through the gateway's gRPC API (``RunSelfPlay``) on an
+   embedded stack per variant; baselines run on the same engine and simulated user. Every finished dialogue is
+   appended to ``DIR/dialogues.jsonl`` and fsynced; a rerun skips what is there.
+2. Judging: every agent turn on the agent-specific rubric (support mode) and every dialogue's block after the
+   opening message on the collective rubric, through JudgeService over gRPC, for every judge. Judgements are
+   cached by content hash in ``DIR/judge-cache.db``, so a rerun repeats no judge call.
+3. Automatic metrics (Self-BLEU, distinct-n, NLI, embedding redundancy) and the report
+   (``report.json``, ``report.md``, ``*.png``) plus ``transcripts.jsonl``, each written atomically.
+
+Every system sees the same situations with the same per-situation seeds, so comparisons are paired. The
+report holds no timestamps: the same seed and inputs give the same ``report.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from mascot.core.config import MascotConfig, deep_merge
+from mascot.eval.baselines import BASELINES, BaselineContext, run_baseline
+from mascot.eval.data import MEETING_SPLITS, SUPPORT_SPLITS, Situation, check_no_overlap, load_situations
+
+SYSTEMS = ("mascot", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "no-director",
+           "no-persona", "multiagentesc", "sft")
+#: MASCOT variants: config overrides of the embedded stack (REFERENCE.md section 8.4 ablations).
+VARIANTS: dict[str, dict] = {"mascot": {}, "no-director": {"director": {"policy": "random"}},
+                             "no-persona": {"speaker": {"persona_prompts": False}}}
+SFT_ADAPTER_NAME = "sft"
+
+
+@dataclass
+class EvalOptions:
+    """Options of one evaluation run (``mascot eval`` flags).
+
+    Attributes:
+        situations: JSONL file of situation records.
+        out_dir: Output directory (resumable).
+        mode: ``support`` or ``meeting``.
+        limit: First N records; None for all.
+        systems: System ids from :data:`SYSTEMS`.
+        judges: Judge spec dicts (:class:`~mascot.core.config.JudgeSpec` fields).
+        seed: Base seed.
+        agent_turns: Agent turns per dialogue (0: ``selfplay.agent_turns``).
+        concurrency: Dialogues and judge calls in flight.
+        sft_adapter: PEFT adapter directory for the ``sft`` system.
+        manifests: Training-run manifests whose ids must not be evaluated.
+        nli_model: NLI cross-encoder directory; empty builds the tiny random one.
+    """
+
+    situations: Path
+    out_dir: Path
+    mode: str = "support"
+    limit: int | None = None
+    systems: list[str] = field(default_factory=lambda: [s for s in SYSTEMS if s != "sft"])
+    judges: list[dict] = field(default_factory=lambda: [{"name": "local", "kind": "local"}])
+    seed: int = 0
+    agent_turns: int = 0
+    concurrency: int = 8
+    sft_adapter: Path | None = None
+    manifests: list[Path] = field(default_factory=list)
+    nli_model: str = ""
+
+
+def validate(opts: EvalOptions) -> None:
+    """Check options before any work.
+
+    Raises:
+        ValueError: unknown or repeated system, ``sft`` without an adapter (or an adapter without ``sft``), bad
+            mode, concurrency < 1, no judges.
+    """
+    bad = [s for s in opts.systems if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
+    if not opts.systems or len(set(opts.systems)) != len(opts.systems):
+        raise ValueError("--systems must list each system once")
+    if "sft" in opts.systems and not opts.sft_adapter:
+        raise ValueError("the sft system runs only with --sft-adapter DIR (a PEFT LoRA adapter)")
+    if opts.sft_adapter and not (Path(opts.sft_adapter) / "adapter_config.json").is_file():
+        raise ValueError(f"--sft-adapter {opts.sft_adapter} is not a PEFT adapter directory (no adapter_config.json)")
+    if opts.mode not in ("support", "meeting"):
+        raise ValueError("--mode must be support or meeting")
+    if opts.concurrency < 1:
+        raise ValueError("--concurrency must be >= 1")
+    if not opts.judges:
+        raise ValueError("at least one judge is needed")
+
+
+def _seed(base: int, index: int) -> int:
+    return base * 100_003 + index
+
+
+class DialogueLog:
+    """Append-only, fsynced JSONL of finished dialogues; a torn last line (a kill mid-write) is ignored."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: dict[tuple[str, str], dict] = {}
+        if path.is_file():
+            raw = path.read_bytes()
+            good = raw[: raw.rfind(b"\n") + 1]
+            for line in good.decode("utf-8").splitlines():
+                if line.strip():
+                    d = json.loads(line)
+                    self.done[(d["system"], d["situation_id"])] = d
+            if len(good) != len(raw):
+                with path.open("r+b") as f:
+                    f.truncate(len(good))
+        self._lock = asyncio.Lock()
+
+    async def add(self, d: dict) -> None:
+        async with self._lock:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            self.done[(d["system"], d["situation_id"])] = d
+
+
+def _check_run_file(out: Path, opts: EvalOptions, situations: list[Situation]) -> None:
+    settings = {"mode": opts.mode, "seed": opts.seed, "agent_turns": opts.agent_turns,
+                "situations_file": str(Path(opts.situations).resolve())}
+    p = out / "run.json"
+    if p.is_file():
+        old = json.loads(p.read_text(encoding="utf-8"))
+        diff = [k for k in settings if old.get(k) != settings[k]]
+        if diff:
+            raise ValueError(f"{out} holds a run with different {', '.join(diff)}; resume with the same settings or "
+                             "choose another --out")
+    else:
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        os.replace(tmp, p)
+
+
+async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
+    from mascot.api.conversation.v1 import conversation_pb2 as cpb
+    from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+    from mascot.runjob import MODES, transcript_line
+
+    conv = (await stub.StartConversation(cpb.StartConversationRequest(
+        mode=MODES[mode], source_id=sit.id[:256],
+        context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context]))).conversation
+    async for _ in stub.RunSelfPlay(cpb.RunSelfPlayRequest(
+            conversation_id=conv.id, opening_text=sit.opening, agent_turns=agent_turns, seed=seed,
+            user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion))):
+        pass
+    resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, include_think=True))
+    line = transcript_line(resp, mode)
+    return {"personas": line["personas"], "turns": line["turns"]}
+
+
+async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str, int, int], None] | None = None,
+                   engine: Any = None) -> dict:
+    """Run an evaluation and write its outputs to ``opts.out_dir``.
+
+    Args:
+        opts: What to evaluate.
+        cfg: Base configuration (engine, personas, self-play, director, speaker); ports are forced to 0.
+        progress: ``progress(phase, done, total)`` callback.
+        engine: An already started engine to use (tests); else one is built from ``cfg.engine``.
+
+    Returns:
+        The report dict (also in ``report.json``).
+
+    Raises:
+        ValueError: bad options, overlap with a training manifest, or a resumed directory with other settings.
+        FileNotFoundError: missing situations file or manifest.
+    """
+    from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+    from mascot.api.speaker.v1 import speaker_pb2_grpc as spb_grpc
+    from mascot.core.metrics import Metrics
+    from mascot.core.personas import PersonaCatalog
+    from mascot.core.server import channel
+    from mascot.eval.automatic import EmbeddingRedundancy
+    from mascot.stack import start_stack
+
+    validate(opts)
+    situations = load_situations(opts.situations, opts.mode, opts.limit)
+    manifests = list(opts.manifests)
+    if opts.sft_adapter and (Path(opts.sft_adapter) / "manifest.json").is_file():
+        manifests.append(Path(opts.sft_adapter) / "manifest.json")
+    check_no_overlap(situations, manifests)
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run_file(out, opts, situations)
+    agent_turns = opts.agent_turns or cfg.selfplay.agent_turns
+    report_progress = progress or (lambda *_: None)
+
+    base = deep_merge(cfg.model_dump(mode="python"), {"server": {"gateway_port": 0, "director_port": 0,
+                                                                 "speaker_port": 0, "judge_port": 0,
+                                                                 "reward_port": 0}})
+    metrics = Metrics()
+    own_engine = engine is None
+    if own_engine:
+        from mascot.core.engine import build_engine
+
+        engine = build_engine(cfg.engine, metrics, component="eval")
+        await engine.start()
+    if opts.sft_adapter and SFT_ADAPTER_NAME not in engine.adapters():
+        await engine.load_adapter(SFT_ADAPTER_NAME, str(opts.sft_adapter))
+    stacks: dict[str, Any] = {}
+    log = DialogueLog(out / "dialogues.jsonl")
+    catalog = PersonaCatalog.load(cfg.personas.extra_files)
+    active = list(cfg.personas.active_support if opts.mode == "support" else cfg.personas.active_meeting)
+    roster = [catalog.get(i) for i in active] or catalog.in_set(opts.mode)
+    embedder = EmbeddingRedundancy()
+    try:
+        for name in [s for s in opts.systems if s in VARIANTS] + ["mascot"] * (not any(s in VARIANTS for s in opts.systems)):
+            if name in stacks:
+                continue
+            vcfg = MascotConfig(**deep_merge(base, {**VARIANTS[name], "store": {
+                "url": f"sqlite:///{(out / f'conversations-{name}.db').resolve()}"}}))
+            stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics)
+        first = next(iter(stacks.values()))
+        sem = asyncio.Semaphore(opts.concurrency)
+        todo = [(s, i, sit) for s in opts.systems for i, sit in enumerate(situations) if (s, sit.id) not in log.done]
+        total = len(opts.systems) * len(situations)
+        count = [total - len(todo)]
+        report_progress("dialogues", count[0], total)
+        chans = {n: channel(st.target("gateway"), cfg.server.max_message_bytes) for n, st in stacks.items()}
+        sch = channel(first.target("speaker"), cfg.server.max_message_bytes)
+        bctx = BaselineContext(engine=engine, speaker=spb_grpc.SpeakerServiceStub(sch), roster=roster,
+                               supporter=catalog.get("supporter"), agent_turns=agent_turns,
+                               user_speak_prob=cfg.selfplay.user_speak_prob, max_tokens=cfg.speaker.max_tokens,
+                               temperature=cfg.speaker.temperature,
+                               sft_adapter=SFT_ADAPTER_NAME if opts.sft_adapter else None, embedder=embedder,
+                               mode=opts.mode, timeout_s=cfg.server.call_timeout_s)
+
+        async def one(system: str, i: int, sit: Situation) -> None:
+            async with sem:
+                seed = _seed(opts.seed, i)
+                if system in VARIANTS:
+                    d = await _mascot_dialogue(cpb_grpc.ConversationServiceStub(chans[system]), sit, opts.mode,
+                                               agent_turns, seed)
+                else:
+                    d = await run_baseline(system, bctx, sit, seed)
+                await log.add({"system": system, "situation_id": sit.id, "split": sit.split, "mode": opts.mode,
+                               "situation": sit.situation, "emotion": sit.emotion, **d})
+                count[0] += 1
+                report_progress("dialogues", count[0], total)
+
+        try:
+            await asyncio.gather(*(one(*t) for t in todo))
+        finally:
+            for ch in [*chans.values(), sch]:
+                await ch.close()
+        for st in stacks.values():
+            await st.stop(0)
+        stacks.clear()
+        from mascot.eval.judging import judge_dialogues
+
+        dialogues = [log.done[(s, sit.id)] for s in opts.systems for sit in situations]
+        judge_cfg = MascotConfig(**deep_merge(base, {"judge": {"judges": opts.judges, "cache_url":
+                                                               f"sqlite:///{(out / 'judge-cache.db').resolve()}"}}))
+        judge_stack = await start_stack(judge_cfg, ("judge",), engine=engine, metrics=metrics)
+        stacks["judge"] = judge_stack
+        judged = await judge_dialogues(judge_stack.target("judge"), dialogues, situations, opts, catalog,
+                                       cfg.server.max_message_bytes, report_progress)
+        from mascot.eval.assemble import build_report, write_outputs
+
+        report = await asyncio.to_thread(build_report, opts, cfg, situations, dialogues, judged, embedder,
+                                         report_progress)
+        await asyncio.to_thread(write_outputs, out, report, dialogues)
+        return report
+    finally:
+        for st in stacks.values():
+            await st.stop(0)
+        if own_engine:
+            await engine.close()
