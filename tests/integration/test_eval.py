@@ -1,0 +1,211 @@
+"""``mascot eval`` end to end (issue 3, item 3 and its "done when")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.openai_judge import AGENT_KEYS, COLLECTIVE_KEYS, ScriptedOpenAIJudge, scripted_fault, scripted_scores
+
+pytestmark = pytest.mark.integration
+
+
+def _sft_adapter(base_dir: Path, out: Path) -> Path:
+    """A real PEFT LoRA adapter after a few SFT steps on the tiny model (stands in for a user's SFT run)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = tok(["That sounds really hard. I'm here with you."] * 2, return_tensors="pt")
+    for _ in range(3):
+        loss = model(**batch, labels=batch["input_ids"]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out)
+    (out / "manifest.json").write_text(json.dumps({"data_ids": ["ed-train-0001", "ed-train-0002"]}))
+    return out
+
+
+@pytest.mark.slow
+async def test_every_system_on_32_support_situations(engine, tiny_model_dir, shared_data, tmp_path, monkeypatch):
+    from mascot.eval.runner import SYSTEMS, EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    monkeypatch.chdir(tmp_path)
+    adapter = _sft_adapter(tiny_model_dir, tmp_path / "sft")
+    situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+    out = tmp_path / "eval"
+    opts = EvalOptions(situations=situations, out_dir=out, limit=32, systems=list(SYSTEMS), agent_turns=2,
+                       sft_adapter=adapter, concurrency=8)
+    cfg = make_config(tmp_path, engine={"model": str(tiny_model_dir)})
+    phases: dict[str, int] = {}
+    report = await run_eval(opts, cfg, lambda p, d, t: phases.__setitem__(p, t), engine=engine)
+    assert phases["dialogues"] == 32 * 10
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert len(saved["situations"]) == 32 and saved["judges"] == ["local"] and saved["seed"] == 0
+    assert set(saved["systems"]) == set(SYSTEMS)
+    for system, splits in saved["systems"].items():
+        # REFERENCE.md section 7 / data README: the first 32 records are 11 positive, 5 neutral, 16 negative.
+        assert {k: v["n"] for k, v in splits.items()} == {"positive": 11, "neutral": 5, "negative": 16, "all": 32}
+        a = splits["all"]
+        assert set(a["criteria"]) == set(AGENT_KEYS) and set(a["collective"]) == set(COLLECTIVE_KEYS)
+        assert 0 <= a["overall"]["mean"] <= 100 and a["overall"]["std"] >= 0
+        auto = a["automatic"]
+        assert auto["nli"]["trained"] is False and "untrained" in auto["nli"]["model"]
+        rates = [auto["nli"][k]["mean"] for k in ("entailment", "neutral", "contradiction")]
+        assert sum(rates) == pytest.approx(1.0, abs=1e-5)
+        assert a["safety_turns"] == 0 and a["personas"]
+    assert set(saved["systems"]["multiagentesc"]["all"]["personas"]) == {"supporter"}
+    lines = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len(lines) == 320
+    sft_turns = [t for d in lines if d["system"] == "sft" for t in d["turns"] if t["role"] == "agent"]
+    assert sft_turns and all(t["adapter_version"] == "sft" for t in sft_turns)
+    nd = [t["directive"]["source"] for d in lines if d["system"] == "no-director" for t in d["turns"]
+          if t["role"] == "agent"]
+    assert set(nd) == {"random"}
+    md = (out / "report.md").read_text()
+    assert "MASCOT-C" in md and "MultiAgentESC" in md and "paper 80.0" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "radar_mascot.png" in pngs and "bar_persona_consistency.png" in pngs
+    assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    # A second run on the same directory repeats nothing and gives the same report.
+    again = await run_eval(opts, cfg, engine=engine)
+    assert again == report
+
+
+async def test_eval_refuses_training_ids_and_bad_options(engine, tiny_model_dir, shared_data, tmp_path):
+    from mascot.eval.runner import EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+    first = json.loads(situations.read_text().splitlines()[1])["id"]
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"data_ids": [first, "other"]}))
+    cfg = make_config(tmp_path)
+    with pytest.raises(ValueError, match=f"used for training by {manifest}: {first}"):
+        await run_eval(EvalOptions(situations=situations, out_dir=tmp_path / "o", limit=4, manifests=[manifest]), cfg,
+                       engine=engine)
+    assert not (tmp_path / "o").exists()
+    for kw, words in [({"systems": ["mascot", "gpt5"]}, "unknown system 'gpt5'"),
+                      ({"systems": ["sft"]}, "--sft-adapter"), ({"mode": "chat"}, "--mode")]:
+        with pytest.raises(ValueError, match=words):
+            await run_eval(EvalOptions(situations=situations, out_dir=tmp_path / "o", **kw), cfg, engine=engine)
+
+
+def _cli(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mascot.cli", "eval", *args], cwd=env["_CWD"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _expected(transcripts: list[dict]) -> dict:
+    """Recompute report means/stds by hand from the transcripts and the scripted judge's rule."""
+    pct = lambda s: (s - 1) / 4 * 100  # noqa: E731
+    out: dict = {}
+    for d in transcripts:
+        agent = [t for t in d["turns"] if t["role"] == "agent"]
+        per_turn, dropped = [], 0
+        for t in agent:
+            if not t["text"].strip():
+                continue
+            if scripted_fault(t["text"]) == "garbage":
+                dropped += 1
+                continue
+            per_turn.append(scripted_scores(t["text"], AGENT_KEYS))
+        block = "\n".join(t["text"] for t in d["turns"][1:] if t["role"] == "user" or t["text"].strip())
+        coll = None
+        if scripted_fault(block) == "garbage":
+            dropped += 1
+        else:
+            coll = scripted_scores(block, COLLECTIVE_KEYS)
+        for split in (d["split"], "all"):
+            slot = out.setdefault(d["system"], {}).setdefault(split, {"dialogues": [], "coll": [], "unparseable": 0})
+            slot["unparseable"] += dropped
+            if per_turn:
+                crit = {k: statistics.fmean(pct(s[k]) for s in per_turn) for k in AGENT_KEYS}
+                crit["overall"] = statistics.fmean(crit[k] for k in AGENT_KEYS)
+                slot["dialogues"].append(crit)
+            if coll:
+                c = {k: pct(coll[k]) for k in COLLECTIVE_KEYS}
+                c["overall"] = statistics.fmean(c[k] for k in COLLECTIVE_KEYS)
+                slot["coll"].append(c)
+    return out
+
+
+@pytest.mark.slow
+def test_scripted_judge_hand_computed_and_sigkill_resume(tiny_model_dir, shared_data, tmp_path):
+    judge = ScriptedOpenAIJudge(api_key="sk-eval", faults=True).start()
+    try:
+        situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+        env = {**os.environ, "OPENAI_API_KEY": "sk-eval", "MASCOT_ENGINE__MODEL": str(tiny_model_dir),
+               "MASCOT_ENGINE__THREADS": "1", "_CWD": str(tmp_path), "PYTHONPATH": str(ROOT)}
+        args = ["--situations", str(situations), "--limit", "4", "--systems", "mascot,zero-shot,multiagentesc",
+                "--agent-turns", "3", "--concurrency", "1", "--seed", "7", "--judges", f"gpt=openai:gpt-4o@{judge.url}"]
+        out = tmp_path / "killed"
+        # Kill once while dialogues are being written, once while judging, then finish.
+        p = _cli([*args, "--out", str(out)], env)
+        deadline = time.time() + 300
+        while not ((out / "dialogues.jsonl").is_file() and (out / "dialogues.jsonl").read_text().count("\n") >= 2):
+            assert p.poll() is None, p.stdout.read()
+            assert time.time() < deadline
+            time.sleep(0.05)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p = _cli([*args, "--out", str(out)], env)
+        while len(judge.calls) < 10:
+            assert p.poll() is None, p.stdout.read()
+            assert time.time() < deadline
+            time.sleep(0.02)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        calls_before = len(judge.calls)
+        p = _cli([*args, "--out", str(out)], env)
+        log = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, log
+        assert len(judge.calls) > calls_before
+        prompts = judge.first_attempt_prompts()
+        assert len(prompts) == len(set(prompts)), "a judge call was repeated after the resume"
+        resumed = json.loads((out / "report.json").read_text())
+        # An uninterrupted run with the same seed gives the same report.
+        p = _cli([*args, "--out", str(tmp_path / "clean")], env)
+        log = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, log
+        clean = json.loads((tmp_path / "clean" / "report.json").read_text())
+        assert resumed == clean
+        # Means and stds equal values computed by hand from the transcripts and the scripted judge.
+        transcripts = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
+        expected = _expected(transcripts)
+        total_dropped = 0
+        for system, splits in expected.items():
+            for split, e in splits.items():
+                got = resumed["systems"][system][split]
+                for k in (*AGENT_KEYS, "overall"):
+                    vals = [d[k] for d in e["dialogues"]]
+                    stat = got["overall"] if k == "overall" else got["criteria"][k]
+                    assert stat["mean"] == pytest.approx(statistics.fmean(vals), abs=1e-5)
+                    assert stat["std"] == pytest.approx(statistics.pstdev(vals), abs=1e-5)
+                for k in (*COLLECTIVE_KEYS, "overall"):
+                    vals = [c[k] for c in e["coll"]]
+                    stat = got["collective_overall"] if k == "overall" else got["collective"][k]
+                    assert stat["mean"] == pytest.approx(statistics.fmean(vals), abs=1e-5)
+                    assert stat["std"] == pytest.approx(statistics.pstdev(vals), abs=1e-5)
+                assert got["unparseable"] == e["unparseable"]
+                total_dropped += e["unparseable"] if split == "all" else 0
+        assert total_dropped > 0, "the planted parse failures did not occur; pick another seed"
+        assert resumed["judges"] == ["gpt"]
+    finally:
+        judge.stop()
