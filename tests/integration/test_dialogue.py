@@ -271,7 +271,9 @@ async def test_delete_and_list_personas(live):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     meeting = (await live.stub.ListPersonas(cpb.ListPersonasRequest(mode=cpb.MODE_MEETING))).personas
     assert {p.id for p in meeting} == set(conv.persona_ids)
-    assert len((await live.stub.ListPersonas(cpb.ListPersonasRequest())).personas) == 9
+    every = (await live.stub.ListPersonas(cpb.ListPersonasRequest())).personas
+    # 5 support + 4 meeting personas + the single-voice "supporter" of the evaluation baselines.
+    assert len(every) == 10 and {p.persona_set for p in every if p.id == "supporter"} == {"baselines"}
 
 
 async def test_user_text_imitating_director_is_plain_text(tmp_path):

@@ -209,3 +209,27 @@ def test_scripted_judge_hand_computed_and_sigkill_resume(tiny_model_dir, shared_
         assert resumed["judges"] == ["gpt"]
     finally:
         judge.stop()
+
+
+async def test_meeting_mode_per_domain_with_two_judges(engine, tiny_model_dir, shared_data, tmp_path, monkeypatch):
+    from mascot.eval.runner import EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "meeting"
+    opts = EvalOptions(situations=shared_data / "qmsum" / "meeting_excerpts.jsonl", out_dir=out, mode="meeting",
+                       limit=3, systems=["mascot", "zero-shot", "multiagentesc"], agent_turns=2,
+                       judges=[{"name": "local"}, {"name": "second", "kind": "local"}])
+    report = await run_eval(opts, make_config(tmp_path), engine=engine)
+    assert report["judges"] == ["local", "second"] and set(report["by_judge"]) == {"local", "second"}
+    for system, splits in report["systems"].items():
+        assert {k: v["n"] for k, v in splits.items()} == {"academic": 1, "committee": 1, "product": 1, "all": 3}
+        a = splits["all"]
+        assert a["criteria"] == {} and a["overall"] == {"mean": None, "std": None}
+        assert a["collective_overall"]["mean"] is not None
+        # Identical judges: their mean equals each one.
+        assert report["by_judge"]["local"][system]["all"]["collective"] == a["collective"]
+    md = (out / "report.md").read_text()
+    assert "Committee" in md and "Product" in md
+    transcripts = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert {d["split"] for d in transcripts} == {"academic", "committee", "product"}

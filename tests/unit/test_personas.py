@@ -5,7 +5,7 @@ import pytest
 from mascot.core.personas import PersonaCatalog, PersonaFileError, load_persona_file
 
 SHIPPED = {"empathetic_listener", "anchor", "catalyst", "action_guide", "beacon",
-           "minutes_scribe", "decision_logger", "action_item_captain", "critic"}
+           "minutes_scribe", "decision_logger", "action_item_captain", "critic", "supporter"}
 
 CARD = """\
 persona_set: custom
@@ -27,6 +27,7 @@ def test_shipped_sets():
                                                       "beacon"]
     assert {c.id for c in cat.in_set("meeting")} == {"minutes_scribe", "decision_logger", "action_item_captain",
                                                       "critic"}
+    assert [c.id for c in cat.in_set("baselines")] == ["supporter"]
     assert "celebrating a negative situation" in cat.get("beacon").forbidden_moves
 
 
@@ -34,7 +35,7 @@ def test_user_file_is_added(tmp_path):
     f = tmp_path / "mine.yaml"
     f.write_text(CARD)
     cat = PersonaCatalog.load([f])
-    assert cat.get("coach").persona_set == "custom" and len(cat.cards) == 10
+    assert cat.get("coach").persona_set == "custom" and len(cat.cards) == 11
 
 
 @pytest.mark.parametrize("edit, line, field", [

@@ -36,8 +36,11 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
             raise InvalidArgument(f"unknown judge {name!r}; configured judges: {', '.join(self.judges)}")
         return self.judges[name]
 
-    def build_items(self, request: pb.JudgeCandidatesRequest) -> tuple[str, list[list[dict]]]:
+    def build_items(self, request: pb.JudgeCandidatesRequest, backend: Any = None) -> tuple[str, list[list[dict]]]:
         """Validate a request and build each candidate's first-attempt judge messages.
+
+        With a local backend (an engine with a finite window), seed context and then history are dropped oldest
+        first until the prompt fits (:func:`fit_prompt`).
 
         Returns:
             ``(rubric, messages per candidate)``.
@@ -53,6 +56,10 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
         if n > self.max_batch:
             raise InvalidArgument(f"{n} candidates exceed the batch limit of {self.max_batch}; split the call")
         rubric = RUBRICS[request.rubric]
+
+        def fit(build, h, cx):  # noqa: ANN001, ANN202
+            return fit_prompt(backend, build, h, cx)
+
         known = list(self.catalog.cards)
         history = history_from_proto(request.history, known_personas=known)
         context = context_from_proto(request.context)
@@ -65,7 +72,9 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                                           "ListPersonas shows the known ids")
                 if not c.text.strip():
                     raise InvalidArgument(f"candidates[{i}]: text is empty; the agent rubric judges a reply")
-                items.append(rb.agent_messages(self.catalog.get(c.persona_id), history, c.text, context, names))
+                card = self.catalog.get(c.persona_id)
+                items.append(fit((lambda h, cx, card=card, text=c.text: rb.agent_messages(card, h, text, cx, names)),
+                                 history, context))
         else:
             for i, c in enumerate(request.candidates):
                 block = history_from_proto(c.block, known_personas=known)
@@ -74,12 +83,14 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                                           "judges a block of agent turns")
                 ids = list(request.roster_persona_ids) or list(dict.fromkeys(
                     t.persona_id for t in history + block if t.role == "agent"))
-                items.append(rb.collective_messages(roster_from_ids(self.catalog, ids), history, block, context))
+                cards = roster_from_ids(self.catalog, ids)
+                items.append(fit((lambda h, cx, cards=cards, block=block: rb.collective_messages(cards, h, block, cx)),
+                                 history, context))
         return rubric, items
 
     async def JudgeCandidates(self, request: pb.JudgeCandidatesRequest, context: Any) -> pb.JudgeCandidatesResponse:
         judge = self._judge(request.judge)
-        rubric, items = self.build_items(request)
+        rubric, items = self.build_items(request, judge.backend)
         verdicts = await judge.judge_many(rubric, items)
         out = []
         for c, v in zip(request.candidates, verdicts):
@@ -91,6 +102,33 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                 error=v.error, content_hash=v.content_hash))
         return pb.JudgeCandidatesResponse(judgements=out, judge=judge.name, model=judge.model,
                                           rubric_version=judge.version)
+
+
+def fit_prompt(backend: Any, build: Any, history: list, context: list) -> list[dict]:
+    """``build(history, context)`` trimmed oldest first (context, then history) to the local engine's window.
+
+    Backends without an ``engine`` attribute (remote endpoints) get the untrimmed prompt.
+
+    Raises:
+        InvalidArgument: the prompt does not fit even without context and history.
+    """
+    from mascot.core.context import trim_oldest_first
+
+    eng = getattr(backend, "engine", None)
+    if eng is None:
+        return build(history, context)
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+
+    def msgs(kept: list) -> list[dict]:
+        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
+
+    try:
+        kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
+                                 eng.max_context_tokens - backend.max_tokens)
+    except ValueError:
+        raise InvalidArgument("the judge prompt does not fit the judge model's context window even without "
+                              "context and history; shorten the candidate or raise engine.max_model_len") from None
+    return msgs(kept)
 
 
 def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) -> dict[str, Judge]:
