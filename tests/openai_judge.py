@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
 import re
 import threading
 import time
@@ -53,6 +55,8 @@ class ScriptedOpenAIJudge:
 
     def __init__(self, api_key: str | None = None, faults: bool = False) -> None:
         self.api_key, self.faults = api_key, faults
+        self._kill: tuple[int, int] | None = None
+        self.killed_key: str | None = None
         self.calls: list[dict] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -78,12 +82,23 @@ class ScriptedOpenAIJudge:
         body = await request.json()
         with self._lock:
             self.calls.append(body)
+            n = len(self.calls)
+        if self._kill is not None and n == self._kill[0]:
+            # SIGKILL the client while this call is in flight (before it is answered).
+            self.killed_key = key_text(body["messages"][1]["content"])
+            os.kill(self._kill[1], signal.SIGKILL)
+            self._kill = None
+            return web.json_response({"error": {"message": "client killed"}}, status=500)
         text = self.answer(body["messages"])
         return web.json_response({
             "id": f"chatcmpl-{len(self.calls)}", "object": "chat.completion", "created": int(time.time()),
             "model": body["model"],
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    def kill_on_call(self, n: int, pid: int) -> None:
+        """SIGKILL process ``pid`` when call number ``n`` (1-based, over this server's life) arrives."""
+        self._kill = (n, pid)
 
     def start(self) -> "ScriptedOpenAIJudge":
         ready = threading.Event()

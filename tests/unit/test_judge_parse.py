@@ -86,3 +86,27 @@ def test_mapping_rejects_out_of_range_and_mean_std():
     assert mean_std([]) == {"mean": None, "std": None}
     with pytest.raises(ValueError):
         mean_std([float("nan")])
+
+
+def test_cache_key_names_the_endpoint(tmp_path):
+    import asyncio
+
+    from mascot.judge.backends import OpenAIJudgeBackend
+    from mascot.judge.cache import CachedJudgement, JudgeCache
+    from mascot.judge.judging import Judge
+
+    cache = JudgeCache(f"sqlite:///{tmp_path}/c.db")
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    a = Judge("gpt", OpenAIJudgeBackend("gpt-4o", "http://127.0.0.1:9/v1"), cache=cache)
+    b = Judge("gpt", OpenAIJudgeBackend("gpt-4o", "http://127.0.0.1:10/v1"), cache=cache)
+    from mascot.judge.cache import content_hash
+
+    ka = content_hash("gpt", "gpt-4o@http://127.0.0.1:9/v1", a.version, msgs)
+    cache.put(ka, "gpt", "gpt-4o", CachedJudgement("unparseable", {}, "", "no JSON object found", 3))
+    hit = asyncio.run(a.judge("agent", msgs))
+    assert hit.cached and hit.status == "unparseable"
+    # Another endpoint is another judge: its verdicts never come from the first one's cache entries.
+    with pytest.raises(Exception) as e:
+        asyncio.run(b.judge("agent", msgs))
+    assert "unavailable" in str(e.value)
+    cache.close()

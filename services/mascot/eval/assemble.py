@@ -72,10 +72,13 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
                 res[system][split] = block
         return res
 
+    from mascot.core.engine.tiny import is_tiny
+
     model_name = cfg.engine.model or "tiny-random-qwen3"
+    trained = bool(cfg.engine.model) and not is_tiny(cfg.engine.model)
     report = {
         "seed": opts.seed, "mode": opts.mode, "situations": [s.id for s in situations], "judges": judges,
-        "models": {"backbone": model_name, "trained": bool(cfg.engine.model), "nli": nli.model_name,
+        "models": {"backbone": model_name, "trained": trained, "nli": nli.model_name,
                    "nli_trained": nli.trained, "embedding": embedder.model_name,
                    "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None},
         "agent_turns": opts.agent_turns or cfg.selfplay.agent_turns,

@@ -47,6 +47,8 @@ def evaluate(
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from pydantic import ValidationError
+
     from mascot.cli import _config, _quiet
     from mascot.eval.runner import EvalOptions, run_eval
     from mascot.judge.servicer import parse_judge_spec
@@ -72,6 +74,9 @@ def evaluate(
 
         validate(opts)
         JudgeConfig(judges=specs)
+    except ValidationError as e:
+        err = e.errors()[0]
+        _fail(f"bad judge spec ({'.'.join(str(x) for x in err['loc'])}): {err['msg']}")
     except ValueError as e:
         _fail(str(e))
     _quiet()
@@ -143,5 +148,9 @@ def import_pairs_cmd(
         res = import_pairs(study, ratings)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    for w in res.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    if not res.get("judgements"):
+        console.print("[yellow]warning: no filled ratings were found; fill the choice column first[/yellow]")
     console.print_json(json.dumps(res.get("pairs", res), default=str))
     console.print(f"written: {study / 'preference.json'}")

@@ -65,7 +65,7 @@ async def judge_dialogues(target: str, dialogues: list[dict], situations: list, 
         n_agent = sum(1 for t in d["turns"] if t["role"] == "agent")
         out[(d["system"], d["situation_id"])] = {n: {"agent": [None] * n_agent, "collective": None, "unparseable": 0}
                                                  for n in names}
-    sem = asyncio.Semaphore(max(1, opts.concurrency) * 2)
+    sem = asyncio.Semaphore(max(1, opts.concurrency))
     done = [0]
     progress("judging", 0, len(jobs))
     async with channel(target, max_message_bytes) as ch:

@@ -250,7 +250,8 @@ def _automatic(systems: Mapping[str, Any], order: list[str], splits: list[str], 
             theirs = paper.AUTOMATIC.get(s, {}) if (mode == "support" and split == "all") else {}
             model = DASH
             if nli.get("model"):
-                model = _esc(nli["model"]) + (" (untrained)" if nli.get("trained") is False else "")
+                untrained = nli.get("trained") is False and "untrained" not in str(nli["model"])
+                model = _esc(nli["model"]) + (" (untrained)" if untrained else "")
             row = [system_label(s), model]
             for key, _ in _AUTOMATIC:
                 stat = nli.get(key) if key in _NLI_KEYS else auto.get(key)

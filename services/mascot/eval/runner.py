@@ -91,6 +91,11 @@ def validate(opts: EvalOptions) -> None:
         raise ValueError("--concurrency must be >= 1")
     if not opts.judges:
         raise ValueError("at least one judge is needed")
+    names = [j.get("name", "local") for j in opts.judges]
+    if len(set(names)) != len(names):
+        raise ValueError(f"judge names must be unique, got {', '.join(names)}; name them NAME=SPEC")
+    if Path(opts.out_dir).exists() and not Path(opts.out_dir).is_dir():
+        raise ValueError(f"--out {opts.out_dir} exists and is not a directory")
 
 
 def _seed(base: int, index: int) -> int:
@@ -124,9 +129,16 @@ class DialogueLog:
             self.done[(d["system"], d["situation_id"])] = d
 
 
-def _check_run_file(out: Path, opts: EvalOptions, situations: list[Situation]) -> None:
+def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig) -> None:
+    """Record the run's settings in ``run.json``; a resumed run must match them (its dialogues are reused)."""
+    def path_or_id(x: Any) -> str:
+        return str(Path(x).resolve()) if x and Path(x).exists() else str(x or "")
+
     settings = {"mode": opts.mode, "seed": opts.seed, "agent_turns": opts.agent_turns,
-                "situations_file": str(Path(opts.situations).resolve())}
+                "situations_file": path_or_id(opts.situations), "model": path_or_id(cfg.engine.model),
+                "nli_model": path_or_id(opts.nli_model), "sft_adapter": path_or_id(opts.sft_adapter),
+                "selfplay": cfg.selfplay.model_dump(), "speaker": cfg.speaker.model_dump(),
+                "director": cfg.director.model_dump()}
     p = out / "run.json"
     if p.is_file():
         old = json.loads(p.read_text(encoding="utf-8"))
@@ -190,7 +202,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     check_no_overlap(situations, manifests)
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, opts, situations)
+    _check_run_file(out, opts, cfg)
     agent_turns = opts.agent_turns or cfg.selfplay.agent_turns
     report_progress = progress or (lambda *_: None)
 

@@ -73,7 +73,8 @@ class Judge:
         Raises:
             ServiceError: from the backend (endpoint unavailable, key rejected, prompt too long).
         """
-        key = content_hash(self.name, self.model, self.version, messages)
+        identity = self.model + (f"@{self.backend.endpoint}" if getattr(self.backend, "endpoint", "") else "")
+        key = content_hash(self.name, identity, self.version, messages)
         if self.cache is not None:
             hit = await asyncio.to_thread(self.cache.get, key)
             if hit is not None:

@@ -14,6 +14,8 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+#: Marker file written into every tiny model directory: its weights are random.
+TINY_MARKER = "mascot_tiny.json"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 _EXTRA_CORPUS = [
@@ -75,4 +77,10 @@ def build_tiny_qwen3(out_dir: str | Path, *, vocab_size: int = 2000, hidden_size
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
+    (out / TINY_MARKER).write_text('{"trained": false, "name": "tiny-random-qwen3"}\n', encoding="utf-8")
     return out
+
+
+def is_tiny(model: str | Path) -> bool:
+    """True for a model directory built by :func:`build_tiny_qwen3` (random weights, not trained)."""
+    return bool(model) and (Path(model) / TINY_MARKER).is_file()
