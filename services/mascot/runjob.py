@@ -8,16 +8,15 @@ excerpts for ``meeting``: the excerpt seeds the conversation and the query opens
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.files import atomic_write_text
 
 SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
                 dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety", dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
@@ -111,10 +110,7 @@ def summarize(lines: Iterable[dict]) -> dict:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)
 
 
 async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Path, *, agent_turns: int = 0,

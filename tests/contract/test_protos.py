@@ -2,7 +2,6 @@
 
 import shutil
 import subprocess
-from pathlib import Path
 
 from mascot.core.protogen import DEFAULT_OUT, generate
 from tests.conftest import ROOT, need

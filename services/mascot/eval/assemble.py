@@ -9,11 +9,10 @@ when several judges ran). Splits: positive/neutral/negative/all (support), acade
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from mascot.core.files import atomic_write_text
 from mascot.eval.aggregate import aggregate_split, combine_judges
 from mascot.eval.data import MEETING_SPLITS, SUPPORT_SPLITS
 
@@ -89,16 +88,9 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
     return report
 
 
-def _atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(out: Path, report: dict, dialogues: list[dict]) -> None:
     """``transcripts.jsonl`` (ordered by system then situation), ``report.json``, ``report.md`` and the plots."""
     from mascot.eval.report import write_report
 
-    _atomic(out / "transcripts.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues))
+    atomic_write_text(out / "transcripts.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues))
     write_report(report, out)

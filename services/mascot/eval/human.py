@@ -24,12 +24,13 @@ import io
 import json
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import krippendorff
 import numpy as np
+
+from mascot.core.files import atomic_write_text
 
 TRANSCRIPTS = "transcripts.jsonl"
 KEY_FILE = "key.json"
@@ -44,18 +45,8 @@ MIN_RATERS = 3
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temp file in the same directory and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`mascot.core.files.atomic_write_text`)."""
+    atomic_write_text(path, text)
 
 
 def _csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -21,10 +21,10 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
+from mascot.core.files import atomic_write
 from mascot.eval import paper
 from mascot.eval.paper import AGENT_COLUMNS, AGENT_KEYS, COLLECTIVE_COLUMNS, COLLECTIVE_KEYS, system_label
 
@@ -350,18 +350,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------- files and plots
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write ``path`` through a temporary file in the same folder, then ``os.replace`` it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write ``path`` atomically (:func:`mascot.core.files.atomic_write`)."""
+    atomic_write(path, write)
 
 
 def _save_figure(fig: Any, path: Path) -> Path:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.config import MascotConfig, deep_merge
-from mascot.eval.baselines import BASELINES, BaselineContext, run_baseline
-from mascot.eval.data import MEETING_SPLITS, SUPPORT_SPLITS, Situation, check_no_overlap, load_situations
+from mascot.eval.baselines import BaselineContext, run_baseline
+from mascot.eval.data import Situation, check_no_overlap, load_situations
 
 SYSTEMS = ("mascot", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "no-director",
            "no-persona", "multiagentesc", "sft")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from mascot.core import formatting
+from mascot.core.files import atomic_write_text
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCard
 
@@ -76,11 +77,7 @@ def read_metadata(model_dir: str | Path) -> RewardMetadata:
 
 def write_metadata(model_dir: str | Path, meta: RewardMetadata) -> None:
     """Write ``mascot_reward.json`` atomically."""
-    p = Path(model_dir) / METADATA_FILE
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(meta.__dict__, f, indent=2)
-    os.replace(tmp, p)
+    atomic_write_text(Path(model_dir) / METADATA_FILE, json.dumps(meta.__dict__, indent=2) + "\n")
 
 
 class RewardScorer:
