@@ -1,4 +1,4 @@
-"""``mascot`` command line (typer + rich): serve, chat, run, eval, models.
+"""``mascot`` command line (typer + rich): serve, chat, run, eval, train, models.
 
 Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import).
 """
@@ -24,6 +24,9 @@ app.add_typer(models_app, name="models")
 from mascot.eval.cli import eval_app  # noqa: E402
 
 app.add_typer(eval_app, name="eval")
+from mascot.cli_train import train_app  # noqa: E402
+
+app.add_typer(train_app, name="train")
 console = Console(stderr=True)
 MODEL_HELP = ("Real weights for the generation services: a local model directory or a Hugging Face hub id such as "
               "Qwen/Qwen3-0.6B (read from the local HF cache). Default: the tiny random-init Qwen3 (its words are "

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
+from mascot.core.errors import InvalidArgument
 from mascot.judge import rubric as rb
 from mascot.judge.backends import JudgeBackend
 from mascot.judge.cache import CachedJudgement, JudgeCache, content_hash
@@ -107,3 +109,30 @@ class Judge:
     async def judge_many(self, rubric: str, items: list[list[dict]]) -> list[Verdict]:
         """Score several items concurrently (the local engine batches them); results in input order."""
         return list(await asyncio.gather(*(self.judge(rubric, m) for m in items)))
+
+
+def fit_prompt(backend: Any, build: Any, history: list, context: list) -> list[dict]:
+    """``build(history, context)`` trimmed oldest first (context, then history) to the local engine's window.
+
+    Backends without an ``engine`` attribute (remote endpoints) get the untrimmed prompt.
+
+    Raises:
+        InvalidArgument: the prompt does not fit even without context and history.
+    """
+    from mascot.core.context import trim_oldest_first
+
+    eng = getattr(backend, "engine", None)
+    if eng is None:
+        return build(history, context)
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+
+    def msgs(kept: list) -> list[dict]:
+        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
+
+    try:
+        kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
+                                 eng.max_context_tokens - backend.max_tokens)
+    except ValueError:
+        raise InvalidArgument("the judge prompt does not fit the judge model's context window even without "
+                              "context and history; shorten the candidate or raise engine.max_model_len") from None
+    return msgs(kept)

@@ -10,7 +10,7 @@ from mascot.core.dialogue import context_from_proto, history_from_proto, roster_
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
-from mascot.judge.judging import OK, Judge
+from mascot.judge.judging import OK, Judge, fit_prompt
 
 RUBRICS = {pb.RUBRIC_AGENT: rb.AGENT, pb.RUBRIC_COLLECTIVE: rb.COLLECTIVE}
 
@@ -102,33 +102,6 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                 error=v.error, content_hash=v.content_hash))
         return pb.JudgeCandidatesResponse(judgements=out, judge=judge.name, model=judge.model,
                                           rubric_version=judge.version)
-
-
-def fit_prompt(backend: Any, build: Any, history: list, context: list) -> list[dict]:
-    """``build(history, context)`` trimmed oldest first (context, then history) to the local engine's window.
-
-    Backends without an ``engine`` attribute (remote endpoints) get the untrimmed prompt.
-
-    Raises:
-        InvalidArgument: the prompt does not fit even without context and history.
-    """
-    from mascot.core.context import trim_oldest_first
-
-    eng = getattr(backend, "engine", None)
-    if eng is None:
-        return build(history, context)
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-
-    def msgs(kept: list) -> list[dict]:
-        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
-
-    try:
-        kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
-                                 eng.max_context_tokens - backend.max_tokens)
-    except ValueError:
-        raise InvalidArgument("the judge prompt does not fit the judge model's context window even without "
-                              "context and history; shorten the candidate or raise engine.max_model_len") from None
-    return msgs(kept)
 
 
 def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) -> dict[str, Judge]:

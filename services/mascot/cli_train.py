@@ -1,0 +1,64 @@
+"""``mascot train``: phase 1 (persona alignment) as a chain or one stage; the same command runs in a Job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+train_app = typer.Typer(help="Training phases (run locally or as Kubernetes Jobs).", no_args_is_help=True,
+                        add_completion=False)
+STAGE_NAMES = ("sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", "publish")
+
+
+def _load(config: Path):  # noqa: ANN202
+    from mascot_training.config import ConfigError, load
+
+    try:
+        return load(config)
+    except ConfigError as e:
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+
+def _run(config: Path, out: Path, stages: tuple[str, ...]) -> None:
+    from mascot.cli import _quiet
+    from mascot_training.run import run
+
+    cfg = _load(config)
+    _quiet()
+    try:
+        results = run(cfg, out, stages, log=lambda m: console.print(m))
+    except (ValueError, FileNotFoundError, NotImplementedError) as e:
+        console.print(f"[red]stage failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    summary = {s: (m or {}).get("metrics") for s, m in results.items()}
+    console.print_json(json.dumps(summary, default=str))
+    console.print(f"manifests under {out}/<stage>/manifest.json")
+
+
+@train_app.command("persona-alignment")
+def persona_alignment(
+    config: Path = typer.Option(..., "--config", help="Phase 1 YAML (training-jobs/configs/*.yaml)."),
+    out: Path = typer.Option(..., "--out", help="Run directory (resumable; DIR/adapters is the store)."),
+) -> None:
+    """Run phase 1 end to end: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
+    from mascot_training.config import STAGES
+
+    _run(config, out, STAGES)
+
+
+def _stage_command(name: str) -> None:
+    def cmd(config: Path = typer.Option(..., "--config", help="Phase 1 YAML."),
+            out: Path = typer.Option(..., "--out", help="Run directory.")) -> None:
+        _run(config, out, (name.replace("-", "_"),))
+
+    cmd.__doc__ = f"Run the {name} stage of phase 1 only (inputs from earlier stages in --out)."
+    train_app.command(name)(cmd)
+
+
+for _name in STAGE_NAMES:
+    _stage_command(_name)

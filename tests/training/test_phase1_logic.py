@@ -1,0 +1,111 @@
+"""Phase 1 pure logic: pair filtering, reward functions, config validation, id split, manifests (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from mascot_training.config import ConfigError, PersonaAlignmentConfig, load, validate
+from mascot_training.data import in_train_split
+from mascot_training.manifest import digest_obj, is_done, read_jsonl, read_manifest, stage_dir
+from mascot_training.pairs import build_pairs
+from mascot_training.rewards import composite_reward, format_reward, split_think
+
+
+def test_pairs_keep_margin_cap_and_order():
+    cands = ["a", "b", "c", "d", "e"]
+    means = [4.6, 4.0, 3.9, 2.0, None]
+    pairs, dropped = build_pairs(cands, means, delta=0.5, max_per_group=4)
+    # Qualifying: (0,1) .6, (0,2) .7, (0,3) 2.6, (1,3) 2.0, (2,3) 1.9; largest margin first, capped at 4.
+    assert pairs == [(0, 3, 2.6), (1, 3, 2.0), (2, 3, 1.9), (0, 2, 0.7)]
+    assert dropped == {"unjudged": 1, "identical": 0, "over_cap": 1}
+
+
+def test_pairs_below_delta_identical_text_and_ties():
+    pairs, dropped = build_pairs(["x", "x", "y"], [5.0, 3.0, 4.8], delta=0.5, max_per_group=4)
+    assert pairs == [(2, 1, 1.8)] and dropped["identical"] == 1   # (0,1) is the same text; (0,2) is 0.2 < delta
+    assert build_pairs(["p", "q"], [3.0, 3.0], delta=0.5, max_per_group=4)[0] == []
+    # delta 0 keeps a tie once, in index order.
+    assert build_pairs(["p", "q"], [3.0, 3.0], delta=0.0, max_per_group=4)[0] == [(0, 1, 0.0)]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("<think>why</think> Short answer here.", 1.0),
+    ("No think block at all.", -1.0),
+    ("<think></think> answer", -1.0),
+    ("<think>  </think> answer", -1.0),
+    ("<think>why</think>   ", -1.0),
+    ("<think>a</think><think>b</think> answer", -1.0),
+    ("<think>why</think> " + "w " * 120, 1.0 - 0.5 * 40 / 80),
+    ("<think>why</think> " + "w " * 400, -1.0),
+    ("  <think>why</think>" + "w " * 80, 1.0),
+])
+def test_format_reward_table(text, expected):
+    assert format_reward(text, l_max=80, lam=0.5) == pytest.approx(expected)
+
+
+def test_split_think_and_composite():
+    assert split_think("<think>t</think> a") == ("t", " a")
+    assert split_think("plain") == (None, "plain")
+    assert composite_reward(0.5, 1.0) == 1.5
+    assert composite_reward(0.5, -1.0, w_rm=2.0, w_fmt=0.5) == 0.5
+    for bad in (None, math.nan, math.inf):
+        assert composite_reward(bad, 1.0) is None and composite_reward(1.0, bad) is None
+
+
+def _write(tmp_path, data):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_config_validation_lists_every_problem(tmp_path, shared_data):
+    sit = str(shared_data / "empathetic_dialogues" / "test_situations.jsonl")
+    ok = load(_write(tmp_path, {"data": {"situations": sit}, "personas": ["anchor"]}))
+    assert ok.persona_grpo.num_generations == 8 and ok.pairs.delta == 0.5 and ok.lora.r == 16
+    with pytest.raises(ConfigError) as e:
+        load(_write(tmp_path, {"data": {"situations": str(tmp_path / "missing.jsonl")}, "personas": ["ghost"],
+                               "persona_grpo": {"num_generations": 3, "batch_size": 16}}))
+    msg = str(e.value)
+    assert "divisible" in msg and "ghost" in msg and "missing.jsonl" in msg
+    with pytest.raises(ConfigError, match="num_generations"):
+        load(_write(tmp_path, {"data": {"situations": sit}, "persona_grpo": {"num_generations": 1}}))
+    with pytest.raises(ConfigError, match="typo_key"):
+        load(_write(tmp_path, {"data": {"situations": sit}, "typo_key": 1}))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.yaml")
+    assert validate(PersonaAlignmentConfig(data={"situations": sit})) == []
+
+
+def test_train_split_is_deterministic_and_disjoint_from_eval():
+    ids = [f"hit:{i}" for i in range(2000)]
+    train = {i for i in ids if in_train_split(i, 0.5, "s")}
+    assert train == {i for i in ids if in_train_split(i, 0.5, "s")}
+    assert 0.45 < len(train) / len(ids) < 0.55
+    assert train != {i for i in ids if in_train_split(i, 0.5, "other-salt")}
+
+
+def test_stage_dir_publishes_atomically_and_resumes(tmp_path):
+    conf, inputs = {"a": 1}, {"x": "digest"}
+    with pytest.raises(RuntimeError):
+        with stage_dir(tmp_path, "s", conf, inputs) as (part, m):
+            (part / "half.txt").write_text("partial")
+            raise RuntimeError("crash")
+    assert not (tmp_path / "s").exists() and (tmp_path / "s.partial" / "half.txt").exists()
+    assert not is_done(tmp_path, "s", conf, inputs)
+    with stage_dir(tmp_path, "s", conf, inputs) as (part, m):
+        (part / "out.txt").write_text("done")
+        m["metrics"] = {"n": 1}
+    man = read_manifest(tmp_path / "s")
+    assert man["config_digest"] == digest_obj(conf) and man["metrics"] == {"n": 1} and "torch" in man["versions"]
+    assert is_done(tmp_path, "s", conf, inputs) and not is_done(tmp_path, "s", {"a": 2}, inputs)
+    assert not (tmp_path / "s.partial").exists()
+
+
+def test_read_jsonl_drops_a_torn_line(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"a": 1}) + "\n" + '{"a": 2')
+    assert read_jsonl(p) == [{"a": 1}] and p.read_text().endswith("\n")

@@ -1,0 +1,224 @@
+"""Phase 1 (persona-aware behavioural alignment) run configuration (REFERENCE.md section 5).
+
+One YAML file configures every stage; unknown keys are rejected and :func:`validate` checks everything that can
+be checked before heavy work (divisibility of the GRPO batch, persona ids, input files) and returns all problems
+at once, so a Job fails in seconds with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+STAGES = ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish")
+
+
+class _S(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_S):
+    """Training situations; only ids whose hash falls in the train split are used (data README: splits disjoint)."""
+
+    situations: Path = Path("../shared/data/empathetic_dialogues/test_situations.jsonl")
+    limit: int | None = Field(None, ge=1)
+    #: Fraction of ids (by SHA-256 of salt + id) that may be used for training; the rest stay for evaluation.
+    train_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    salt: str = "mascot-phase1"
+
+
+class LoraConfig(_S):
+    """LoRA of the speaker policies (REFERENCE.md section 5: r 16, alpha 32, dropout 0.1, q/k/v/o)."""
+
+    r: int = Field(16, ge=1, le=256)
+    alpha: int = Field(32, ge=1, le=1024)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+
+
+class SftConfig(_S):
+    """Optional SFT of the candidate policy on user dialogue data (off by default, REFERENCE.md section 5)."""
+
+    enabled: bool = False
+    #: JSONL of {"persona_id", "messages": [{"role", "content"}, ...]} (chat format; the last message is the
+    #: assistant reply to learn). Empty with enabled: the stage builds a tiny set from the persona cards (smoke).
+    data: Path | None = None
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(-1, ge=-1)
+    lr: float = Field(2e-4, gt=0)
+    batch_size: int = Field(4, ge=1)
+
+
+class SampleConfig(_S):
+    """Candidate sampling: K per (context, persona) at T 1.0, top-p 0.95 (REFERENCE.md section 5)."""
+
+    k: int = Field(8, ge=2, le=64)
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(128, ge=8, le=4096)
+    seed: int = 0
+
+
+class JudgeStageConfig(_S):
+    """Judging of candidates (REFERENCE.md section 4.3): specs as in ``judge.judges`` of the service config."""
+
+    judges: list[dict] = Field(default_factory=lambda: [{"name": "local"}], min_length=1)
+    max_retries: int = Field(2, ge=0, le=10)
+    #: gRPC address of a running JudgeService; empty judges in-process.
+    target: str = ""
+
+
+class PairsConfig(_S):
+    """Pair building: margin delta 0.5, at most 4 per group, largest margin first (REFERENCE.md section 5)."""
+
+    delta: float = Field(0.5, ge=0.0, le=4.0)
+    max_per_group: int = Field(4, ge=1, le=64)
+    #: Fraction of groups (by hash) held out to measure the reward model and its mu, sigma.
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+
+
+class PersonaRmConfig(_S):
+    """Reward model: Bradley-Terry with TRL RewardTrainer (REFERENCE.md section 5)."""
+
+    #: Base of the reward model (a causal-LM or classifier directory / hub id); empty = the policy's base model.
+    base_model: str = ""
+    epochs: float = Field(1.0, gt=0)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(8, ge=1)
+    max_length: int = Field(1024, ge=32)
+
+
+class FormatRewardConfig(_S):
+    """R_format of REFERENCE.md section 5: -1 without one non-empty think block + answer, else a verbosity ramp."""
+
+    lam: float = Field(0.5, ge=0.0)
+    l_max: int = Field(80, ge=1)
+
+
+class GrpoConfig(_S):
+    """GRPO of each persona's LoRA (REFERENCE.md section 5 and 11 rows 12-13; TRL 1.16 semantics)."""
+
+    num_generations: int = Field(8, ge=2, le=64)
+    #: Completions per optimiser step (per-device batch); must be divisible by num_generations.
+    batch_size: int = Field(16, ge=2)
+    lr: float = Field(1e-5, gt=0)
+    max_completion_length: int = Field(512, ge=4)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(-1, ge=-1)
+    beta: float = Field(0.0, ge=0.0)
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    temperature: float = Field(1.0, gt=0.0)
+    w_rm: float = 1.0
+    w_format: float = 1.0
+    format: FormatRewardConfig = FormatRewardConfig()
+    #: Seconds a reward computation may take before the sample is masked (reward None) and counted.
+    reward_timeout_s: float = Field(60.0, gt=0)
+    seed: int = 0
+
+
+class GateConfig(_S):
+    """Evaluation gate before publish: refuse adapters whose replies collapsed in length or diversity."""
+
+    prompts: int = Field(8, ge=1)
+    max_tokens: int = Field(64, ge=4)
+    min_mean_words: float = Field(2.0, ge=0.0)
+    min_distinct_2: float = Field(0.2, ge=0.0, le=1.0)
+
+
+class PublishConfig(_S):
+    """Publish adapters as ``staged`` (DESIGN.md section 5)."""
+
+    #: Gateway address for AdapterService; empty writes straight into ``store``.
+    gateway: str = ""
+    #: Store root (any local path); empty = ``<out>/adapters``.
+    store: str = ""
+    gate: GateConfig = GateConfig()
+
+
+class PersonaAlignmentConfig(_S):
+    """The whole phase 1 run.
+
+    Raises:
+        pydantic.ValidationError: unknown key or bad value (the field path is named).
+    """
+
+    run_id: str = Field("phase1", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    #: Base model of the speakers (directory or hub id); empty builds the tiny random Qwen3 at tiny_dir.
+    model: str = ""
+    tiny_dir: Path = Path(".cache/tiny-qwen3")
+    mode: Literal["support", "meeting"] = "support"
+    #: Active persona ids; empty = every persona of the mode.
+    personas: list[str] = Field(default_factory=list)
+    max_model_len: int = Field(2048, ge=128)
+    data: DataConfig = DataConfig()
+    lora: LoraConfig = LoraConfig()
+    sft: SftConfig = SftConfig()
+    sample: SampleConfig = SampleConfig()
+    judge: JudgeStageConfig = JudgeStageConfig()
+    pairs: PairsConfig = PairsConfig()
+    persona_rm: PersonaRmConfig = PersonaRmConfig()
+    persona_grpo: GrpoConfig = GrpoConfig()
+    publish: PublishConfig = PublishConfig()
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run; the message lists every problem found."""
+
+
+def load(path: str | Path) -> PersonaAlignmentConfig:
+    """Read and validate a YAML run config (relative paths resolve against the current directory).
+
+    Raises:
+        ConfigError: missing file, bad YAML, unknown key, bad value, or any problem :func:`validate` finds.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({e})") from None
+    try:
+        cfg = PersonaAlignmentConfig(**raw)
+    except ValidationError as e:
+        lines = [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise ConfigError(f"{p}: " + "; ".join(lines)) from None
+    problems = validate(cfg)
+    if problems:
+        raise ConfigError(f"{p}: " + "; ".join(problems))
+    return cfg
+
+
+def validate(cfg: PersonaAlignmentConfig) -> list[str]:
+    """Every problem that would stop the run, as messages (empty when the config can run)."""
+    from mascot.core.personas import PersonaCatalog
+
+    out = []
+    g = cfg.persona_grpo
+    if g.batch_size % g.num_generations:
+        out.append(f"persona_grpo.batch_size ({g.batch_size}) must be divisible by persona_grpo.num_generations "
+                   f"({g.num_generations}): each optimiser step takes whole groups")
+    catalog = PersonaCatalog.load()
+    unknown = [p for p in cfg.personas if p not in catalog.cards]
+    if unknown:
+        out.append(f"unknown persona id(s) {unknown}; known: {sorted(catalog.cards)}")
+    if not cfg.data.situations.is_file():
+        out.append(f"data.situations {cfg.data.situations} does not exist")
+    if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
+        out.append(f"sft.data {cfg.sft.data} does not exist")
+    if cfg.model and ("/" not in cfg.model or Path(cfg.model).exists()) and not Path(cfg.model).is_dir():
+        out.append(f"model {cfg.model} is neither a directory nor a hub id")
+    if cfg.lora.r > 64:
+        out.append("lora.r above 64 exceeds the serving limit (max_lora_rank 64)")
+    return out
+
+
+def active_personas(cfg: PersonaAlignmentConfig) -> list[str]:
+    """The persona ids this run trains (config order, or the mode's shipped set)."""
+    from mascot.core.personas import PersonaCatalog
+
+    return list(cfg.personas) or [c.id for c in PersonaCatalog.load().in_set(cfg.mode)]

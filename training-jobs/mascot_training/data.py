@@ -1,0 +1,35 @@
+"""Training situations: a deterministic hash split keeps training and evaluation ids disjoint.
+
+The data README asks that anything trained on the shared evaluation texts use a subset disjoint from anything
+evaluated: ids go to training when SHA-256(salt + id) falls below ``train_fraction``; the manifest records the ids
+used, and ``mascot eval --training-manifest`` refuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from mascot.eval.data import Situation, load_situations
+
+
+def in_train_split(item_id: str, train_fraction: float, salt: str) -> bool:
+    """True when ``item_id`` belongs to the training split (uniform in [0, 1) from the first 8 hash bytes)."""
+    h = hashlib.sha256((salt + item_id).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < train_fraction
+
+
+def training_situations(cfg) -> list[Situation]:  # noqa: ANN001
+    """The first ``data.limit`` records of the training split (file order).
+
+    Raises:
+        ValueError: no record falls in the training split.
+    """
+    d = cfg.data
+    every = load_situations(d.situations, cfg.mode, None)
+    train = [s for s in every if in_train_split(s.id, d.train_fraction, d.salt)]
+    if d.limit is not None:
+        train = train[: d.limit]
+    if not train:
+        raise ValueError(f"no record of {d.situations} falls in the training split (train_fraction "
+                         f"{d.train_fraction}); raise it or add records")
+    return train

@@ -1,0 +1,82 @@
+"""``pairs`` stage: preference pairs from judged candidates (REFERENCE.md section 5).
+
+Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) whose judge means differ by at least
+δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement and
+pairs with identical texts are skipped. With δ = 0 (smoke runs, whose untrained judge scores every candidate
+alike) a tie is kept once, in index order, and its direction is arbitrary: plumbing, not preference. Groups go to the held-out split by hash of their id (fraction
+``heldout_fraction``), used to measure the reward model and its μ, σ. Counts of everything dropped are reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mascot_training.data import in_train_split
+from mascot_training.manifest import digest_path, is_done, read_jsonl, read_manifest, stage_dir
+
+
+def build_pairs(candidates: list[str], means: list[float | None], delta: float, max_per_group: int
+                ) -> tuple[list[tuple[int, int, float]], dict[str, int]]:
+    """Pairs ``(winner index, loser index, margin)`` of one group, largest margin first, then index order.
+
+    Returns:
+        ``(pairs, dropped)`` with ``dropped`` counts: ``unjudged`` candidates, ``identical`` text pairs that met δ,
+        ``over_cap`` qualifying pairs beyond ``max_per_group``.
+    """
+    dropped = {"unjudged": sum(1 for m in means if m is None), "identical": 0, "over_cap": 0}
+    qual = []
+    for i, mi in enumerate(means):
+        for j, mj in enumerate(means):
+            if i == j or mi is None or mj is None or mi - mj < delta - 1e-9:
+                continue
+            if abs(mi - mj) < 1e-9 and j < i:  # delta 0: a tie is kept once, in index order
+                continue
+            if candidates[i].strip() == candidates[j].strip():
+                dropped["identical"] += 1
+                continue
+            qual.append((i, j, round(mi - mj, 6)))
+    qual.sort(key=lambda p: (-p[2], p[0], p[1]))
+    dropped["over_cap"] = max(0, len(qual) - max_per_group)
+    return qual[:max_per_group], dropped
+
+
+def run(cfg, out: Path) -> dict:  # noqa: ANN001
+    """Build ``OUT/pairs/pairs.jsonl`` from the sample and judge stages; returns the manifest.
+
+    Raises:
+        ValueError: an earlier stage is missing, or no pair qualifies (the message suggests what to change).
+    """
+    cand_p, judge_p = out / "sample" / "candidates.jsonl", out / "judge" / "judgements.jsonl"
+    for p in (cand_p, judge_p):
+        if not p.is_file():
+            raise ValueError(f"{p} is missing: run the sample and judge stages first")
+    conf = {"pairs": cfg.pairs.model_dump(mode="json")}
+    inputs = {"candidates": digest_path(cand_p), "judgements": digest_path(judge_p)}
+    if is_done(out, "pairs", conf, inputs):
+        return read_manifest(out / "pairs")
+    judged = {j["group_id"]: j for j in read_jsonl(judge_p)}
+    rows, totals = [], {"unjudged": 0, "identical": 0, "over_cap": 0, "groups_without_pairs": 0}
+    for g in read_jsonl(cand_p):
+        j = judged.get(g["group_id"])
+        if j is None:
+            raise ValueError(f"group {g['group_id']} has no judgement: rerun the judge stage")
+        pairs, dropped = build_pairs(g["candidates"], j["means"], cfg.pairs.delta, cfg.pairs.max_per_group)
+        for k, v in dropped.items():
+            totals[k] += v
+        totals["groups_without_pairs"] += not pairs
+        split = "train" if in_train_split(g["group_id"], 1 - cfg.pairs.heldout_fraction, "heldout") else "heldout"
+        for w, lo, margin in pairs:
+            rows.append({"group_id": g["group_id"], "situation_id": g["situation_id"], "persona_id": g["persona_id"],
+                         "history": g["history"], "context": g["context"], "chosen": g["candidates"][w],
+                         "rejected": g["candidates"][lo], "margin": margin, "split": split})
+    if not rows:
+        raise ValueError("no pair reaches the margin delta; lower pairs.delta, raise sample.k, or use a judge that "
+                         "discriminates (the tiny random judge often scores every candidate alike)")
+    with stage_dir(out, "pairs", conf, inputs) as (part, manifest):
+        (part / "pairs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                          encoding="utf-8")
+        manifest["data_ids"] = sorted({r["situation_id"] for r in rows})
+        manifest["metrics"] = {"pairs": len(rows), "train": sum(r["split"] == "train" for r in rows),
+                               "heldout": sum(r["split"] == "heldout" for r in rows), "dropped": totals}
+    return read_manifest(out / "pairs")

@@ -1,0 +1,92 @@
+"""``sample`` stage: K candidates per (context x, persona ρ) from the candidate policy (REFERENCE.md section 5).
+
+The context of a group is a training situation's opening user message (its seed context in meeting mode); the
+prompt is exactly the speaker prompt serving uses (persona card, tagged history, a directive with the fallback
+action and the persona's default tone). Candidates are sampled at T 1.0, top-p 0.95 with per-candidate seeds,
+all K of a group submitted together so the engine batches them. Groups are appended to the partial directory as
+they finish, so a killed stage resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn
+from mascot.core.engine import GenerationRequest, SamplingParams
+from mascot.core.personas import PersonaCatalog
+from mascot.speaker.prompts import build_persona_messages, fit_history, stop_strings
+from mascot_training.config import active_personas
+from mascot_training.data import training_situations
+from mascot_training.manifest import append_jsonl, digest_path, is_done, read_jsonl, read_manifest, stage_dir
+from mascot_training.rewards import split_think
+
+
+def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context, max_tokens: int) -> list[dict]:  # noqa: ANN001
+    """The serving speaker prompt for ``card`` (chat messages), fitted to the engine's window."""
+    names = {c.id: c.name for c in roster}
+
+    def build(h: list, c: list) -> list[dict]:
+        return build_persona_messages(card, h, c, FALLBACK_ACTION, card.default_tone, names)
+
+    return fit_history(build, history, context, engine.render_chat, engine.count_tokens,
+                       engine.max_context_tokens - max_tokens)
+
+
+def groups(cfg) -> list[dict]:  # noqa: ANN001
+    """Every (situation, persona) group of the run: ids, history and context (no candidates yet)."""
+    catalog = PersonaCatalog.load()
+    out = []
+    for sit in training_situations(cfg):
+        for pid in active_personas(cfg):
+            out.append({"group_id": f"{sit.id}|{pid}", "situation_id": sit.id, "persona_id": pid,
+                        "history": [{"role": "user", "persona_id": None, "text": sit.opening}],
+                        "context": [list(c) for c in sit.context]})
+    assert all(g["persona_id"] in catalog.cards for g in out)
+    return out
+
+
+async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: int) -> dict:  # noqa: ANN001
+    catalog = PersonaCatalog.load()
+    roster = [catalog.get(p) for p in active_personas(cfg)]
+    card = catalog.get(g["persona_id"])
+    history = [HistoryTurn(h["role"], h["text"], h["persona_id"] or "") for h in g["history"]]
+    context = [tuple(c) for c in g["context"]]
+    s = cfg.sample
+    msgs = group_prompt(engine, card, roster, history, context, s.max_tokens)
+    prompt = engine.render_chat(msgs)
+    stops = stop_strings(card.name, [c.name for c in roster])
+    results = await asyncio.gather(*(engine.generate(GenerationRequest(prompt, SamplingParams(
+        max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed + k, stop=stops),
+        adapter=adapter)) for k in range(s.k)))
+    cands, thinks = [], []
+    for r in results:
+        think, answer = split_think(r.text)
+        cands.append(answer.strip())
+        thinks.append((think or "").strip())
+    return {**g, "candidates": cands, "thinks": thinks, "raw": [r.text for r in results]}
+
+
+async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:  # noqa: ANN001
+    """Sample every group; returns the stage manifest (``data_ids`` = situation ids used)."""
+    inputs = {"situations": digest_path(cfg.data.situations), "sft": digest_path(out / "sft") if sft_adapter else "",
+              "base_model": str(cfg.model or "tiny")}
+    conf = {"sample": cfg.sample.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
+            "personas": active_personas(cfg), "mode": cfg.mode}
+    if is_done(out, "sample", conf, inputs):
+        return read_manifest(out / "sample")
+    todo = groups(cfg)
+    with stage_dir(out, "sample", conf, inputs) as (part, manifest):
+        path = part / "candidates.jsonl"
+        done = {d["group_id"] for d in read_jsonl(path)}
+        for i, g in enumerate(todo):
+            if g["group_id"] in done:
+                continue
+            append_jsonl(path, await _sample_group(engine, g, cfg, sft_adapter, cfg.sample.seed * 1_000_003 + i * 97))
+        rows = read_jsonl(path)
+        empty = sum(1 for r in rows for c in r["candidates"] if not c)
+        manifest["data_ids"] = sorted({g["situation_id"] for g in todo})
+        manifest["metrics"] = {"groups": len(rows), "candidates": sum(len(r["candidates"]) for r in rows),
+                               "empty_answers": empty, "policy": "sft" if sft_adapter else "base"}
+    return read_manifest(out / "sample")
