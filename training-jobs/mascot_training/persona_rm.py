@@ -1,0 +1,275 @@
+"""Stage ``persona_rm``: one Bradley–Terry reward model for all personas (REFERENCE.md section 5).
+
+Input ``OUT/pairs/pairs.jsonl`` (format in :mod:`mascot_training`); output ``OUT/persona_rm/model/``: an
+``AutoModelForSequenceClassification`` (``num_labels=1``) with its tokenizer and ``mascot_reward.json``.
+
+- Loss: −log σ(r(x, y_w) − r(x, y_l)), TRL 1.16 ``RewardTrainer`` ("standard" loss: the pairs' ``margin`` is
+  not passed to TRL, which would otherwise subtract it inside the sigmoid).
+- Inputs: :func:`mascot.core.formatting.reward_text` (persona card + context + conversation + reply), fitted to
+  ``persona_rm.max_length`` oldest-first and ended with the tokenizer's EOS by :func:`formatting.with_eos`, exactly
+  as :meth:`mascot.reward.scorer.RewardScorer.build_inputs` builds them at serving time. The dataset is plain text
+  (non-conversational ``chosen``/``rejected`` columns, no chat template); TRL 1.16 appends ``eos_token`` only when
+  a text does not already end with it (``RewardTrainer._prepare_dataset``), so it adds nothing here, and tokenizes
+  with ``tokenizer(text=...)`` (special tokens on), like the scorer.
+- Held-out metrics come from a :class:`~mascot.reward.scorer.RewardScorer` loaded from the saved directory, so
+  they are what serving will see: pairwise accuracy = fraction with r(chosen) > r(rejected); μ, σ = mean and
+  population standard deviation of all held-out raw scores (chosen and rejected), stored for ẑ = (r − μ)/σ.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from mascot.core import formatting
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.personas import PersonaCard, PersonaCatalog
+
+from mascot_training.config import PersonaAlignmentConfig
+from mascot_training.manifest import digest_path, is_done, read_jsonl, read_manifest, stage_dir
+
+log = logging.getLogger(__name__)
+
+STAGE = "persona_rm"
+MODEL_SUBDIR = "model"
+#: σ at or below this is treated as degenerate and replaced by 1.0 (scores are then only centred).
+SIGMA_FLOOR = 1e-6
+#: Tokens kept free for special tokens, as in :meth:`RewardScorer.build_inputs`.
+SPECIAL_TOKEN_ROOM = 4
+_REQUIRED = ("group_id", "situation_id", "persona_id", "history", "context", "chosen", "rejected", "split")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair of ``pairs.jsonl``.
+
+    Attributes:
+        situation_id: Source situation id (recorded in the manifest's ``data_ids``).
+        persona_id: Persona that wrote both replies.
+        history: Visible history before the replies, oldest first.
+        context: Seed context ``(speaker, content)`` pairs.
+        chosen: Preferred visible reply y_w.
+        rejected: Dispreferred visible reply y_l.
+        split: ``"train"`` or ``"heldout"``.
+    """
+
+    situation_id: str
+    persona_id: str
+    history: tuple[HistoryTurn, ...]
+    context: tuple[tuple[str, str], ...]
+    chosen: str
+    rejected: str
+    split: str
+
+
+def load_pairs(path: Path, catalog: PersonaCatalog) -> list[Pair]:
+    """Parse and check ``pairs.jsonl``.
+
+    Raises:
+        ValueError: the file is missing, a line lacks a field, has an unknown split, or names an unknown persona.
+    """
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: run the 'pairs' stage first (it writes pairs/pairs.jsonl from "
+                         "the judge stage's judgements)")
+    out = []
+    for i, rec in enumerate(read_jsonl(path), start=1):
+        missing = [k for k in _REQUIRED if k not in rec]
+        if missing:
+            raise ValueError(f"{path} line {i}: missing field(s) {missing}; rerun the 'pairs' stage")
+        if rec["split"] not in ("train", "heldout"):
+            raise ValueError(f"{path} line {i}: split must be 'train' or 'heldout', got {rec['split']!r}")
+        if rec["persona_id"] not in catalog.cards:
+            raise ValueError(f"{path} line {i}: unknown persona id {rec['persona_id']!r}; known: "
+                             f"{sorted(catalog.cards)}")
+        history = tuple(HistoryTurn(role=h["role"], text=h["text"], persona_id=h.get("persona_id") or "")
+                        for h in rec["history"])
+        context = tuple((str(s), str(c)) for s, c in rec["context"])
+        out.append(Pair(str(rec["situation_id"]), rec["persona_id"], history, context, rec["chosen"],
+                        rec["rejected"], rec["split"]))
+    return out
+
+
+def reward_input(tokenizer: Any, max_length: int, card: PersonaCard, history: Sequence[HistoryTurn], reply: str,
+                 context: Sequence[tuple[str, str]], names: Mapping[str, str]) -> str:
+    """The reward-model text of one reply, identical to :meth:`RewardScorer.build_inputs` (text + EOS).
+
+    Context and history are dropped oldest first until the text fits ``max_length - 4`` tokens.
+
+    Raises:
+        ValueError: the persona card and the reply alone do not fit.
+    """
+    text, _ = formatting.reward_text(card, history, reply, context=context, names=names,
+                                     count_tokens=lambda s: len(tokenizer(s)["input_ids"]),
+                                     budget_tokens=max_length - SPECIAL_TOKEN_ROOM)
+    return formatting.with_eos(text, tokenizer.eos_token)
+
+
+def build_dataset(pairs: Sequence[Pair], tokenizer: Any, max_length: int, catalog: PersonaCatalog
+                  ) -> tuple[Any, int]:
+    """The TRL training set: a ``datasets.Dataset`` with plain-text ``chosen`` and ``rejected`` columns.
+
+    Returns:
+        ``(dataset, skipped)``; ``skipped`` counts pairs whose card + reply alone exceed ``max_length``.
+    """
+    from datasets import Dataset
+
+    names = {pid: c.name for pid, c in catalog.cards.items()}
+    chosen, rejected, skipped = [], [], 0
+    for p in pairs:
+        card = catalog.get(p.persona_id)
+        try:
+            c = reward_input(tokenizer, max_length, card, p.history, p.chosen, p.context, names)
+            r = reward_input(tokenizer, max_length, card, p.history, p.rejected, p.context, names)
+        except ValueError:
+            skipped += 1
+            continue
+        chosen.append(c)
+        rejected.append(r)
+    return Dataset.from_dict({"chosen": chosen, "rejected": rejected}), skipped
+
+
+def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCatalog, max_length: int,
+                    batch_size: int) -> dict[str, float | int | None]:
+    """Score held-out pairs with the saved model through :class:`RewardScorer` (the serving path).
+
+    Returns:
+        ``{"accuracy", "pairs", "mu", "sigma", "skipped"}``; accuracy is None and μ 0, σ 1 without pairs.
+        σ is the population standard deviation, replaced by 1.0 when ≤ :data:`SIGMA_FLOOR`.
+    """
+    from mascot.reward.scorer import RewardScorer
+
+    scorer = RewardScorer(model_dir, max_length=max_length, batch_size=batch_size)
+    names = {pid: c.name for pid, c in catalog.cards.items()}
+    texts, skipped = [], 0
+    for p in pairs:
+        try:
+            built = scorer.build_inputs(catalog.get(p.persona_id), p.history, [p.chosen, p.rejected],
+                                        context=p.context, names=names)
+        except ValueError:
+            skipped += 1
+            continue
+        texts += [t for t, _ in built]
+    raw = scorer.score_texts(texts)
+    n = len(raw) // 2
+    if n == 0:
+        return {"accuracy": None, "pairs": 0, "mu": 0.0, "sigma": 1.0, "skipped": skipped}
+    wins = sum(1 for i in range(n) if raw[2 * i] > raw[2 * i + 1])
+    sigma = statistics.pstdev(raw)
+    return {"accuracy": wins / n, "pairs": n, "mu": statistics.fmean(raw),
+            "sigma": sigma if sigma > SIGMA_FLOOR else 1.0, "skipped": skipped}
+
+
+def _base_digest(name: str) -> str:
+    """Directory digest of a local base model, else the hub id itself."""
+    return digest_path(name) if Path(name).is_dir() else name
+
+
+def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
+    """Train the persona reward model on ``out/pairs/pairs.jsonl`` and publish ``out/persona_rm/``.
+
+    Args:
+        cfg: The run config; uses ``persona_rm.*`` (base model, epochs, lr, batch size, max length),
+            ``sample.seed`` (seed of the head init and data order) and ``run_id`` (model name).
+        out: Run output root.
+        base_model: The policy's base model (directory or hub id), used when ``persona_rm.base_model`` is empty.
+
+    Returns:
+        The stage manifest: ``metrics`` = ``{"rm_heldout_accuracy", "heldout_pairs", "train_pairs",
+        "train_loss", "mu", "sigma"}`` (accuracy None when no pair is held out; μ, σ then come from the
+        training pairs), ``data_ids`` = sorted situation ids, and ``rm_heldout_accuracy`` at the top level.
+        When the stage already completed with the same config and inputs, its manifest is returned untouched.
+
+    Raises:
+        ValueError: pairs file missing or malformed, no training pair, or no base model named.
+    """
+    out = Path(out)
+    rm_cfg = cfg.persona_rm
+    base = rm_cfg.base_model or base_model
+    if not base:
+        raise ValueError("no reward-model base: set persona_rm.base_model or the run's model")
+    pairs_path = out / "pairs" / "pairs.jsonl"
+    if not pairs_path.is_file():
+        raise ValueError(f"{pairs_path} does not exist: run the 'pairs' stage first (it writes pairs/pairs.jsonl "
+                         "from the judge stage's judgements)")
+    config = {**rm_cfg.model_dump(mode="json"), "seed": cfg.sample.seed, "run_id": cfg.run_id}
+    inputs = {"pairs": digest_path(pairs_path), "base_model": _base_digest(base)}
+    if is_done(out, STAGE, config, inputs):
+        log.info("persona_rm: already done with this config and inputs; skipping")
+        return read_manifest(out / STAGE)
+
+    catalog = PersonaCatalog.load()
+    pairs = load_pairs(pairs_path, catalog)
+    train = [p for p in pairs if p.split == "train"]
+    heldout = [p for p in pairs if p.split == "heldout"]
+    if not train:
+        raise ValueError(f"{pairs_path} has no pair with split 'train' ({len(heldout)} held out): lower "
+                         "pairs.heldout_fraction or pairs.delta, or sample more situations")
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, PrinterCallback, set_seed
+    from trl import RewardConfig, RewardTrainer
+
+    with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
+        model_dir = partial / MODEL_SUBDIR
+        trainer_dir = partial / "_trainer"
+        for d in (model_dir, trainer_dir):
+            shutil.rmtree(d, ignore_errors=True)
+
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise ValueError(f"tokenizer of {base} has neither a pad nor an eos token; set pad_token")
+            tokenizer.pad_token = tokenizer.eos_token
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {base} has no eos token; TRL appends it to every plain-text sample")
+        set_seed(cfg.sample.seed)  # the classification head is random-initialised at load time
+        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+        dataset, skipped = build_dataset(train, tokenizer, rm_cfg.max_length, catalog)
+        if len(dataset) == 0:
+            raise ValueError(f"all {len(train)} training pairs exceed persona_rm.max_length={rm_cfg.max_length} "
+                             "even without history; raise it")
+        on_cpu = not torch.cuda.is_available()
+        args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
+                            use_cpu=on_cpu, num_train_epochs=rm_cfg.epochs, learning_rate=rm_cfg.lr,
+                            per_device_train_batch_size=rm_cfg.batch_size, max_length=rm_cfg.max_length,
+                            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                            seed=cfg.sample.seed, data_seed=cfg.sample.seed)
+        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer.remove_callback(PrinterCallback)  # it print()s the final metrics; they go to the log below
+        result = trainer.train()
+        log.info("persona_rm: trained on %d pairs: %s", len(trainer.train_dataset),
+                 {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
+        trainer.model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        shutil.rmtree(trainer_dir, ignore_errors=True)
+        train_pairs = len(trainer.train_dataset)
+        del trainer
+
+        from mascot.reward.scorer import RewardMetadata, write_metadata
+
+        write_metadata(model_dir, RewardMetadata(name=f"persona-rm-{cfg.run_id}", trained=True))
+        ho = heldout_metrics(model_dir, heldout, catalog, rm_cfg.max_length, rm_cfg.batch_size)
+        if ho["pairs"] == 0:
+            log.warning("persona_rm: no held-out pair could be scored; mu and sigma come from the training pairs "
+                        "and rm_heldout_accuracy is null (raise pairs.heldout_fraction)")
+            fallback = heldout_metrics(model_dir, train, catalog, rm_cfg.max_length, rm_cfg.batch_size)
+            ho = {**ho, "mu": fallback["mu"], "sigma": fallback["sigma"]}
+            manifest["warnings"] = ["no held-out pairs: mu and sigma measured on the training pairs"]
+        write_metadata(model_dir, RewardMetadata(name=f"persona-rm-{cfg.run_id}", mu=ho["mu"], sigma=ho["sigma"],
+                                                 trained=True))
+        loss = float(result.training_loss)
+        manifest["metrics"] = {"rm_heldout_accuracy": ho["accuracy"], "heldout_pairs": ho["pairs"],
+                               "train_pairs": train_pairs, "train_loss": loss if math.isfinite(loss) else None,
+                               "mu": ho["mu"], "sigma": ho["sigma"]}
+        manifest["data_ids"] = sorted({p.situation_id for p in pairs})
+        manifest["rm_heldout_accuracy"] = ho["accuracy"]
+        manifest["skipped_too_long"] = {"train": skipped, "heldout": ho["skipped"]}
+        manifest["model_name"] = f"persona-rm-{cfg.run_id}"
+    return read_manifest(out / STAGE)

@@ -1,0 +1,193 @@
+"""Optional SFT of the speaker (candidate) policy: one LoRA on the base model (REFERENCE.md section 5, ``sft.*``).
+
+Off by default: the paper gives no SFT data and its SFT baseline scores below zero-shot prompting. When enabled,
+TRL ``SFTTrainer`` trains a LoRA (``cfg.lora``, PEFT ``task_type="CAUSAL_LM"``) on a conversational dataset and
+the stage writes ``OUT/sft/adapter/`` (a PEFT directory) and ``OUT/sft/manifest.json``.
+
+Data (``sft.data``), one JSON object a line, no other keys::
+
+    {"persona_id": "<known persona id>",
+     "messages": [{"role": "system"|"user"|"assistant", "content": "<non-empty text>"}, ...]}
+
+``messages`` holds at least one user message and ends with the assistant reply to learn; the system message, when
+present, is first (normally :func:`mascot.speaker.prompts.persona_system_prompt` of the persona). Each row becomes a
+TRL conversational *prompt-completion* example (``prompt`` = every message but the last, ``completion`` = the last),
+so the loss covers the reply only (TRL's ``completion_only_loss`` defaults to on for that format). Blank lines are
+skipped. With ``sft.data`` unset the stage builds a tiny smoke set from the active persona cards.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from mascot_training.config import PersonaAlignmentConfig, active_personas
+from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
+
+STAGE = "sft"
+ROLES = ("system", "user", "assistant")
+#: User messages of the smoke set (and of the publish gate).
+STOCK_MESSAGES = (
+    "I feel so anxious about my exam tomorrow.",
+    "My dog died last week and I miss him so much.",
+    "I finally finished the project I was stuck on for months.",
+    "Nobody at work listens to my ideas.",
+)
+SMOKE_ROWS_PER_PERSONA = 3
+
+
+def _bad(path: Path, line: int, why: str) -> ValueError:
+    return ValueError(f"{path}:{line}: {why}")
+
+
+def load_sft_rows(path: str | Path, known_personas: set[str] | None = None) -> list[dict]:
+    """Read and validate the SFT JSONL (schema in the module docstring).
+
+    Args:
+        path: The JSONL file.
+        known_personas: Persona ids accepted in ``persona_id``; None accepts any non-empty id.
+
+    Returns:
+        ``[{"persona_id", "messages", "line"}]`` in file order (``line`` is 1-based).
+
+    Raises:
+        ValueError: unreadable file, no rows, or a bad line; the message reads ``FILE:LINE: problem``.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: cannot read the SFT data ({e})") from None
+    rows = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise _bad(p, n, f"not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise _bad(p, n, "a line must be a JSON object {\"persona_id\", \"messages\"}")
+        extra = sorted(set(row) - {"persona_id", "messages"})
+        if extra:
+            raise _bad(p, n, f"unknown key(s) {extra}; allowed: persona_id, messages")
+        pid = row.get("persona_id")
+        if not isinstance(pid, str) or not pid:
+            raise _bad(p, n, "persona_id must be a non-empty string")
+        if known_personas is not None and pid not in known_personas:
+            raise _bad(p, n, f"unknown persona_id {pid!r}; known: {sorted(known_personas)}")
+        msgs = row.get("messages")
+        if not isinstance(msgs, list) or len(msgs) < 2:
+            raise _bad(p, n, "messages must be a list of at least two {\"role\", \"content\"} objects")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or set(m) != {"role", "content"}:
+                raise _bad(p, n, f"messages[{i}] must be an object with exactly the keys role and content")
+            if m["role"] not in ROLES:
+                raise _bad(p, n, f"messages[{i}].role {m['role']!r} must be one of {list(ROLES)}")
+            if not isinstance(m["content"], str) or not m["content"].strip():
+                raise _bad(p, n, f"messages[{i}].content must be a non-empty string")
+            if m["role"] == "system" and i != 0:
+                raise _bad(p, n, f"messages[{i}]: a system message may only come first")
+        if msgs[-1]["role"] != "assistant":
+            raise _bad(p, n, "the last message must be the assistant reply to learn")
+        if not any(m["role"] == "user" for m in msgs[:-1]):
+            raise _bad(p, n, "messages need at least one user message before the reply")
+        rows.append({"persona_id": pid, "messages": msgs, "line": n})
+    if not rows:
+        raise ValueError(f"{p}: the SFT data holds no rows")
+    return rows
+
+
+def smoke_rows(persona_ids: list[str], per_persona: int = SMOKE_ROWS_PER_PERSONA) -> list[dict]:
+    """A tiny SFT set from the persona cards: system = speaker prompt, a stock user message, a short think + reply."""
+    from mascot.core.personas import PersonaCatalog
+    from mascot.speaker.prompts import persona_system_prompt
+
+    catalog = PersonaCatalog.load()
+    rows = []
+    for pid in persona_ids:
+        card = catalog.get(pid)
+        system = persona_system_prompt(card)
+        for i in range(per_persona):
+            user = STOCK_MESSAGES[i % len(STOCK_MESSAGES)]
+            reply = (f"<think>{card.name} listens first and answers briefly.</think> "
+                     f"I hear you. Tell me a little more about it.")
+            rows.append({"persona_id": pid, "line": i + 1,
+                         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user},
+                                      {"role": "assistant", "content": reply}]})
+    return rows
+
+
+def peft_lora_config(lora):  # noqa: ANN001, ANN201
+    """The PEFT ``LoraConfig`` of ``cfg.lora`` (task CAUSAL_LM, no full-weight modules)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM", bias="none")
+
+
+def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | None:
+    """Train the SFT LoRA and write ``OUT/sft/adapter/`` (skipped when ``sft.enabled`` is False).
+
+    Args:
+        cfg: The run config (``sft``, ``lora``, ``max_model_len``, personas).
+        out: The run's output root.
+        base_model: Base model directory or hub id; recorded in the adapter's ``base_model_name_or_path``.
+
+    Returns:
+        The stage manifest (metrics ``train_loss``, ``rows``, ``steps``; ``adapter`` = path relative to the stage
+        dir), or None when SFT is disabled. A completed stage with the same config and inputs is returned as is.
+
+    Raises:
+        ValueError: bad SFT data (``FILE:LINE: problem``).
+    """
+    if not cfg.sft.enabled:
+        return None
+    out = Path(out)
+    personas = active_personas(cfg)
+    config = cfg.sft.model_dump(mode="json") | {"lora": cfg.lora.model_dump(), "max_model_len": cfg.max_model_len}
+    data = cfg.sft.data
+    inputs = {"data": (digest_path(data) if data else "") or "smoke", "base_model": str(base_model)}
+    if data is None:
+        inputs["personas"] = ",".join(personas)
+    if is_done(out, STAGE, config, inputs):
+        return read_manifest(out / STAGE)
+
+    if data is not None:
+        from mascot.core.personas import PersonaCatalog
+
+        rows = load_sft_rows(data, set(PersonaCatalog.load().cards))
+        data_ids = [f"{Path(data).name}:{r['line']}" for r in rows]
+    else:
+        rows = smoke_rows(personas)
+        data_ids = [f"smoke:{r['persona_id']}:{r['line']}" for r in rows]
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    on_gpu = torch.cuda.is_available()
+    with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
+        ds = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
+        tok = AutoTokenizer.from_pretrained(base_model)
+        model = AutoModelForCausalLM.from_pretrained(base_model)
+        work = partial / "trainer"
+        args = SFTConfig(output_dir=str(work), num_train_epochs=cfg.sft.epochs, max_steps=cfg.sft.max_steps,
+                         learning_rate=cfg.sft.lr, per_device_train_batch_size=cfg.sft.batch_size,
+                         max_length=cfg.max_model_len, logging_steps=1, save_strategy="no", report_to=[],
+                         bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
+                         use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+                             peft_config=peft_lora_config(cfg.lora))
+        result = trainer.train()
+        adapter = partial / "adapter"
+        trainer.model.save_pretrained(str(adapter))
+        shutil.rmtree(work, ignore_errors=True)
+        manifest["data_ids"] = data_ids
+        manifest["adapter"] = "adapter"
+        manifest["base_model"] = str(base_model)
+        manifest["metrics"] = {"train_loss": float(result.training_loss), "rows": len(rows),
+                               "steps": int(trainer.state.global_step)}
+    return manifest
