@@ -44,7 +44,9 @@ def grpo_prompts(cfg: PersonaAlignmentConfig, out: Path, engine: Any) -> dict[st
         history = [HistoryTurn(h["role"], h["text"], h["persona_id"] or "") for h in g["history"]]
         msgs = group_prompt(engine, catalog.get(g["persona_id"]), roster, history, [tuple(c) for c in g["context"]],
                             cfg.persona_grpo.max_completion_length)
-        rows[g["persona_id"]].append({"prompt": msgs, "persona_id": g["persona_id"], "history": g["history"],
+        rows[g["persona_id"]].append({"prompt": msgs, "persona_id": g["persona_id"], "group_id": g["group_id"],
+                                      "history": [{"role": h["role"], "text": h["text"],
+                                                   "persona_id": h["persona_id"] or ""} for h in g["history"]],
                                       "context": g["context"]})
     return rows
 

@@ -1,0 +1,303 @@
+"""Stage ``persona_grpo``: GRPO of one LoRA per persona (REFERENCE.md section 5, "Speaker RL").
+
+Each persona gets a fresh LoRA (``cfg.lora``) on the base model, trained with TRL 1.16 ``GRPOTrainer`` against the
+composite reward r = w_rm·ẑ + w_fmt·R_format (:func:`mascot_training.rewards.composite_reward`), where ẑ is the
+standardised persona reward model score of :func:`mascot.core.formatting.reward_text` (card + context + history +
+visible answer), exactly the input the reward service scores at serving time.
+
+Prompt dataset rows (``prompts[persona_id]``; build them with :func:`prompt_row`)::
+
+    {"prompt": [{"role": "system" | "user" | "assistant", "content": str}, ...],   # build_persona_messages(...)
+     "persona_id": str,                                                           # the speaking persona
+     "history": [{"role": "user" | "agent", "text": str, "persona_id": str}],     # visible turns, oldest first
+     "context": [[speaker, content], ...],                                        # seed context ([] for ED)
+     "group_id": str}                                                             # optional; manifest data id
+
+TRL passes every column but ``prompt`` to the reward function as a keyword list (one entry per completion).
+
+A sample whose RM score is None, NaN/inf or timed out gets reward None and is counted in
+``mascot_reward_failures_total{reason="none"|"nan"|"timeout"}``. TRL 1.16 (``grpo_trainer.py``,
+``_calculate_rewards`` / ``_generate_and_score_completions``) turns None into NaN, leaves rows whose every reward
+is NaN out of the group mean and std (nanmean / nanstd), then sets NaN advantages to 0 (``nan_to_num``): such a
+completion carries no policy-gradient signal, though its tokens still count in the loss normaliser. A group with
+one or zero scored completions gets advantage 0 everywhere. :class:`_FiniteGuard` still fails the run loudly on a
+non-finite loss or weight.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from mascot.core import formatting
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn
+from mascot.core.files import atomic_write_text
+from mascot.core.personas import PersonaCard, PersonaCatalog
+from mascot.speaker.prompts import build_persona_messages
+from mascot_training import manifest as mf
+from mascot_training.config import GrpoConfig, LoraConfig, PersonaAlignmentConfig
+from mascot_training.rewards import composite_reward, format_reward, split_think
+
+log = logging.getLogger(__name__)
+STAGE = "persona_grpo"
+#: Written into ``<partial>/<persona_id>/`` after its adapter is saved: ``{"key", "metrics"}``; ``key`` digests the
+#: GRPO and LoRA config, base model, RM and that persona's rows, so a changed input retrains the persona.
+DONE_MARKER = "mascot_grpo_done.json"
+RmFn = Callable[[Sequence[str]], Sequence[float | None]]
+
+
+def prompt_row(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
+               names: dict[str, str], group_id: str = "") -> dict:
+    """One prompt-dataset row: the serving speaker prompt with the fallback directive and the card's default tone."""
+    msgs = build_persona_messages(card, history, context, FALLBACK_ACTION, card.default_tone,
+                                  {**names, card.id: card.name})
+    return {"prompt": msgs, "persona_id": card.id,
+            "history": [{"role": t.role, "text": t.text, "persona_id": t.persona_id} for t in history],
+            "context": [[s, c] for s, c in context], "group_id": group_id}
+
+
+def completion_text(completion: str | list[dict]) -> str:
+    """The generated text of a TRL completion (plain string, or conversational ``[{"role", "content"}]``)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion)
+
+
+def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=None,  # noqa: ANN001
+                     rm_fn: RmFn | None = None) -> Callable[..., list[float | None]]:
+    """A TRL reward function ``(prompts, completions, **kwargs) -> list[float | None]`` computing the composite reward.
+
+    Args:
+        scorer: A :class:`mascot.reward.scorer.RewardScorer` (inputs fitted to its window, EOS appended, ẑ
+            standardised with its μ, σ), or None.
+        catalog: Persona cards by id (``persona_id`` column) and display names for speaker tags.
+        cfg: Weights ``w_rm``, ``w_format``, the format reward's λ and L_max, and ``reward_timeout_s``.
+        metrics: A :class:`mascot.core.metrics.Metrics`; failures go to ``reward_failures.labels(reason)``.
+        rm_fn: Maps RM input texts to standardised scores ẑ (None allowed); replaces the scorer's model (tests,
+            a remote RM). With neither ``scorer`` nor ``rm_fn`` the RM term is dropped (format reward only).
+
+    Returns:
+        The function; its ``failures`` attribute counts masked samples by reason ("none", "nan", "timeout").
+    """
+    names = {c.id: c.name for c in catalog.cards.values()}
+    if rm_fn is None and scorer is not None:
+        def rm_fn(texts: Sequence[str]) -> list[float]:
+            return [scorer.standardize(r) for r in scorer.score_texts(texts)]
+    failures: collections.Counter = collections.Counter()
+
+    def fail(reason: str) -> None:
+        failures[reason] += 1
+        if metrics is not None:
+            metrics.reward_failures.labels(reason).inc()
+
+    def persona_reward(prompts: list, completions: list, persona_id: list[str], history: list, context: list,
+                       **_: object) -> list[float | None]:
+        texts = [completion_text(c) for c in completions]
+        r_fmt = [format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam) for t in texts]
+        if rm_fn is None:
+            return [cfg.w_format * f for f in r_fmt]
+        inputs = []
+        for t, pid, hist, ctx in zip(texts, persona_id, history, context):
+            card = catalog.get(pid)
+            turns = [HistoryTurn(h["role"], h["text"], h.get("persona_id") or "") for h in hist or []]
+            pairs = [(s, c) for s, c in ctx or []]
+            answer = split_think(t)[1].strip()
+            if scorer is not None:
+                inputs.append(scorer.build_inputs(card, turns, [answer], pairs, names)[0][0])
+            else:
+                inputs.append(formatting.reward_text(card, turns, answer, context=pairs, names=names)[0])
+        z = _call_with_timeout(rm_fn, inputs, cfg.reward_timeout_s)
+        if z is None:
+            log.warning("reward model did not answer within %.1f s; %d samples masked", cfg.reward_timeout_s,
+                        len(texts))
+            for _ in texts:
+                fail("timeout")
+            return [None] * len(texts)
+        if len(z) != len(texts):
+            raise ValueError(f"reward model returned {len(z)} scores for {len(texts)} completions")
+        out: list[float | None] = []
+        for zi, fi in zip(z, r_fmt):
+            if zi is None:
+                fail("none")
+                out.append(None)
+            elif not math.isfinite(float(zi)):
+                fail("nan")
+                out.append(None)
+            else:
+                out.append(composite_reward(float(zi), fi, cfg.w_rm, cfg.w_format))
+        return out
+
+    persona_reward.failures = failures  # type: ignore[attr-defined]
+    return persona_reward
+
+
+def _call_with_timeout(fn: RmFn, arg: Sequence[str], timeout_s: float) -> list | None:
+    """``list(fn(arg))`` in a daemon thread (a hung RM never blocks exit); None after ``timeout_s``; re-raises."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["v"] = list(fn(arg))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["e"] = e
+
+    t = threading.Thread(target=target, daemon=True, name="reward-model")
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        return None
+    if "e" in box:
+        raise box["e"]
+    return box["v"]
+
+
+def peft_lora(lora: LoraConfig):  # noqa: ANN201
+    """The PEFT ``LoraConfig`` of ``cfg.lora`` (adapter only: ``modules_to_save`` None)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, task_type="CAUSAL_LM",
+                          target_modules=list(lora.target_modules), modules_to_save=None)
+
+
+def grpo_args(g: GrpoConfig, output_dir: str | Path):  # noqa: ANN201
+    """TRL 1.16 ``GRPOConfig`` for ``g`` (CPU flags unless CUDA is present; no checkpoints; log every step)."""
+    import torch
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=str(output_dir), num_generations=g.num_generations,
+                      per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
+                      max_completion_length=g.max_completion_length, num_train_epochs=g.epochs, max_steps=g.max_steps,
+                      beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, temperature=g.temperature,
+                      seed=g.seed, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+
+
+def _finite_guard():  # noqa: ANN202
+    from transformers import TrainerCallback
+
+    class _FiniteGuard(TrainerCallback):
+        """Fail loudly on a non-finite loss, or non-finite trainable weights at the end of training."""
+
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001, ANN201
+            loss = (logs or {}).get("loss")
+            if loss is not None and not math.isfinite(loss):
+                raise RuntimeError(f"GRPO loss is {loss} at step {state.global_step}: a NaN advantage or reward "
+                                   "reached the update")
+
+        def on_train_end(self, args, state, control, model=None, **kw):  # noqa: ANN001, ANN201
+            bad = [n for n, p in model.named_parameters() if p.requires_grad and not p.isfinite().all()]
+            if bad:
+                raise RuntimeError(f"non-finite LoRA weights after GRPO: {bad[:3]}")
+
+    return _FiniteGuard()
+
+
+def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
+                  work_dir: Path, callbacks: Sequence = ()) -> tuple[object, dict]:
+    """GRPO of a fresh LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
+
+    ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean composite reward of the first / last logged
+    step with a finite value; None if none), ``seconds``.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from trl import GRPOTrainer
+
+    set_seed(g.seed)  # the LoRA A init happens before Trainer seeds
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=grpo_args(g, work_dir),
+                          train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_lora(lora),
+                          callbacks=[_finite_guard(), *callbacks])
+    trainer.train()
+    rewards = [e["reward"] for e in trainer.state.log_history
+               if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]  # NaN logs as None
+    return trainer, {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
+                     "reward_last": rewards[-1] if rewards else None,
+                     "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def save_adapter(trainer, out_dir: Path) -> None:  # noqa: ANN001
+    """Save the trained LoRA (adapter only) to ``out_dir``.
+
+    Raises:
+        RuntimeError: the adapter would carry full-weight modules or non-LoRA tensors.
+    """
+    from safetensors import safe_open
+
+    model = trainer.model
+    for name, pc in model.peft_config.items():
+        if pc.modules_to_save:
+            raise RuntimeError(f"adapter {name} has modules_to_save={pc.modules_to_save}: full weights would ship")
+    model.save_pretrained(out_dir)
+    with safe_open(str(out_dir / "adapter_model.safetensors"), "pt") as f:
+        bad = [k for k in f.keys() if "lora_" not in k]
+    if bad:
+        raise RuntimeError(f"non-LoRA tensors in the saved adapter: {bad[:3]}")
+
+
+def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str | None, personas: list[str],
+        prompts: dict[str, list[dict]], metrics=None) -> dict:  # noqa: ANN001
+    """Run the ``persona_grpo`` stage: one GRPO LoRA per persona under ``OUT/persona_grpo/<persona_id>/``.
+
+    Args:
+        cfg: The run config (``persona_grpo`` and ``lora`` sections).
+        out: Run output directory.
+        base_model: Policy base model (directory or hub id).
+        rm_dir: Reward model directory (``mascot_reward.json`` holds μ, σ); None drops the RM term.
+        personas: Persona ids to train, in order.
+        prompts: ``{persona_id: rows}`` in the module docstring's format.
+        metrics: Optional :class:`mascot.core.metrics.Metrics` for ``mascot_reward_failures_total``.
+
+    Returns:
+        The stage manifest (``metrics[persona_id]``: steps, reward_first, reward_last, reward_failures, seconds).
+
+    Raises:
+        ValueError: a persona without prompt rows. RuntimeError: a non-finite loss/weight, or a non-LoRA adapter.
+    """
+    from mascot.reward.scorer import RewardScorer
+
+    g = cfg.persona_grpo
+    train_cfg = g.model_dump(mode="json") | {"lora": cfg.lora.model_dump(mode="json")}
+    config = train_cfg | {"personas": list(personas)}
+    inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
+              "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts)}
+    if mf.is_done(out, STAGE, config, inputs):
+        log.info("stage %s is done; skipping", STAGE)
+        return mf.read_manifest(Path(out) / STAGE)
+    missing = [p for p in personas if not prompts.get(p)]
+    if missing:
+        raise ValueError(f"no prompt rows for persona(s) {missing}")
+    catalog = PersonaCatalog.load()
+    scorer = RewardScorer(rm_dir) if rm_dir else None
+    with mf.stage_dir(out, STAGE, config, inputs) as (partial, man):
+        for pid in personas:
+            pdir = partial / pid
+            marker = pdir / DONE_MARKER
+            key = mf.digest_obj([train_cfg, inputs["base_model"], inputs["rm"], prompts[pid]])
+            done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+            if done.get("key") == key:
+                man["metrics"][pid] = done["metrics"]
+                log.info("persona %s already trained in %s; skipping", pid, pdir)
+                continue
+            shutil.rmtree(pdir, ignore_errors=True)
+            reward = make_reward_func(scorer, catalog, g, metrics)
+            with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
+                trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work))
+                save_adapter(trainer, pdir)
+            m["reward_failures"] = dict(reward.failures)
+            atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")
+            man["metrics"][pid] = m
+            log.info("persona %s: %d steps, reward %s -> %s", pid, m["steps"], m["reward_first"], m["reward_last"])
+        man["data_ids"] = sorted({r.get("group_id", "") for p in personas for r in prompts[p]} - {""})
+    return mf.read_manifest(Path(out) / STAGE)
