@@ -34,6 +34,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/turn_overhead.py
+	$(BIN)/python bench/grpo_step.py --size full
 
 clean:
 	rm -rf runs .pytest_cache
