@@ -50,6 +50,16 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), d)
         with torch.no_grad():
             assert model(ids).logits.shape == ref.shape
+    # With sft enabled, GRPO continued the SFT adapter (pi_SFT): its LoRA B starts from the SFT weights, not zeros.
+    from safetensors.torch import load_file
+
+    sft_w = load_file(out / "sft" / "adapter" / "adapter_model.safetensors")
+    grpo_w = load_file(out / "persona_grpo" / cfg["personas"][0] / "adapter_model.safetensors")
+    b_keys = [k for k in sft_w if "lora_B" in k]
+    assert b_keys and set(b_keys) <= set(grpo_w)
+    sft_norm = sum(float(sft_w[k].abs().sum()) for k in b_keys)
+    drift = sum(float((grpo_w[k] - sft_w[k]).abs().sum()) for k in b_keys)
+    assert sft_norm > 0 and drift < 0.5 * sft_norm
     # Evaluation refuses the ids this run trained on (its adapter manifest lists them).
     from mascot.eval.data import check_no_overlap, load_situations
 
@@ -73,3 +83,4 @@ def test_bad_config_fails_fast_with_every_problem(tmp_path):
     assert p.returncode == 2
     assert "ghost" in p.stderr and "divisible" in p.stderr and "none.jsonl" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+

@@ -201,8 +201,10 @@ def _finite_guard():  # noqa: ANN202
 
 
 def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
-                  work_dir: Path, callbacks: Sequence = ()) -> tuple[object, dict]:
-    """GRPO of a fresh LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
+                  work_dir: Path, callbacks: Sequence = (), init_adapter: str | None = None) -> tuple[object, dict]:
+    """GRPO of a LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
+
+    The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter, REFERENCE.md section 5: π_SFT) when given.
 
     ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean composite reward of the first / last logged
     step with a finite value; None if none), ``seconds``.
@@ -216,8 +218,13 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(base_model)
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    peft_config = peft_lora(lora)
+    if init_adapter:
+        from peft import PeftModel
+
+        model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=grpo_args(g, work_dir),
-                          train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_lora(lora),
+                          train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_config,
                           callbacks=[_finite_guard(), *callbacks])
     trainer.train()
     rewards = [e["reward"] for e in trainer.state.log_history
@@ -247,7 +254,7 @@ def save_adapter(trainer, out_dir: Path) -> None:  # noqa: ANN001
 
 
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str | None, personas: list[str],
-        prompts: dict[str, list[dict]], metrics=None) -> dict:  # noqa: ANN001
+        prompts: dict[str, list[dict]], metrics=None, init_adapter: str | None = None) -> dict:  # noqa: ANN001
     """Run the ``persona_grpo`` stage: one GRPO LoRA per persona under ``OUT/persona_grpo/<persona_id>/``.
 
     Args:
@@ -258,6 +265,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         personas: Persona ids to train, in order.
         prompts: ``{persona_id: rows}`` in the module docstring's format.
         metrics: Optional :class:`mascot.core.metrics.Metrics` for ``mascot_reward_failures_total``.
+        init_adapter: The SFT adapter every persona's LoRA starts from; None starts from a fresh LoRA.
 
     Returns:
         The stage manifest (``metrics[persona_id]``: steps, reward_first, reward_last, reward_failures, seconds).
@@ -271,7 +279,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     train_cfg = g.model_dump(mode="json") | {"lora": cfg.lora.model_dump(mode="json")}
     config = train_cfg | {"personas": list(personas)}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
-              "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts)}
+              "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts),
+              "init_adapter": mf.digest_path(init_adapter) if init_adapter else ""}
     if mf.is_done(out, STAGE, config, inputs):
         log.info("stage %s is done; skipping", STAGE)
         return mf.read_manifest(Path(out) / STAGE)
@@ -284,7 +293,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         for pid in personas:
             pdir = partial / pid
             marker = pdir / DONE_MARKER
-            key = mf.digest_obj([train_cfg, inputs["base_model"], inputs["rm"], prompts[pid]])
+            key = mf.digest_obj([train_cfg, inputs["base_model"], inputs["rm"], inputs["init_adapter"], prompts[pid]])
             done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
             if done.get("key") == key:
                 man["metrics"][pid] = done["metrics"]
@@ -293,7 +302,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             shutil.rmtree(pdir, ignore_errors=True)
             reward = make_reward_func(scorer, catalog, g, metrics)
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
-                trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work))
+                trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work),
+                                           init_adapter=init_adapter)
                 save_adapter(trainer, pdir)
             m["reward_failures"] = dict(reward.failures)
             atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")

@@ -96,7 +96,9 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     prompts = grpo_prompts(cfg, out, await get_engine())
                     results[stage] = await asyncio.to_thread(
                         mod.run, cfg, out, base_model=base, rm_dir=str(out / "persona_rm" / "model"),
-                        personas=active_personas(cfg), prompts=prompts)
+                        personas=active_personas(cfg), prompts=prompts,
+                        init_adapter=str(out / "sft" / "adapter") if cfg.sft.enabled and read_manifest(out / "sft")
+                        else None)
                 elif stage == "publish":
                     adapters = {p: out / "persona_grpo" / p for p in active_personas(cfg)}
                     ids = sorted(set().union(*[set((read_manifest(out / s) or {}).get("data_ids", []))
