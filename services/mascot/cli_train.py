@@ -29,11 +29,17 @@ def _run(config: Path, out: Path, stages: tuple[str, ...]) -> None:
     from mascot_training.run import run
 
     cfg = _load(config)
+    if out.exists() and not out.is_dir():
+        console.print(f"[red]--out {out} exists and is not a directory[/red]")
+        raise typer.Exit(2)
     _quiet()
     try:
         results = run(cfg, out, stages, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         console.print(f"[red]stage failed:[/red] {e}")
+        raise typer.Exit(1) from None
+    except OSError as e:  # e.g. a hub id that is not in the local cache, an unwritable --out
+        console.print(f"[red]stage failed:[/red] {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}")
         raise typer.Exit(1) from None
     summary = {s: (m or {}).get("metrics") for s, m in results.items()}
     console.print_json(json.dumps(summary, default=str))
@@ -45,7 +51,7 @@ def persona_alignment(
     config: Path = typer.Option(..., "--config", help="Phase 1 YAML (training-jobs/configs/*.yaml)."),
     out: Path = typer.Option(..., "--out", help="Run directory (resumable; DIR/adapters is the store)."),
 ) -> None:
-    """Run phase 1 end to end: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
+    """Run phase 1 end to end: \\[sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
     from mascot_training.config import STAGES
 
     _run(config, out, STAGES)

@@ -78,6 +78,18 @@ def test_config_validation_lists_every_problem(tmp_path, shared_data):
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "nope.yaml")
     assert validate(PersonaAlignmentConfig(data={"situations": sit})) == []
+    assert validate(PersonaAlignmentConfig(data={"situations": sit}, model="Qwen/Qwen3-0.6B")) == []
+    for model in ("/nonexistent/model", "./nope", "no-slash-name", "a/b/c"):
+        assert any("neither a model directory" in m for m in validate(PersonaAlignmentConfig(
+            data={"situations": sit}, model=model))), model
+    assert any("training split" in m for m in validate(PersonaAlignmentConfig(
+        data={"situations": sit, "train_fraction": 0.0001, "limit": 2})))
+    (tmp_path / "s.yaml").write_text("just a string")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load(tmp_path / "s.yaml")
+    (tmp_path / "b.yaml").write_bytes(b"\x00\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load(tmp_path / "b.yaml")
 
 
 def test_train_split_is_deterministic_and_disjoint_from_eval():

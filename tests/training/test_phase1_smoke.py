@@ -83,4 +83,10 @@ def test_bad_config_fails_fast_with_every_problem(tmp_path):
     assert p.returncode == 2
     assert "ghost" in p.stderr and "divisible" in p.stderr and "none.jsonl" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o").exists()
+    (tmp_path / "afile").write_text("x")
+    good = ROOT / "training-jobs" / "configs" / "persona_alignment_smoke.yaml"
+    p = subprocess.run([sys.executable, "-m", "mascot.cli", "train", "pairs", "--config", str(good), "--out",
+                        str(tmp_path / "afile")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "not a directory" in p.stderr and "Traceback" not in p.stderr
 

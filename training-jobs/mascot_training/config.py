@@ -182,6 +182,11 @@ def load(path: str | Path) -> PersonaAlignmentConfig:
         raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8 YAML") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the config must be a YAML mapping of sections (run_id, model, data, ...), "
+                          f"got a {type(raw).__name__}")
     try:
         cfg = PersonaAlignmentConfig(**raw)
     except ValidationError as e:
@@ -210,8 +215,16 @@ def validate(cfg: PersonaAlignmentConfig) -> list[str]:
         out.append(f"data.situations {cfg.data.situations} does not exist")
     if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
         out.append(f"sft.data {cfg.sft.data} does not exist")
-    if cfg.model and ("/" not in cfg.model or Path(cfg.model).exists()) and not Path(cfg.model).is_dir():
-        out.append(f"model {cfg.model} is neither a directory nor a hub id")
+    looks_like_path = cfg.model.startswith(("/", "./", "../", "~")) or Path(cfg.model).exists()
+    if cfg.model and (looks_like_path or cfg.model.count("/") != 1) and not Path(cfg.model).expanduser().is_dir():
+        out.append(f"model {cfg.model} is neither a model directory nor a hub id (org/name)")
+    if cfg.data.situations.is_file() and not unknown:
+        from mascot_training.data import training_situations
+
+        try:
+            training_situations(cfg)
+        except (ValueError, OSError) as e:
+            out.append(str(e))
     if cfg.lora.r > 64:
         out.append("lora.r above 64 exceeds the serving limit (max_lora_rank 64)")
     return out

@@ -78,6 +78,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
             for stage in STAGES:
                 if stage not in stages:
                     continue
+                before = (read_manifest(out / stage) or {}).get("timings")
                 log(f"stage {stage}: starting")
                 mod = importlib.import_module(f"mascot_training.{stage}")
                 if stage == "sft":
@@ -105,7 +106,9 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                                                for s in ("sample", "pairs")]))
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base,
                                                              adapters=adapters, data_ids=ids)
-                log(f"stage {stage}: done")
+                after = (results.get(stage) or {}).get("timings")
+                log(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else
+                                          "disabled" if results.get(stage) is None else "done"))
         finally:
             if engine is not None:
                 await engine.close()
