@@ -14,6 +14,7 @@ Library docs: PEFT "Inference with different LoRA adapters in the same batch"; x
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import random
@@ -108,6 +109,15 @@ class TransformersEngine:
         await asyncio.to_thread(self._load)
         self._worker = threading.Thread(target=self._run, name="mascot-engine", daemon=True)
         self._worker.start()
+        # A process that exits without close() must still stop the worker before interpreter teardown: a daemon
+        # thread inside torch at finalisation aborts the process ("terminate called without an active exception").
+        atexit.register(self._stop_worker)
+
+    def _stop_worker(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(30)
+            self._worker = None
 
     def _load(self) -> None:
         import torch
@@ -137,6 +147,7 @@ class TransformersEngine:
             self._queue.put(None)
             await asyncio.to_thread(self._worker.join, 30)
             self._worker = None
+        atexit.unregister(self._stop_worker)
         while not self._queue.empty():
             job = self._queue.get_nowait()
             if job is not None:
