@@ -44,6 +44,11 @@ def _run(config: Path, out: Path, stages: tuple[str, ...]) -> None:
     summary = {s: (m or {}).get("metrics") for s, m in results.items()}
     console.print_json(json.dumps(summary, default=str))
     console.print(f"manifests under {out}/<stage>/manifest.json")
+    pub = (results.get("publish") or {}).get("metrics") or {}
+    if pub and not pub.get("published") and pub.get("refused"):
+        console.print(f"[red]publish refused every adapter ({pub['refused']}); see {out}/publish/manifest.json for "
+                      "the reasons[/red]")
+        raise typer.Exit(1)
 
 
 @train_app.command("persona-alignment")

@@ -89,4 +89,9 @@ def test_bad_config_fails_fast_with_every_problem(tmp_path):
                         str(tmp_path / "afile")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "not a directory" in p.stderr and "Traceback" not in p.stderr
+    # Publishing from a run without GRPO adapters refuses every persona: the command fails (exit 1) and says why.
+    p = subprocess.run([sys.executable, "-m", "mascot.cli", "train", "publish", "--config", str(good), "--out",
+                        str(tmp_path / "nothing")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "refused every adapter" in p.stderr and "Traceback" not in p.stderr
 
