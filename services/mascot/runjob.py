@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.files import atomic_write_text
+from mascot.core.files import atomic_write_text, iter_jsonl_records
 
 SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
                 dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety", dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
@@ -32,20 +32,10 @@ def read_records(path: str | Path, mode: str, limit: int | None) -> list[dict]:
     """
     need = ("id", "situation", "first_utterance") if mode == "support" else ("id", "turns", "query")
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            missing = [k for k in need if k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)} needed by --mode {mode}")
-            out.append(rec)
-            if limit is not None and len(out) >= limit:
-                break
+    for _, rec in iter_jsonl_records(path, need, f"--mode {mode}"):
+        out.append(rec)
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 

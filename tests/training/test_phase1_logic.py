@@ -10,7 +10,8 @@ import yaml
 
 from mascot_training.config import ConfigError, PersonaAlignmentConfig, load, validate
 from mascot_training.data import in_train_split
-from mascot_training.manifest import digest_obj, is_done, read_jsonl, read_manifest, stage_dir
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import digest_obj, is_done, read_manifest, stage_dir
 from mascot_training.pairs import build_pairs
 from mascot_training.rewards import composite_reward, format_reward, split_think
 

@@ -8,7 +8,8 @@ import pytest
 
 from mascot_training.config import PersonaAlignmentConfig
 from mascot_training.data import in_train_split
-from mascot_training.manifest import read_jsonl, read_manifest
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import read_manifest
 from mascot_training.run import run
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mascot.core.dialogue import HistoryTurn
+from mascot.core.dialogue import history_from_dicts
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import fit_prompt
-from mascot_training.manifest import digest_path, digest_obj, is_done, read_jsonl, read_manifest, stage_dir
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
 
 EMPTY_SCORES = {k: 1 for k in rb.AGENT_CRITERIA}
 
@@ -63,7 +64,7 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:  # noqa: ANN001
         lines, unparseable, calls = [], 0, 0
         for g in groups:
             card = catalog.get(g["persona_id"])
-            history = [HistoryTurn(h["role"], h["text"], h["persona_id"] or "") for h in g["history"]]
+            history = history_from_dicts(g["history"])
             context = [tuple(c) for c in g["context"]]
             per_cand: list[list[dict | None]] = [[] for _ in g["candidates"]]
             for j in judges:

@@ -98,23 +98,3 @@ def stage_dir(out: str | Path, stage: str, config: Any, inputs: dict[str, str]) 
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(partial, final)
-
-
-def append_jsonl(path: Path, obj: dict) -> None:
-    """Append one JSON line and fsync it (resumable progress inside a ``.partial`` directory)."""
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Complete JSON lines of ``path`` (a torn last line from a kill is dropped); [] when missing."""
-    if not path.is_file():
-        return []
-    raw = path.read_bytes()
-    good = raw[: raw.rfind(b"\n") + 1].decode("utf-8")
-    if len(good.encode()) != len(raw):
-        with path.open("r+b") as f:
-            f.truncate(len(good.encode()))
-    return [json.loads(x) for x in good.splitlines() if x.strip()]

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 
 from mascot_training.data import in_train_split
-from mascot_training.manifest import digest_path, is_done, read_jsonl, read_manifest, stage_dir
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
 
 
 def build_pairs(candidates: list[str], means: list[float | None], delta: float, max_per_group: int

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from mascot.core import formatting
-from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dicts
 from mascot.core.files import atomic_write_text
 from mascot.core.personas import PersonaCard, PersonaCatalog
 from mascot.speaker.prompts import build_persona_messages
@@ -107,7 +107,7 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         inputs = []
         for t, pid, hist, ctx in zip(texts, persona_id, history, context):
             card = catalog.get(pid)
-            turns = [HistoryTurn(h["role"], h["text"], h.get("persona_id") or "") for h in hist or []]
+            turns = history_from_dicts(hist or [])
             pairs = [(s, c) for s, c in ctx or []]
             answer = split_think(t)[1].strip()
             if scorer is not None:

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mascot.core import formatting
-from mascot.core.dialogue import HistoryTurn
+from mascot.core.dialogue import HistoryTurn, history_from_dicts
 from mascot.core.personas import PersonaCard, PersonaCatalog
 
 from mascot_training.config import PersonaAlignmentConfig
-from mascot_training.manifest import digest_path, is_done, read_jsonl, read_manifest, stage_dir
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,7 @@ def load_pairs(path: Path, catalog: PersonaCatalog) -> list[Pair]:
         if rec["persona_id"] not in catalog.cards:
             raise ValueError(f"{path} line {i}: unknown persona id {rec['persona_id']!r}; known: "
                              f"{sorted(catalog.cards)}")
-        history = tuple(HistoryTurn(role=h["role"], text=h["text"], persona_id=h.get("persona_id") or "")
-                        for h in rec["history"])
+        history = tuple(history_from_dicts(rec["history"]))
         context = tuple((str(s), str(c)) for s, c in rec["context"])
         out.append(Pair(str(rec["situation_id"]), rec["persona_id"], history, context, rec["chosen"],
                         rec["rejected"], rec["split"]))

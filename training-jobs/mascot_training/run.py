@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mascot_training.config import STAGES, PersonaAlignmentConfig, active_personas
-from mascot_training.manifest import read_jsonl, read_manifest
+from mascot.core.files import read_jsonl
+from mascot_training.manifest import read_manifest
 
 
 def base_model_of(cfg: PersonaAlignmentConfig) -> str:
@@ -33,7 +34,7 @@ async def _engine(cfg: PersonaAlignmentConfig, base: str, sft_dir: Path | None) 
 
 def grpo_prompts(cfg: PersonaAlignmentConfig, out: Path, engine: Any) -> dict[str, list[dict]]:
     """GRPO prompt rows per persona from the sampled groups (same serving prompt as the candidates)."""
-    from mascot.core.dialogue import HistoryTurn
+    from mascot.core.dialogue import history_from_dicts
     from mascot.core.personas import PersonaCatalog
     from mascot_training.sample import group_prompt
 
@@ -41,7 +42,7 @@ def grpo_prompts(cfg: PersonaAlignmentConfig, out: Path, engine: Any) -> dict[st
     roster = [catalog.get(p) for p in active_personas(cfg)]
     rows: dict[str, list[dict]] = {p: [] for p in active_personas(cfg)}
     for g in read_jsonl(out / "sample" / "candidates.jsonl"):
-        history = [HistoryTurn(h["role"], h["text"], h["persona_id"] or "") for h in g["history"]]
+        history = history_from_dicts(g["history"])
         msgs = group_prompt(engine, catalog.get(g["persona_id"]), roster, history, [tuple(c) for c in g["context"]],
                             cfg.persona_grpo.max_completion_length)
         rows[g["persona_id"]].append({"prompt": msgs, "persona_id": g["persona_id"], "group_id": g["group_id"],

@@ -13,13 +13,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dicts
 from mascot.core.engine import GenerationRequest, SamplingParams
 from mascot.core.personas import PersonaCatalog
-from mascot.speaker.prompts import build_persona_messages, fit_history, stop_strings
+from mascot.core.context import fit_history
+from mascot.speaker.prompts import build_persona_messages, stop_strings
 from mascot_training.config import active_personas
 from mascot_training.data import training_situations
-from mascot_training.manifest import append_jsonl, digest_path, is_done, read_jsonl, read_manifest, stage_dir
+from mascot.core.files import append_jsonl, read_jsonl
+from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.rewards import split_think
 
 
@@ -51,7 +53,7 @@ async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: in
     catalog = PersonaCatalog.load()
     roster = [catalog.get(p) for p in active_personas(cfg)]
     card = catalog.get(g["persona_id"])
-    history = [HistoryTurn(h["role"], h["text"], h["persona_id"] or "") for h in g["history"]]
+    history = history_from_dicts(g["history"])
     context = [tuple(c) for c in g["context"]]
     s = cfg.sample
     msgs = group_prompt(engine, card, roster, history, context, s.max_tokens)

@@ -51,3 +51,36 @@ def trim_oldest_first(items: Sequence[T], render: Callable[[Sequence[T]], str], 
         else:
             lo = mid + 1
     return kept(lo)
+
+
+def fit_history(build: Callable[[list, list], list[dict[str, str]]], history: Sequence, context: Sequence,
+                render: Callable[[list], str], count_tokens: Callable[[str], int], budget_tokens: int,
+                protect_last_user: bool = True) -> list[dict[str, str]]:
+    """Call ``build(history, context)`` with items trimmed oldest first (seed context first, then history).
+
+    The one window-fitting rule of speaker, baseline and judge prompts: the system prompt and the final
+    instruction (built by ``build``) always stay; with ``protect_last_user`` the latest user turn
+    (``item.role == "user"``) is never dropped.
+
+    Args:
+        build: Makes chat messages from the kept history and context.
+        history: History items (with ``role``), oldest first.
+        context: Seed context items, treated as older than the history.
+        render: Renders messages to the prompt text that is counted.
+        count_tokens: Tokenizer length of a text.
+        budget_tokens: Most prompt tokens allowed.
+        protect_last_user: Keep the latest user turn whatever it costs.
+
+    Raises:
+        ValueError: the prompt does not fit even with every droppable item gone.
+    """
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1) \
+        if protect_last_user else -1
+
+    def split(kept: Sequence[tuple[str, object]]) -> tuple[list, list]:
+        return [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"]
+
+    kept = trim_oldest_first(items, lambda kept: render(build(*split(kept))), count_tokens, budget_tokens,
+                             protected=lambda i, it: i == last_user)
+    return build(*split(kept))

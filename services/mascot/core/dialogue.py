@@ -41,6 +41,12 @@ def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] 
     return out
 
 
+def history_from_dicts(turns: Iterable[dict]) -> list[HistoryTurn]:
+    """:class:`HistoryTurn` items from transcript/artefact dicts (``role``, ``text``, optional ``persona_id``;
+    a missing or null persona id becomes ``""``). Keys beyond these are ignored."""
+    return [HistoryTurn(t["role"], t["text"], t.get("persona_id") or "") for t in turns]
+
+
 def history_to_proto(history: Iterable[HistoryTurn]) -> list[dpb.Turn]:
     """Convert :class:`HistoryTurn` items to proto turns (visible text only)."""
     return [dpb.Turn(role=dpb.ROLE_USER if h.role == "user" else dpb.ROLE_AGENT, persona_id=h.persona_id,

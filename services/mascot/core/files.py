@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], mode: int = 0o644) -> Path:
@@ -37,7 +38,50 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], mode: int 
     return path
 
 
+def iter_jsonl_records(path: str | Path, need: tuple[str, ...], why: str) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line number, record)`` for each non-blank JSONL line of ``path`` that holds every key in ``need``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line is not JSON, or lacks a key (``"FILE:LINE: record lacks K needed by WHY"``).
+    """
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            missing = [k for k in need if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)} needed by {why}")
+            yield n, rec
+
+
 def atomic_write_text(path: str | Path, text: str, mode: int = 0o644) -> Path:
     """:func:`atomic_write` of UTF-8 ``text`` (newlines written as given)."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda fh: fh.write(data), mode)
+
+
+def append_jsonl(path: str | Path, obj: dict) -> None:
+    """Append one JSON line and fsync it: resumable progress that survives a SIGKILL once this returns."""
+    with Path(path).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Complete JSON lines of ``path``; [] when missing. A torn last line (a kill mid-write) is cut off the file,
+    so appends resume on a line boundary."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    good = raw[: raw.rfind(b"\n") + 1]
+    if len(good) != len(raw):
+        with path.open("r+b") as f:
+            f.truncate(len(good))
+    return [json.loads(x) for x in good.decode("utf-8").splitlines() if x.strip()]

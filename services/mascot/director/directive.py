@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, consecutive_turns, fallback_persona  # noqa: F401
+from mascot.core.engine.base import regex_escape
 from mascot.core.personas import PersonaCard
 
 _FIELD_RE = re.compile(r"^\s*(agent|action|tone)\s*:(.*)$", re.IGNORECASE)
@@ -101,18 +102,13 @@ def fallback_directive(card: PersonaCard) -> ParsedDirective:
     return ParsedDirective(card.id, FALLBACK_ACTION, card.default_tone)
 
 
-def _rx_escape(text: str) -> str:
-    """Escape regex metacharacters (not spaces: xgrammar rejects the escape '\\ ')."""
-    return re.sub(r"([.^$*+?{}\[\]\\|()/-])", r"\\\1", text)
-
-
 def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
                     max_think_chars: int = 0) -> str:
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
     An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it).
     """
-    names = "|".join(_rx_escape(c.name) for c in roster)
+    names = "|".join(regex_escape(c.name) for c in roster)
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
     return (rf"{head}Agent: ({names})\nAction: [^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}\n"
             rf"Tone: [^\n<\t ][^\n<]{{0,{max_tone_chars - 1}}}")

@@ -27,9 +27,16 @@ from typing import Any, Sequence
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.core import formatting
-from mascot.core.context import trim_oldest_first
-from mascot.core.dialogue import HistoryTurn
-from mascot.core.engine import BASE_ADAPTER, GenerationRequest, PromptTooLong, SamplingParams, StructuredOutput
+from mascot.core.context import fit_history
+from mascot.core.dialogue import HistoryTurn, history_from_dicts, history_to_proto
+from mascot.core.engine import (
+    BASE_ADAPTER,
+    GenerationRequest,
+    PromptTooLong,
+    SamplingParams,
+    StructuredOutput,
+    regex_escape,
+)
 from mascot.core.personas import PersonaCard
 from mascot.eval.data import Situation
 
@@ -57,11 +64,6 @@ User: My best friend moved abroad and I feel lost.
 
 COT_INSTRUCTION = ("Before the agents answer, think step by step: how does the user feel, what do they need, and what "
                    "should each agent contribute? Write only your reasoning, in a few sentences.")
-
-
-def _rx(text: str) -> str:
-    """Escape ``text`` for an xgrammar regex (no ``\\ `` escapes, which xgrammar rejects)."""
-    return re.sub(r"([.^$*+?()\[\]{}|\\/-])", r"\\\1", text)
 
 
 @dataclass
@@ -105,26 +107,15 @@ def _turn(index: int, role: str, text: str, persona_id: str | None = None, think
             "adapter_version": adapter if role == "agent" else "", "text": text, "think": think, "safety": False}
 
 
-def _history(turns: Sequence[dict]) -> list[HistoryTurn]:
-    return [HistoryTurn(t["role"], t["text"], t["persona_id"] or "") for t in turns]
-
-
 async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], context: Sequence[tuple[str, str]],
                     max_tokens: int, temperature: float, seed: int, regex: str | None = None,
                     adapter: str | None = None, stop: tuple[str, ...] = ()) -> str:
     """Fit ``build(history, context)`` into the window (oldest context/history dropped first) and generate."""
     eng = ctx.engine
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1)
-
-    def msgs(kept: Sequence[tuple[str, object]]) -> list[dict]:
-        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
-
-    kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
-                             eng.max_context_tokens - max_tokens, protected=lambda i, it: i == last_user)
+    msgs = fit_history(build, history, context, eng.render_chat, eng.count_tokens, eng.max_context_tokens - max_tokens)
     structured = StructuredOutput(regex=regex) if regex and eng.supports_structured_output else None
     try:
-        res = await eng.generate(GenerationRequest(eng.render_chat(msgs(kept)), SamplingParams(
+        res = await eng.generate(GenerationRequest(eng.render_chat(msgs), SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=0.95 if temperature > 0 else 1.0, seed=seed,
             stop=stop), adapter=adapter, structured=structured))
     except PromptTooLong:
@@ -156,7 +147,7 @@ def _group_messages(roster: list[PersonaCard], history, context, *, few_shot: bo
 
 def group_regex(roster: Sequence[PersonaCard], max_chars: int = 200) -> str:
     """``Name: text`` lines, one per persona in order (the prompting baselines' output constraint)."""
-    return r"\n".join(f"{_rx(c.name)}: [^\\n]{{1,{max_chars}}}" for c in roster)
+    return r"\n".join(f"{regex_escape(c.name)}: [^\\n]{{1,{max_chars}}}" for c in roster)
 
 
 def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str, str]]:
@@ -228,7 +219,7 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
                               seed + k, stop=("\n",))
         analysis.append(f"{label}: {out.strip()}")
     picks: list[str] = []
-    rx = "|".join(_rx(s) for s in strategies)
+    rx = "|".join(regex_escape(s) for s in strategies)
     for e in range(3):
         prompt = (f"You are psychological counselling expert {e + 1} of 3. Analysis: {' '.join(analysis)}\n"
                   f"Earlier experts chose: {', '.join(picks) or 'none yet'}.\nChoose the best strategy for the "
@@ -263,8 +254,7 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
 async def _user_turn(ctx: BaselineContext, sit: Situation, turns: list[dict], roster_ids: list[str], seed: int) -> str:
     req = spb.GenerateReplyRequest(
         user_simulation=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion),
-        history=[dpb.Turn(role=dpb.ROLE_USER if t["role"] == "user" else dpb.ROLE_AGENT,
-                          persona_id=t["persona_id"] or "", text=t["text"]) for t in turns],
+        history=history_to_proto(history_from_dicts(turns)),
         context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context],
         roster_persona_ids=roster_ids, seed=seed)
     text = ""
@@ -294,7 +284,7 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
     n_agent, step, empty_steps = 0, 0, 0
     adapter = ctx.sft_adapter if system == "sft" else BASE_ADAPTER
     while n_agent < ctx.agent_turns and empty_steps < 2:
-        history = _history(turns)
+        history = history_from_dicts(turns)
         s = seed * 1000 + step * 50
         if system == "self-consistency":
             replies, think = await _self_consistency_step(ctx, history, sit.context, s)

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mascot.core.files import iter_jsonl_records
+
 #: ED emotion label → valence bucket (REFERENCE.md section 7; MIME grouping as coded in Sahandfer/CEM, with a
 #: neutral bucket carved out).
 VALENCE: dict[str, str] = {
@@ -62,38 +64,28 @@ def load_situations(path: str | Path, mode: str, limit: int | None = None) -> li
     need = ("id", "emotion", "situation", "first_utterance") if mode == "support" else ("id", "domain", "turns", "query")
     out: list[Situation] = []
     seen: set[str] = set()
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-            missing = [k for k in need if k not in rec]
-            if missing:
-                raise ValueError(f"{p}:{n}: record lacks {', '.join(missing)} needed by --mode {mode}")
-            sid = str(rec["id"])
-            if sid in seen:
-                raise ValueError(f"{p}:{n}: duplicate id {sid!r}")
-            seen.add(sid)
-            if mode == "support":
-                emotion = str(rec["emotion"]).strip().lower()
-                if emotion not in VALENCE:
-                    raise ValueError(f"{p}:{n}: emotion {rec['emotion']!r} is not one of the 32 EmpatheticDialogues "
-                                     "labels")
-                out.append(Situation(sid, VALENCE[emotion], str(rec["first_utterance"]).strip(),
-                                     str(rec["situation"]).strip(), emotion))
-            else:
-                domain = str(rec["domain"]).strip().lower()
-                if domain not in MEETING_SPLITS:
-                    raise ValueError(f"{p}:{n}: domain {rec['domain']!r} is not Academic, Committee or Product")
-                ctx = tuple((str(t.get("speaker", "Speaker")), str(t.get("content", ""))) for t in rec["turns"])
-                query = str(rec["query"]).strip()
-                out.append(Situation(sid, domain, query, f"You attended this meeting and want to know: {query}",
-                                     "", ctx))
-            if limit is not None and len(out) >= limit:
-                break
+    for n, rec in iter_jsonl_records(p, need, f"--mode {mode}"):
+        sid = str(rec["id"])
+        if sid in seen:
+            raise ValueError(f"{p}:{n}: duplicate id {sid!r}")
+        seen.add(sid)
+        if mode == "support":
+            emotion = str(rec["emotion"]).strip().lower()
+            if emotion not in VALENCE:
+                raise ValueError(f"{p}:{n}: emotion {rec['emotion']!r} is not one of the 32 EmpatheticDialogues "
+                                 "labels")
+            out.append(Situation(sid, VALENCE[emotion], str(rec["first_utterance"]).strip(),
+                                 str(rec["situation"]).strip(), emotion))
+        else:
+            domain = str(rec["domain"]).strip().lower()
+            if domain not in MEETING_SPLITS:
+                raise ValueError(f"{p}:{n}: domain {rec['domain']!r} is not Academic, Committee or Product")
+            ctx = tuple((str(t.get("speaker", "Speaker")), str(t.get("content", ""))) for t in rec["turns"])
+            query = str(rec["query"]).strip()
+            out.append(Situation(sid, domain, query, f"You attended this meeting and want to know: {query}",
+                                 "", ctx))
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise ValueError(f"{p}: no records")
     return out

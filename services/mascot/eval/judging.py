@@ -13,11 +13,11 @@ from typing import Any, Callable, Sequence
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.judge.v1 import judge_pb2 as jpb
 from mascot.api.judge.v1 import judge_pb2_grpc as jpb_grpc
+from mascot.core.dialogue import history_from_dicts, history_to_proto
 
 
 def _proto_turns(turns: Sequence[dict]) -> list[dpb.Turn]:
-    return [dpb.Turn(role=dpb.ROLE_USER if t["role"] == "user" else dpb.ROLE_AGENT, persona_id=t["persona_id"] or "",
-                     text=t["text"]) for t in turns]
+    return history_to_proto(history_from_dicts(turns))
 
 
 async def judge_dialogues(target: str, dialogues: list[dict], situations: list, opts: Any, catalog: Any,

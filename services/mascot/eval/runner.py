@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.config import MascotConfig, deep_merge
+from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
 from mascot.eval.baselines import BaselineContext, run_baseline
 from mascot.eval.data import Situation, check_no_overlap, load_situations
 
@@ -107,25 +107,12 @@ class DialogueLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.done: dict[tuple[str, str], dict] = {}
-        if path.is_file():
-            raw = path.read_bytes()
-            good = raw[: raw.rfind(b"\n") + 1]
-            for line in good.decode("utf-8").splitlines():
-                if line.strip():
-                    d = json.loads(line)
-                    self.done[(d["system"], d["situation_id"])] = d
-            if len(good) != len(raw):
-                with path.open("r+b") as f:
-                    f.truncate(len(good))
+        self.done: dict[tuple[str, str], dict] = {(d["system"], d["situation_id"]): d for d in read_jsonl(path)}
         self._lock = asyncio.Lock()
 
     async def add(self, d: dict) -> None:
         async with self._lock:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_jsonl(self.path, d)
             self.done[(d["system"], d["situation_id"])] = d
 
 
@@ -147,9 +134,7 @@ def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig) -> None:
             raise ValueError(f"{out} holds a run with different {', '.join(diff)}; resume with the same settings or "
                              "choose another --out")
     else:
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(settings, indent=2), encoding="utf-8")
-        os.replace(tmp, p)
+        atomic_write_text(p, json.dumps(settings, indent=2))
 
 
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:

@@ -8,17 +8,17 @@ event is sent, so an acknowledged turn survives SIGKILL of the gateway. Rounds a
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
-                        create_engine, delete, event, func, select)
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, delete,
+                        func, select)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from mascot.core.db import create_engine
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -129,17 +129,7 @@ class Store:
     """
 
     def __init__(self, url: str, migrate: bool = True) -> None:
-        if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(url, future=True)
-        if self.engine.dialect.name == "sqlite":
-            @event.listens_for(self.engine, "connect")
-            def _pragmas(conn: Any, _rec: Any) -> None:
-                cur = conn.cursor()
-                cur.execute("PRAGMA foreign_keys=ON")
-                cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=FULL")
-                cur.close()
+        self.engine = create_engine(url, foreign_keys=True)
         if migrate:
             run_migrations(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from mascot.core.db import create_engine
+
 _META = sa.MetaData()
 JUDGEMENTS = sa.Table(
     "judgements", _META,
@@ -54,18 +56,7 @@ class JudgeCache:
     """
 
     def __init__(self, url: str) -> None:
-        if url.startswith("sqlite:///"):
-            from pathlib import Path
-
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        self._engine = sa.create_engine(url, future=True)
-        if self._engine.dialect.name == "sqlite":
-            @sa.event.listens_for(self._engine, "connect")
-            def _pragmas(conn, _rec):  # noqa: ANN001
-                cur = conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
-                cur.execute("PRAGMA synchronous=FULL")
-                cur.close()
+        self._engine = create_engine(url)
         _META.create_all(self._engine)
         self._lock = threading.Lock()
 

@@ -119,20 +119,14 @@ def fit_prompt(backend: Any, build: Any, history: list, context: list) -> list[d
     Raises:
         InvalidArgument: the prompt does not fit even without context and history.
     """
-    from mascot.core.context import trim_oldest_first
+    from mascot.core.context import fit_history
 
     eng = getattr(backend, "engine", None)
     if eng is None:
         return build(history, context)
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-
-    def msgs(kept: list) -> list[dict]:
-        return build([v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"])
-
     try:
-        kept = trim_oldest_first(items, lambda k: eng.render_chat(msgs(k)), eng.count_tokens,
-                                 eng.max_context_tokens - backend.max_tokens)
+        return fit_history(build, history, context, eng.render_chat, eng.count_tokens,
+                           eng.max_context_tokens - backend.max_tokens, protect_last_user=False)
     except ValueError:
         raise InvalidArgument("the judge prompt does not fit the judge model's context window even without "
                               "context and history; shorten the candidate or raise engine.max_model_len") from None
-    return msgs(kept)

@@ -9,9 +9,8 @@ the first foreign speaker tag; a leading ``<think>...</think>`` block is split o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
-from mascot.core.context import trim_oldest_first
 from mascot.core.personas import PersonaCard
 from mascot.core.dialogue import HistoryTurn
 
@@ -148,26 +147,6 @@ def build_user_sim_messages(situation: str, emotion: str, personality: str, hist
     if not history or history[-1].role == "user":
         msgs.append({"role": "user", "content": "(The companions are listening. Continue.)"})
     return msgs
-
-
-def fit_history(build: Callable[[list[HistoryTurn], list[tuple[str, str]]], list[dict[str, str]]],
-                history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
-                render: Callable[[list], str], count_tokens: Callable[[str], int],
-                budget_tokens: int) -> list[dict[str, str]]:
-    """Call ``build(history, context)`` with items trimmed oldest first (context first) to fit the budget.
-
-    The latest user message is never dropped; the system prompt and final instruction are always kept.
-    Raises ValueError when even the protected parts do not fit.
-    """
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1)
-
-    def split(kept: Sequence[tuple[str, object]]) -> tuple[list, list]:
-        return [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"]
-
-    kept = trim_oldest_first(items, lambda kept: render(build(*split(kept))), count_tokens, budget_tokens,
-                             protected=lambda i, it: i == last_user)
-    return build(*split(kept))
 
 
 def stop_strings(own_name: str, roster_names: Sequence[str], user_tag: str = "User") -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
+from mascot.core.context import fit_history
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.engine import BASE_ADAPTER, GenerationRequest, GenerationResult, SamplingParams, StreamDelta
 from mascot.core.personas import PersonaCard
@@ -14,7 +15,6 @@ from mascot.speaker.prompts import (
     VisibleTextFilter,
     build_persona_messages,
     build_user_sim_messages,
-    fit_history,
     stop_strings,
 )
 

@@ -15,6 +15,7 @@ from mascot.core.engine.base import (  # noqa: F401  (re-exported)
     StreamDelta,
     StructuredOutput,
     UnknownAdapter,
+    regex_escape,
 )
 
 

@@ -8,6 +8,7 @@ serving issue.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
@@ -55,6 +56,14 @@ class StructuredOutput:
     def __post_init__(self) -> None:
         if (self.regex is None) == (self.json_schema is None):
             raise ValueError("StructuredOutput needs exactly one of regex or json_schema")
+
+
+def regex_escape(text: str) -> str:
+    """Escape regex metacharacters of ``text`` for a :class:`StructuredOutput` regex.
+
+    Spaces are left alone: xgrammar rejects the escape ``\\ `` that :func:`re.escape` would write.
+    """
+    return re.sub(r"([.^$*+?{}\[\]\\|()/-])", r"\\\1", text)
 
 
 @dataclass(frozen=True)

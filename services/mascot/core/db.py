@@ -1,0 +1,30 @@
+"""SQLAlchemy engines for our stores: a SQLite file (its folder created) with durable settings, or any URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def create_engine(url: str, *, foreign_keys: bool = False) -> sa.Engine:
+    """An engine for ``url``. SQLite files get their folder created and, on every connection, WAL journaling and
+    ``synchronous=FULL`` (a committed row survives a SIGKILL or power loss), plus ``foreign_keys=ON`` if asked.
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: a malformed URL.
+    """
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, future=True)
+    if engine.dialect.name == "sqlite":
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(conn: Any, _rec: Any) -> None:
+            cur = conn.cursor()
+            if foreign_keys:
+                cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.close()
+    return engine
