@@ -40,8 +40,6 @@ STAGE = "persona_rm"
 MODEL_SUBDIR = "model"
 #: σ at or below this is treated as degenerate and replaced by 1.0 (scores are then only centred).
 SIGMA_FLOOR = 1e-6
-#: Tokens kept free for special tokens, as in :meth:`RewardScorer.build_inputs`.
-SPECIAL_TOKEN_ROOM = 4
 _REQUIRED = ("group_id", "situation_id", "persona_id", "history", "context", "chosen", "rejected", "split")
 
 
@@ -98,15 +96,12 @@ def reward_input(tokenizer: Any, max_length: int, card: PersonaCard, history: Se
                  context: Sequence[tuple[str, str]], names: Mapping[str, str]) -> str:
     """The reward-model text of one reply, identical to :meth:`RewardScorer.build_inputs` (text + EOS).
 
-    Context and history are dropped oldest first until the text fits ``max_length - 4`` tokens.
+    Context and history are dropped oldest first until the text fits (:func:`formatting.reward_model_text`).
 
     Raises:
         ValueError: the persona card and the reply alone do not fit.
     """
-    text, _ = formatting.reward_text(card, history, reply, context=context, names=names,
-                                     count_tokens=lambda s: len(tokenizer(s)["input_ids"]),
-                                     budget_tokens=max_length - SPECIAL_TOKEN_ROOM)
-    return formatting.with_eos(text, tokenizer.eos_token)
+    return formatting.reward_model_text(tokenizer, max_length, card, history, reply, context=context, names=names)[0]
 
 
 def build_dataset(pairs: Sequence[Pair], tokenizer: Any, max_length: int, catalog: PersonaCatalog

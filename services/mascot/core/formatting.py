@@ -21,7 +21,7 @@ non-conversational samples (TRL 1.16 ``RewardConfig.eos_token``), so serving and
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from mascot.core.context import trim_oldest_first
 from mascot.core.dialogue import HistoryTurn
@@ -104,6 +104,29 @@ def with_eos(text: str, eos_token: str | None) -> str:
     if eos_token and not text.endswith(eos_token):
         return text + eos_token
     return text
+
+
+#: Tokens kept free for special tokens (the EOS) when fitting a reward-model input to its window.
+SPECIAL_TOKEN_ROOM = 4
+
+
+def reward_model_text(tokenizer: Any, max_length: int, card: PersonaCard, history: Sequence[HistoryTurn],
+                      reply: str, *, context: Sequence[tuple[str, str]] = (),
+                      names: Mapping[str, str] | None = None) -> tuple[str, bool]:
+    """The exact reward-model input of one reply, for serving and training alike: :func:`reward_text` fitted to
+    ``max_length - SPECIAL_TOKEN_ROOM`` tokens of ``tokenizer`` (oldest context dropped first), plus its EOS
+    (:func:`with_eos`).
+
+    Returns:
+        ``(text, truncated)``.
+
+    Raises:
+        ValueError: the card and the reply alone do not fit.
+    """
+    text, cut = reward_text(card, history, reply, context=context, names=names,
+                            count_tokens=lambda s: len(tokenizer(s)["input_ids"]),
+                            budget_tokens=max_length - SPECIAL_TOKEN_ROOM)
+    return with_eos(text, tokenizer.eos_token), cut
 
 
 def block_text(block: Sequence[HistoryTurn], names: Mapping[str, str]) -> str:

@@ -210,9 +210,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     roster = [catalog.get(i) for i in active] or catalog.in_set(opts.mode)
     embedder = EmbeddingRedundancy()
     try:
-        for name in [s for s in opts.systems if s in VARIANTS] + ["mascot"] * (not any(s in VARIANTS for s in opts.systems)):
-            if name in stacks:
-                continue
+        # One stack per MASCOT variant; baselines alone still need one for the simulated user (its speaker).
+        for name in [s for s in opts.systems if s in VARIANTS] or ["mascot"]:
             vcfg = MascotConfig(**deep_merge(base, {**VARIANTS[name], "store": {
                 "url": f"sqlite:///{(out / f'conversations-{name}.db').resolve()}"}}))
             stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics)

@@ -123,19 +123,14 @@ class RewardScorer:
     def build_inputs(self, card: PersonaCard, history: Sequence[HistoryTurn], replies: Sequence[str],
                      context: Sequence[tuple[str, str]] = (), names: Mapping[str, str] | None = None
                      ) -> list[tuple[str, bool]]:
-        """``(text, truncated)`` per reply: :func:`formatting.reward_text` + EOS, fitted to ``max_length``.
+        """``(text, truncated)`` per reply (:func:`formatting.reward_model_text`: reward text fitted to ``max_length``,
+        plus EOS).
 
         Raises:
             ValueError: the card and a reply alone do not fit ``max_length``.
         """
-        budget = self.max_length - 4
-        out = []
-        for r in replies:
-            text, cut = formatting.reward_text(card, history, r, context=context, names=names,
-                                               count_tokens=lambda s: len(self.tokenizer(s)["input_ids"]),
-                                               budget_tokens=budget)
-            out.append((formatting.with_eos(text, self.eos_token), cut))
-        return out
+        return [formatting.reward_model_text(self.tokenizer, self.max_length, card, history, r, context=context,
+                                             names=names) for r in replies]
 
     def score_texts(self, texts: Sequence[str]) -> list[float]:
         """Raw scores r for already formatted inputs, in order. Blocking (run it in a thread from async code).
