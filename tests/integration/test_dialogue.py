@@ -351,3 +351,31 @@ async def test_chat_cli_streams_replies(tmp_path):
     assert "conversation" in err.decode() and "The Anchor, The Beacon" in err.decode()
     await client.ch.close()
     await stack.stop(0)
+
+
+async def test_director_sees_its_own_earlier_directives(tmp_path):
+    """The director's chat holds its earlier answers as assistant turns: its raw text when the model chose the turn,
+    the canonical lines for a fallback (never the failed text), within a round and rebuilt from the store after it."""
+    answers = iter(["Agent: The Catalyst\nAction: Ask one question.\nTone: Curious",
+                    "Agent: The Anchor\nAction:   Validate it.\nTone: Warm"] + ["nonsense"] * 50)
+    stack, client, eng = await scripted_stack(tmp_path, lambda p: next(answers), lambda p: "A reply.")
+    conv = await client.start()
+    await client.send(conv.id, "hello")
+    director_prompts = [r.prompt for r in eng.requests if "You are the director" in r.prompt]
+    second = director_prompts[1]
+    assert "<|assistant|>Agent: The Catalyst\nAction: Ask one question.\nTone: Curious\n" in second
+    assert "Since then:\nThe Catalyst: A reply." in second
+    # the third decision fails 3 times -> fallback; the next round's prompt shows canonical lines for it
+    await client.send(conv.id, "more", key="k2")
+    later = [r.prompt for r in eng.requests
+             if "You are the director" in r.prompt and "Your answer was invalid" not in r.prompt][-1]
+    assert "<|assistant|>Agent: The Anchor\nAction:   Validate it.\nTone: Warm\n" in later  # raw, as generated
+    got = await client.get(conv.id)
+    fb = [t for t in got.conversation.turns if t.directive.source == dpb.DIRECTIVE_SOURCE_FALLBACK][0]
+    from mascot.core.personas import PersonaCatalog
+
+    name = PersonaCatalog.load().get(fb.persona_id).name
+    assert (f"<|assistant|>Agent: {name}\nAction: {fb.directive.action}\nTone: {fb.directive.tone}\n" in later)
+    assert "<|assistant|>nonsense" not in later
+    await client.ch.close()
+    await stack.stop(0)

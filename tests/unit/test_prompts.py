@@ -35,6 +35,42 @@ def test_director_prompt_golden():
     check("director", build_messages(ROSTER, HISTORY, [], 2))
 
 
+DIRECTED = [HistoryTurn("user", "I failed my driving test again."),
+            HistoryTurn("agent", "That sounds really discouraging.", "anchor",
+                        "Agent: The Anchor\nAction: Validate the disappointment.\nTone: Warm"),
+            HistoryTurn("agent", "What do you think went differently this time?", "catalyst",
+                        "Agent: The Catalyst\nAction: Ask what changed.\nTone: Curious"),
+            HistoryTurn("user", "I panicked at the roundabout.")]
+
+
+def test_director_prompt_with_directives_golden():
+    msgs = build_messages(ROSTER, DIRECTED, [("Meeting", "Budget is fixed.")], 2)
+    check("director_directed", msgs)
+    # the director's own directives are its assistant turns; the turns since each follow as a user message
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[2]["content"] == DIRECTED[1].directive
+    assert msgs[1]["content"].startswith("Meeting transcript:")
+    assert "Meeting transcript" not in msgs[3]["content"]
+    assert msgs[5]["content"].startswith("Since then:\nThe Catalyst: What do you think")
+    assert "User: I panicked at the roundabout." in msgs[5]["content"]
+
+
+def test_director_prompt_extends_previous_decision():
+    """Decision t+1's rendered prompt = decision t's prompt + its answer + end token + the turns since."""
+    from mascot.core.engine.tiny import CHAT_TEMPLATE
+    from jinja2 import Template
+
+    def render(m, gen=True):
+        return Template(CHAT_TEMPLATE).render(messages=m, add_generation_prompt=gen)
+
+    for k in range(1, len(DIRECTED)):
+        if DIRECTED[k].role != "agent":
+            continue
+        before = render(build_messages(ROSTER, DIRECTED[:k], [], 2))
+        after = render(build_messages(ROSTER, DIRECTED[:k + 1], [], 2))
+        assert after.startswith(before + DIRECTED[k].directive + "<|im_end|>"), k
+
+
 def test_director_retry_prompt_golden():
     check("director_retry", build_messages(ROSTER, HISTORY[:1], [("Meeting", "Budget is fixed.")], 2,
                                            failed=[("Agent: Bob", "'Bob' is not one of the agents")]))

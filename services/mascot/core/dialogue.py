@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.errors import InvalidArgument
@@ -15,15 +15,58 @@ FALLBACK_ACTION = "Respond to the user's latest message in your role"
 
 @dataclass(frozen=True)
 class HistoryTurn:
-    """A turn as the director and speakers see it: ``role`` is ``"user"`` or ``"agent"``; ``text`` is visible text."""
+    """A turn as the director and speakers see it: ``role`` is ``"user"`` or ``"agent"``; ``text`` is visible text.
+
+    ``directive`` (agent turns only) is the director's answer that chose the turn, exactly as the director's own
+    chat shows it (:func:`directive_message`); "" when unknown. The director prompt renders it as an assistant
+    message before the turn (REFERENCE.md section 6: the director's tokens of a rollout form one sequence).
+    """
 
     role: str
     text: str
     persona_id: str = ""
+    directive: str = ""
 
 
-def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] | None = None) -> list[HistoryTurn]:
+#: Directive sources whose raw text is the director's own answer (a fallback's raw is a failed attempt).
+_OWN_ANSWER_SOURCES = ("", "model", "retry")
+
+
+def directive_lines(name: str, action: str, tone: str) -> str:
+    """The canonical directive text: ``Agent: name`` / ``Action: action`` / ``Tone: tone`` (REFERENCE.md section 2)."""
+    return f"Agent: {name}\nAction: {action}\nTone: {tone}"
+
+
+def directive_message(name: str, action: str, tone: str, source: str = "model", raw: str = "") -> str:
+    """The text the director sees as its own earlier answer for a turn.
+
+    Args:
+        name: Display name of the chosen persona.
+        action: Directive action.
+        tone: Directive tone.
+        source: ``model``, ``retry``, ``fallback``, ``random``, ``safety`` or "" (unknown).
+        raw: The director's raw text of the deciding attempt.
+
+    Returns:
+        ``raw`` when the model's own answer was used (source model, retry or unknown) and ``raw`` is non-empty;
+        else the canonical lines; "" when ``action`` is empty too (nothing to show).
+    """
+    if raw and source in _OWN_ANSWER_SOURCES:
+        return raw
+    return directive_lines(name, action, tone) if action else ""
+
+
+_SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_UNSPECIFIED: "", dpb.DIRECTIVE_SOURCE_MODEL: "model",
+                 dpb.DIRECTIVE_SOURCE_RETRY: "retry", dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback",
+                 dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
+
+
+def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] | None = None,
+                       names: Mapping[str, str] | None = None) -> list[HistoryTurn]:
     """Convert proto turns to :class:`HistoryTurn`.
+
+    An agent turn's ``directive`` becomes :func:`directive_message` of it (``names`` maps persona ids to display
+    names for the canonical lines; the id is used when absent).
 
     Raises:
         InvalidArgument: a turn with ROLE_UNSPECIFIED, or an agent turn without a known persona id.
@@ -35,7 +78,10 @@ def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] 
         elif t.role == dpb.ROLE_AGENT:
             if known_personas is not None and t.persona_id not in known_personas:
                 raise InvalidArgument(f"history[{i}]: agent turn with unknown persona_id {t.persona_id!r}")
-            out.append(HistoryTurn("agent", t.text, t.persona_id))
+            d = t.directive if t.HasField("directive") else None
+            text = directive_message((names or {}).get(t.persona_id, t.persona_id), d.action, d.tone,
+                                     _SOURCE_NAMES.get(d.source, "other"), d.raw) if d is not None else ""
+            out.append(HistoryTurn("agent", t.text, t.persona_id, text))
         else:
             raise InvalidArgument(f"history[{i}]: role must be ROLE_USER or ROLE_AGENT")
     return out
@@ -43,14 +89,29 @@ def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] 
 
 def history_from_dicts(turns: Iterable[dict]) -> list[HistoryTurn]:
     """:class:`HistoryTurn` items from transcript/artefact dicts (``role``, ``text``, optional ``persona_id``;
-    a missing or null persona id becomes ``""``). Keys beyond these are ignored."""
-    return [HistoryTurn(t["role"], t["text"], t.get("persona_id") or "") for t in turns]
+    a missing or null persona id becomes ``""``; ``directive`` is kept when it is a string, as training artefacts
+    write it). Keys beyond these are ignored."""
+    return [HistoryTurn(t["role"], t["text"], t.get("persona_id") or "",
+                        t["directive"] if isinstance(t.get("directive"), str) else "") for t in turns]
+
+
+def history_to_dicts(history: Iterable[HistoryTurn]) -> list[dict]:
+    """The inverse of :func:`history_from_dicts` (``directive`` only when set)."""
+    out = []
+    for h in history:
+        d = {"role": h.role, "text": h.text, "persona_id": h.persona_id}
+        if h.directive:
+            d["directive"] = h.directive
+        out.append(d)
+    return out
 
 
 def history_to_proto(history: Iterable[HistoryTurn]) -> list[dpb.Turn]:
-    """Convert :class:`HistoryTurn` items to proto turns (visible text only)."""
+    """Convert :class:`HistoryTurn` items to proto turns (visible text; a turn's ``directive`` text travels as
+    ``Directive.raw`` with the source unset, which :func:`history_from_proto` reads back unchanged)."""
     return [dpb.Turn(role=dpb.ROLE_USER if h.role == "user" else dpb.ROLE_AGENT, persona_id=h.persona_id,
-                     text=h.text) for h in history]
+                     text=h.text, directive=dpb.Directive(persona_id=h.persona_id, raw=h.directive)
+                     if h.directive else None) for h in history]
 
 
 def context_from_proto(context: Iterable[dpb.ContextUtterance]) -> list[tuple[str, str]]:

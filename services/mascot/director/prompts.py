@@ -1,7 +1,9 @@
 """Director prompt assembly (REFERENCE.md section 2; the wording is our default).
 
 The director sees the roster (names, roles, goals), the seed context and the history with speaker tags,
-and answers with the Agent / Action / Tone lines. A retry appends the bad answer and the parse error.
+and answers with the Agent / Action / Tone lines. Its own earlier directives appear as its assistant turns, so the
+prompt of a decision is the previous prompt, the previous answer and the turns since (the Phase-2 rollout sequence).
+A retry appends the bad answer and the parse error.
 """
 
 from __future__ import annotations
@@ -45,32 +47,54 @@ def transcript(items: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{tag}: {text}" for tag, text in items)
 
 
+QUESTION = "Who speaks next, and what should they do?"
+
+
 def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
                    max_consecutive: int, failed: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
-    """Chat messages for one director decision.
+    """Chat messages for one director decision: a multi-turn chat holding the director's own earlier answers.
+
+    Layout: system (roles, rules); a user message with the seed context, the transcript up to the first directed
+    agent turn and the question; then, for every agent turn whose ``directive`` is known, an assistant message
+    with that directive followed by a user message with the turns since ("Since then:") and the question again.
+    Rendering this chat with ``add_generation_prompt`` extends the previous decision's rendered prompt plus its
+    answer, so a whole rollout's director tokens form one sequence (REFERENCE.md section 6, step 5).
 
     Args:
         roster: Active personas.
-        history: Visible history, oldest first.
+        history: Visible history, oldest first (agent turns may carry ``directive``).
         context: Seed context lines ``(speaker, content)`` (meeting excerpt), shown first.
         max_consecutive: The consecutive-turn cap, stated in the rules.
         failed: Earlier attempts of this decision, ``(raw_text, parse_error)``, for the retry prompt.
 
     Returns:
-        ``[{"role", "content"}, ...]``: system, user (transcript), then assistant/user pairs per failed attempt.
+        ``[{"role", "content"}, ...]``: system, user, (assistant, user)* per directed turn, then assistant/user
+        pairs per failed attempt.
     """
     names = {c.id: c.name for c in roster}
-    parts = []
-    if context:
-        parts.append("Meeting transcript:\n" + transcript(context))
-    if history:
-        parts.append("Conversation so far:\n" + transcript([(speaker_tag(t, names), t.text) for t in history]))
-    else:
-        parts.append("The conversation has not started yet.")
-    parts.append("Who speaks next, and what should they do?")
     msgs = [{"role": "system", "content": SYSTEM_TEMPLATE.format(roster=roster_block(roster),
-                                                                  max_consecutive=max_consecutive)},
-            {"role": "user", "content": "\n\n".join(parts)}]
+                                                                  max_consecutive=max_consecutive)}]
+    chunk: list[tuple[str, str]] = []
+    first = True
+
+    def flush() -> None:
+        parts = []
+        if first and context:
+            parts.append("Meeting transcript:\n" + transcript(context))
+        if chunk:
+            parts.append(("Conversation so far:\n" if first else "Since then:\n") + transcript(chunk))
+        elif first:
+            parts.append("The conversation has not started yet.")
+        parts.append(QUESTION)
+        msgs.append({"role": "user", "content": "\n\n".join(parts)})
+
+    for t in history:
+        if t.role == "agent" and t.directive:
+            flush()
+            first, chunk = False, []
+            msgs.append({"role": "assistant", "content": t.directive})
+        chunk.append((speaker_tag(t, names), t.text))
+    flush()
     for raw, error in failed:
         msgs.append({"role": "assistant", "content": raw})
         msgs.append({"role": "user", "content": RETRY_TEMPLATE.format(error=error)})

@@ -30,7 +30,8 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
 
     async def NextDirective(self, request: pb.NextDirectiveRequest, context: Any) -> pb.NextDirectiveResponse:
         roster = roster_from_ids(self.catalog, list(request.persona_ids))
-        history = history_from_proto(request.history, known_personas=list(self.catalog.cards))
+        history = history_from_proto(request.history, known_personas=list(self.catalog.cards),
+                                     names={i: c.name for i, c in self.catalog.cards.items()})
         adapter = self.cfg.adapter or None
         try:
             d = await decide(self.engine, roster, history, context_from_proto(request.context), self.cfg,

@@ -20,7 +20,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.director.v1 import director_pb2 as dirpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
-from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, fallback_persona, history_to_proto
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, directive_message, fallback_persona, history_to_proto
 from mascot.core.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.store import NewTurn, Store, TurnRow
@@ -173,7 +173,8 @@ class TurnLoop:
                     role="agent", text=final.text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
                     think=final.think, latency_s=latency, first_token_s=first, director_s=director_s,
                     round_key=st.round_key), retries, fallbacks)
-                st.history.append(HistoryTurn("agent", final.text, pid))
+                st.history.append(HistoryTurn("agent", final.text, pid, directive_message(
+                    self.catalog.get(pid).name, directive.action, directive.tone, d["source"], directive.raw)))
                 st.agent_turns += 1
                 self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
                 self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
