@@ -1,4 +1,5 @@
-"""``mascot train``: phase 1 (persona alignment) as a chain or one stage; the same command runs in a Job."""
+"""``mascot train``: phase 1 (persona alignment) and phase 2 (collaborative dialogue optimisation) as chains or
+single stages; the same commands run in a Job."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ train_app = typer.Typer(help="Training phases (run locally or as Kubernetes Jobs
 STAGE_NAMES = ("sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", "publish")
 
 
-def _load(config: Path):  # noqa: ANN202
+def _load(config: Path, phase: int = 1):  # noqa: ANN202
     from mascot_training.config import ConfigError, load
 
+    if phase == 2:
+        from mascot_training.collab_config import load
     try:
         return load(config)
     except ConfigError as e:
@@ -24,17 +27,23 @@ def _load(config: Path):  # noqa: ANN202
         raise typer.Exit(2) from None
 
 
-def _run(config: Path, out: Path, stages: tuple[str, ...]) -> None:
+def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> None:
     from mascot.cli import _quiet
-    from mascot_training.run import run
 
-    cfg = _load(config)
+    cfg = _load(config, phase)
     if out.exists() and not out.is_dir():
         console.print(f"[red]--out {out} exists and is not a directory[/red]")
         raise typer.Exit(2)
     _quiet()
     try:
-        results = run(cfg, out, stages, log=lambda m: console.print(m))
+        if phase == 2:
+            from mascot_training.collaborative import run as run2
+
+            results = run2(cfg, out, stages, log_fn=lambda m: console.print(m))
+        else:
+            from mascot_training.run import run
+
+            results = run(cfg, out, stages, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         console.print(f"[red]stage failed:[/red] {e}")
         raise typer.Exit(1) from None
@@ -45,6 +54,9 @@ def _run(config: Path, out: Path, stages: tuple[str, ...]) -> None:
     console.print_json(json.dumps(summary, default=str))
     console.print(f"manifests under {out}/<stage>/manifest.json")
     pub = (results.get("publish") or {}).get("metrics") or {}
+    if phase == 2 and pub.get("refused"):
+        console.print(f"[red]publish refused the director adapter: {pub['refused']}[/red]")
+        raise typer.Exit(1)
     if pub and not pub.get("published") and pub.get("refused"):
         console.print(f"[red]publish refused every adapter ({pub['refused']}); see {out}/publish/manifest.json for "
                       "the reasons[/red]")
@@ -60,6 +72,25 @@ def persona_alignment(
     from mascot_training.config import STAGES
 
     _run(config, out, STAGES)
+
+
+@train_app.command("collaborative")
+def collaborative(
+    config: Path = typer.Option(..., "--config", help="Phase 2 YAML (training-jobs/configs/collaborative*.yaml)."),
+    out: Path = typer.Option(..., "--out", help="Run directory (resumable; DIR/adapters is the store)."),
+    stage: list[str] = typer.Option([], "--stage", help="Run only these stages (repeatable): speakers, rollouts, "
+                                    "group-rm, director-grpo, publish. Default: all, in order."),
+) -> None:
+    """Run phase 2 end to end: speakers → rollouts → group_rm → director_grpo → publish (REFERENCE.md §6)."""
+    from mascot_training.collab_config import STAGES
+
+    chosen = tuple(s.replace("-", "_") for s in stage) or STAGES
+    unknown = [s for s in chosen if s not in STAGES]
+    if unknown:
+        console.print(f"[red]unknown stage(s) {unknown}; known: {', '.join(s.replace('_', '-') for s in STAGES)}"
+                      "[/red]")
+        raise typer.Exit(2)
+    _run(config, out, chosen, phase=2)
 
 
 def _stage_command(name: str) -> None:

@@ -8,7 +8,7 @@ at once, so a Job fails in seconds with a message a person can act on.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -170,10 +170,19 @@ class ConfigError(ValueError):
 
 
 def load(path: str | Path) -> PersonaAlignmentConfig:
-    """Read and validate a YAML run config (relative paths resolve against the current directory).
+    """Read and validate a phase 1 YAML run config (relative paths resolve against the current directory).
 
     Raises:
         ConfigError: missing file, bad YAML, unknown key, bad value, or any problem :func:`validate` finds.
+    """
+    return read_config(path, PersonaAlignmentConfig, validate)
+
+
+def read_config(path: str | Path, cls: type, check: Any) -> Any:
+    """Read YAML at ``path`` into ``cls`` and run ``check(cfg) -> list[str]``; every problem in one ConfigError.
+
+    Raises:
+        ConfigError: missing file, bad YAML or encoding, not a mapping, unknown key, bad value, or problems found.
     """
     p = Path(path)
     if not p.is_file():
@@ -188,11 +197,11 @@ def load(path: str | Path) -> PersonaAlignmentConfig:
         raise ConfigError(f"{p}: the config must be a YAML mapping of sections (run_id, model, data, ...), "
                           f"got a {type(raw).__name__}")
     try:
-        cfg = PersonaAlignmentConfig(**raw)
+        cfg = cls(**raw)
     except ValidationError as e:
         lines = [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
         raise ConfigError(f"{p}: " + "; ".join(lines)) from None
-    problems = validate(cfg)
+    problems = check(cfg)
     if problems:
         raise ConfigError(f"{p}: " + "; ".join(problems))
     return cfg
@@ -200,21 +209,28 @@ def load(path: str | Path) -> PersonaAlignmentConfig:
 
 def validate(cfg: PersonaAlignmentConfig) -> list[str]:
     """Every problem that would stop the run, as messages (empty when the config can run)."""
-    from mascot.core.personas import PersonaCatalog
-
     out = []
     g = cfg.persona_grpo
     if g.batch_size % g.num_generations:
         out.append(f"persona_grpo.batch_size ({g.batch_size}) must be divisible by persona_grpo.num_generations "
                    f"({g.num_generations}): each optimiser step takes whole groups")
+    out += common_problems(cfg)
+    if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
+        out.append(f"sft.data {cfg.sft.data} does not exist")
+    return out
+
+
+def common_problems(cfg: Any) -> list[str]:
+    """Checks shared by the phase 1 and phase 2 configs: persona ids, situations file and split, model, LoRA rank."""
+    from mascot.core.personas import PersonaCatalog
+
+    out = []
     catalog = PersonaCatalog.load()
     unknown = [p for p in cfg.personas if p not in catalog.cards]
     if unknown:
         out.append(f"unknown persona id(s) {unknown}; known: {sorted(catalog.cards)}")
     if not cfg.data.situations.is_file():
         out.append(f"data.situations {cfg.data.situations} does not exist")
-    if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
-        out.append(f"sft.data {cfg.sft.data} does not exist")
     looks_like_path = cfg.model.startswith(("/", "./", "../", "~")) or Path(cfg.model).exists()
     if cfg.model and (looks_like_path or cfg.model.count("/") != 1) and not Path(cfg.model).expanduser().is_dir():
         out.append(f"model {cfg.model} is neither a model directory nor a hub id (org/name)")
@@ -230,7 +246,7 @@ def validate(cfg: PersonaAlignmentConfig) -> list[str]:
     return out
 
 
-def active_personas(cfg: PersonaAlignmentConfig) -> list[str]:
+def active_personas(cfg: Any) -> list[str]:
     """The persona ids this run trains (config order, or the mode's shipped set)."""
     from mascot.core.personas import PersonaCatalog
 

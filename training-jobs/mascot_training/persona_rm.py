@@ -159,6 +159,66 @@ def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCata
             "sigma": sigma if sigma > SIGMA_FLOOR else 1.0, "skipped": skipped}
 
 
+def load_rm_tokenizer(base: str) -> Any:
+    """The reward model's tokenizer (pad token = EOS when it has none).
+
+    Raises:
+        ValueError: no pad and no EOS token, or no EOS token (TRL appends it to every plain-text sample).
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {base} has neither a pad nor an eos token; set pad_token")
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token is None:
+        raise ValueError(f"tokenizer of {base} has no eos token; TRL appends it to every plain-text sample")
+    return tokenizer
+
+
+def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed: int, model_dir: Path,
+                     trainer_dir: Path) -> tuple[int, float | None]:
+    """Bradley–Terry training with TRL ``RewardTrainer`` (REFERENCE.md section 5) and save to ``model_dir``.
+
+    Args:
+        base: Base of the reward model (a causal-LM or classifier directory / hub id); a 1-label head is added.
+        tokenizer: From :func:`load_rm_tokenizer`.
+        dataset: ``datasets.Dataset`` with plain-text ``chosen`` / ``rejected`` columns (EOS included).
+        rm_cfg: ``epochs``, ``lr``, ``batch_size``, ``max_length``.
+        seed: Seed of the head init and the data order.
+        model_dir: Where the model and tokenizer are saved.
+        trainer_dir: Scratch directory of the trainer (removed afterwards).
+
+    Returns:
+        ``(pairs trained on, final training loss or None when not finite)``.
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, PrinterCallback, set_seed
+    from trl import RewardConfig, RewardTrainer
+
+    for d in (model_dir, trainer_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    set_seed(seed)  # the classification head is random-initialised at load time
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
+                        use_cpu=not torch.cuda.is_available(), num_train_epochs=rm_cfg.epochs,
+                        learning_rate=rm_cfg.lr, per_device_train_batch_size=rm_cfg.batch_size,
+                        max_length=rm_cfg.max_length, report_to=[], save_strategy="no", logging_strategy="no",
+                        disable_tqdm=True, seed=seed, data_seed=seed)
+    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # it print()s the final metrics; they go to the log
+    result = trainer.train()
+    log.info("reward model: trained on %d pairs: %s", len(trainer.train_dataset),
+             {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
+    trainer.model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    shutil.rmtree(trainer_dir, ignore_errors=True)
+    loss = float(result.training_loss)
+    return len(trainer.train_dataset), (loss if math.isfinite(loss) else None)
+
+
 def _base_digest(name: str) -> str:
     """Directory digest of a local base model, else the hub id itself."""
     return digest_path(name) if Path(name).is_dir() else name
@@ -205,47 +265,19 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
         raise ValueError(f"{pairs_path} has no pair with split 'train' ({len(heldout)} held out): lower "
                          "pairs.heldout_fraction or pairs.delta, or sample more situations")
 
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, PrinterCallback, set_seed
-    from trl import RewardConfig, RewardTrainer
-
     with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
         model_dir = partial / MODEL_SUBDIR
         trainer_dir = partial / "_trainer"
         for d in (model_dir, trainer_dir):
             shutil.rmtree(d, ignore_errors=True)
 
-        tokenizer = AutoTokenizer.from_pretrained(base)
-        if tokenizer.pad_token is None:
-            if tokenizer.eos_token is None:
-                raise ValueError(f"tokenizer of {base} has neither a pad nor an eos token; set pad_token")
-            tokenizer.pad_token = tokenizer.eos_token
-        if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer of {base} has no eos token; TRL appends it to every plain-text sample")
-        set_seed(cfg.sample.seed)  # the classification head is random-initialised at load time
-        model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
-        model.config.pad_token_id = tokenizer.pad_token_id
-
+        tokenizer = load_rm_tokenizer(base)
         dataset, skipped = build_dataset(train, tokenizer, rm_cfg.max_length, catalog)
         if len(dataset) == 0:
             raise ValueError(f"all {len(train)} training pairs exceed persona_rm.max_length={rm_cfg.max_length} "
                              "even without history; raise it")
-        on_cpu = not torch.cuda.is_available()
-        args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
-                            use_cpu=on_cpu, num_train_epochs=rm_cfg.epochs, learning_rate=rm_cfg.lr,
-                            per_device_train_batch_size=rm_cfg.batch_size, max_length=rm_cfg.max_length,
-                            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                            seed=cfg.sample.seed, data_seed=cfg.sample.seed)
-        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-        trainer.remove_callback(PrinterCallback)  # it print()s the final metrics; they go to the log below
-        result = trainer.train()
-        log.info("persona_rm: trained on %d pairs: %s", len(trainer.train_dataset),
-                 {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
-        trainer.model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        shutil.rmtree(trainer_dir, ignore_errors=True)
-        train_pairs = len(trainer.train_dataset)
-        del trainer
+        train_pairs, loss = fit_reward_model(base, tokenizer, dataset, rm_cfg, cfg.sample.seed, model_dir,
+                                             trainer_dir)
 
         from mascot.reward.scorer import RewardMetadata, write_metadata
 
@@ -259,9 +291,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
             manifest["warnings"] = ["no held-out pairs: mu and sigma measured on the training pairs"]
         write_metadata(model_dir, RewardMetadata(name=f"persona-rm-{cfg.run_id}", mu=ho["mu"], sigma=ho["sigma"],
                                                  trained=True))
-        loss = float(result.training_loss)
         manifest["metrics"] = {"rm_heldout_accuracy": ho["accuracy"], "heldout_pairs": ho["pairs"],
-                               "train_pairs": train_pairs, "train_loss": loss if math.isfinite(loss) else None,
+                               "train_pairs": train_pairs, "train_loss": loss,
                                "mu": ho["mu"], "sigma": ho["sigma"]}
         manifest["data_ids"] = sorted({p.situation_id for p in pairs})
         manifest["rm_heldout_accuracy"] = ho["accuracy"]

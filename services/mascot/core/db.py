@@ -12,12 +12,20 @@ def create_engine(url: str, *, foreign_keys: bool = False) -> sa.Engine:
     """An engine for ``url``. SQLite files get their folder created and, on every connection, WAL journaling and
     ``synchronous=FULL`` (a committed row survives a SIGKILL or power loss), plus ``foreign_keys=ON`` if asked.
 
+    An in-memory SQLite URL (``sqlite://``, ``sqlite:///:memory:``) shares one connection across threads
+    (SQLAlchemy ``StaticPool``); otherwise every pooled connection would open its own empty database.
+
     Raises:
         sqlalchemy.exc.ArgumentError: a malformed URL.
     """
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+    in_memory = url in ("sqlite://", "sqlite:///:memory:") or url.startswith("sqlite:///:memory:?")
+    if url.startswith("sqlite:///") and not in_memory:
         Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, future=True)
+    if in_memory:
+        engine = sa.create_engine(url, future=True, poolclass=sa.pool.StaticPool,
+                                  connect_args={"check_same_thread": False})
+    else:
+        engine = sa.create_engine(url, future=True)
     if engine.dialect.name == "sqlite":
         @sa.event.listens_for(engine, "connect")
         def _pragmas(conn: Any, _rec: Any) -> None:

@@ -149,3 +149,25 @@ def group_reward_text(cards: Sequence[PersonaCard], history: Sequence[HistoryTur
     parts.append("[Conversation]\n" + transcript_text(history, names))
     parts.append("[Block]\n" + block_text(block, names))
     return "\n".join(parts)
+
+
+def group_reward_model_text(tokenizer: Any, max_length: int, cards: Sequence[PersonaCard],
+                            history: Sequence[HistoryTurn], block: Sequence[HistoryTurn],
+                            context: Sequence[tuple[str, str]] = ()) -> tuple[str, bool]:
+    """The exact group reward-model input of one N-turn block (REFERENCE.md section 6), for serving and training:
+    :func:`group_reward_text` with context and prefix history dropped oldest first until it fits
+    ``max_length - SPECIAL_TOKEN_ROOM`` tokens of ``tokenizer`` (roster and block are never dropped), plus EOS.
+
+    Returns:
+        ``(text, truncated)``.
+
+    Raises:
+        ValueError: the roster and the block alone do not fit.
+    """
+    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
+
+    def render(kept: Sequence[tuple[str, object]]) -> str:
+        return group_reward_text(cards, [v for k, v in kept if k == "h"], block, [v for k, v in kept if k == "c"])
+
+    kept = trim_oldest_first(items, render, lambda s: len(tokenizer(s)["input_ids"]), max_length - SPECIAL_TOKEN_ROOM)
+    return with_eos(render(kept), tokenizer.eos_token), len(kept) < len(items)

@@ -132,6 +132,18 @@ class RewardScorer:
         return [formatting.reward_model_text(self.tokenizer, self.max_length, card, history, r, context=context,
                                              names=names) for r in replies]
 
+    def build_group_inputs(self, cards: Sequence[PersonaCard], history: Sequence[HistoryTurn],
+                           blocks: Sequence[Sequence[HistoryTurn]], context: Sequence[tuple[str, str]] = ()
+                           ) -> list[tuple[str, bool]]:
+        """``(text, truncated)`` per N-turn block for a group reward model
+        (:func:`formatting.group_reward_model_text`, REFERENCE.md section 6).
+
+        Raises:
+            ValueError: the roster and a block alone do not fit ``max_length``.
+        """
+        return [formatting.group_reward_model_text(self.tokenizer, self.max_length, cards, history, b, context)
+                for b in blocks]
+
     def score_texts(self, texts: Sequence[str]) -> list[float]:
         """Raw scores r for already formatted inputs, in order. Blocking (run it in a thread from async code).
 

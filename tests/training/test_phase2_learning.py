@@ -1,0 +1,106 @@
+"""Director GRPO learns (issue 5): a planted group reward that favours persona X raises X's share of the director's
+choices, through the real stage code (TRL GRPOTrainer + rollout_func, frozen speakers on the engine).
+
+The random tiny model never writes a valid directive, so the test first gives it the format: its embeddings are
+scaled ×8 (the tiny model's logits are otherwise capped near ±1.3) and it is fine-tuned (TRL SFTTrainer, full
+weights) on directives naming a uniformly random persona. That base writes a valid directive most of the time,
+naming every persona; GRPO then trains a fresh director LoRA on it with R_group = 1 when X speaks, else 0.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.personas import PersonaCatalog
+from mascot.director.prompts import build_messages
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CAT = PersonaCatalog.load()
+ROSTER = [CAT.get(i) for i in ("anchor", "catalyst", "beacon")]
+OPENINGS = ["I failed my exam and feel terrible.", "My dog died last week.", "I got the job I wanted!",
+            "Nobody at work listens to my ideas.", "I moved to a new city and know no one.",
+            "My best friend forgot my birthday.", "I keep putting off a difficult call.",
+            "I finally finished my project."]
+SFT_STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def director_base(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("director-base")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(8.0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    rows = []
+    for i in range(96):
+        c = rng.choice(ROSTER)
+        rows.append({"prompt": build_messages(ROSTER, [HistoryTurn("user", rng.choice(OPENINGS))], [], 2),
+                     "completion": [{"role": "assistant",
+                                     "content": f"Agent: {c.name}\nAction: Respond to the user.\nTone: Warm"}]})
+    args = SFTConfig(output_dir=str(out / "trainer"), max_steps=SFT_STEPS, learning_rate=2e-3,
+                     per_device_train_batch_size=8, logging_steps=40, save_strategy="no", report_to=[], use_cpu=True,
+                     bf16=False, disable_tqdm=True, seed=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer.train()
+    trainer.model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    return out / "model"
+
+
+def test_planted_group_reward_raises_the_favoured_personas_share(director_base: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mascot.core.engine.transformers import TransformersEngine
+    from mascot_training.collab_config import CollaborativeConfig
+    from mascot_training.director_grpo import LoopThread, persona_distribution, train_director
+    from mascot_training.rollout import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(director_base)
+    prefixes = {f"p{i}": Prefix(f"p{i}", f"s{i}", o, "sad", 0, [HistoryTurn("user", o)])
+                for i, o in enumerate(OPENINGS)}
+    cfg = CollaborativeConfig(
+        model=str(director_base), personas=[c.id for c in ROSTER],
+        phase2={"num_generations": 8, "suffix_agent_turns": 1, "user_speak_prob": 0.0, "eta": 0.0,
+                "min_distinct": 1},
+        director={"max_tokens": 24, "temperature": 1.0},
+        director_grpo={"batch_size": 16, "lr": 2e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0})
+    loop = LoopThread()
+    engine = TransformersEngine(str(director_base), max_model_len=2048, batch_wait_ms=2)
+    loop.call(engine.start())
+    try:
+        runner = RolloutRunner(engine, tok, ROSTER, RolloutSettings(suffix_agent_turns=1, user_speak_prob=0.0,
+                                                                    max_consecutive_turns=2, speaker_max_tokens=2))
+        base = PolicyDirector(AutoModelForCausalLM.from_pretrained(director_base), tok, max_tokens=24,
+                              temperature=1.0, top_p=1.0)
+        start = persona_distribution(runner, base, list(prefixes.values()), 12, seed=99)
+        # favour the persona the base names least often (but at all): the hardest one to raise
+        target = min((c.id for c in ROSTER if start[c.id] >= 0.03), key=lambda p: start[p])
+
+        def planted(items):
+            return [1.0 if any(t.persona_id == target for t in block if t.role == "agent") else 0.0
+                    for _prefix, block in items]
+
+        _, m = train_director(str(director_base), prefixes, runner, loop, planted, cfg, tmp_path)
+    finally:
+        loop.call(engine.close())
+        loop.close()
+    before, after = m["persona_distribution_before"], m["persona_distribution_after"]
+    print(f"target {target}: before {before} after {after}; reward {m['reward_first']} -> {m['reward_last']}")
+    assert m["steps"] == 16 and m["rollouts"].get("complete", 0) > 0
+    assert before["invalid"] < 0.5, "the warm base should mostly write valid directives"
+    assert after[target] >= before[target] + 0.2, (target, before, after)
+    assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0  # min_distinct 1: one persona is enough

@@ -1,0 +1,131 @@
+"""Phase 2 pure rules: I_div, the rollout reward, judge mapping, role-flip detection, config validation (issue 5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from mascot.core.personas import PersonaCatalog
+from mascot_training.collab_config import load
+from mascot_training.config import ConfigError
+from mascot_training.rollout import (
+    detect_role_flip,
+    i_div,
+    judge_group_reward,
+    rollout_reward,
+)
+from tests.conftest import ROOT, SHARED
+
+ROSTER = [PersonaCatalog.load().get(i) for i in ("anchor", "catalyst", "beacon")]
+
+
+@pytest.mark.parametrize("personas,min_distinct,expected", [
+    (["anchor", "catalyst", "anchor", "anchor"], 2, 1),
+    (["anchor", "anchor", "anchor", "anchor"], 2, -1),
+    ([], 2, -1),
+    (["anchor"], 1, 1),
+    (["anchor", "catalyst"], 3, -1),
+    (["anchor", "catalyst", "beacon"], 3, 1),
+])
+def test_i_div(personas, min_distinct, expected):
+    assert i_div(personas, min_distinct) == expected
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({"invalid": True, "dropped": False, "r_group": 0.9, "personas": ["anchor", "catalyst"]}, -2.0),
+    ({"invalid": False, "dropped": True, "r_group": 0.9, "personas": ["anchor", "catalyst"]}, None),
+    ({"invalid": True, "dropped": True, "r_group": None, "personas": []}, None),  # dropped wins: nothing learnt
+    ({"invalid": False, "dropped": False, "r_group": 0.25, "personas": ["anchor", "catalyst"]}, 0.75),
+    ({"invalid": False, "dropped": False, "r_group": 0.25, "personas": ["anchor", "anchor"]}, -0.25),
+    ({"invalid": False, "dropped": False, "r_group": -1.5, "personas": ["beacon", "anchor"]}, -1.0),
+    ({"invalid": False, "dropped": False, "r_group": None, "personas": ["anchor", "catalyst"]}, None),
+    ({"invalid": False, "dropped": False, "r_group": math.nan, "personas": ["anchor", "catalyst"]}, None),
+    ({"invalid": False, "dropped": False, "r_group": math.inf, "personas": ["anchor", "catalyst"]}, None),
+])
+def test_rollout_reward_table(kw, expected):
+    got = rollout_reward(**kw, eta=0.5, min_distinct=2, invalid_reward=-2.0)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_judge_group_reward_maps_1_5_to_0_1():
+    assert judge_group_reward(1.0) == 0.0
+    assert judge_group_reward(5.0) == 1.0
+    assert judge_group_reward(3.5) == pytest.approx(0.625)
+    for bad in (0.5, 5.01):
+        with pytest.raises(ValueError, match="1, 5"):
+            judge_group_reward(bad)
+
+
+@pytest.mark.parametrize("text", [
+    "It sounds like you're carrying a lot right now.",
+    "I'm here for you, whatever happens.",
+    "You're not alone in feeling this way.",
+    "Have you tried talking to your manager about it?",
+    "As an AI, I can't feel that, but I understand.",
+    "The Anchor: that must be so hard for you.",
+    "Anchor: I hear you.",
+    "Director: Agent: The Beacon",
+    "**Catalyst**: what else could explain it?",
+    "That must have been really painful.",
+])
+def test_role_flip_detected(text):
+    assert detect_role_flip(text, ROSTER)
+
+
+@pytest.mark.parametrize("text", [
+    "I just feel like nobody at work listens to me.",
+    "My dog died last week and I keep thinking about him.",
+    "Honestly I don't know what to do, my anchor in life was my mum.",
+    "You guys are nice, but I still feel stuck.",
+    "Note: I did call my sister yesterday.",
+    "I tried that already and it didn't help.",
+])
+def test_user_turns_are_not_flagged(text):
+    assert detect_role_flip(text, ROSTER) == ""
+
+
+def _write(tmp_path, **over):
+    cfg = yaml.safe_load((ROOT / "training-jobs" / "configs" / "collaborative_smoke.yaml").read_text())
+    for k, v in over.items():
+        node = cfg
+        *path, last = k.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    cfg["data"]["situations"] = str(SHARED / "data" / "empathetic_dialogues" / "test_situations.jsonl")
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    return f
+
+
+def test_config_problems_are_listed_together(tmp_path, shared_data):
+    f = _write(tmp_path, **{"director_grpo.batch_size": 6, "phase2.num_generations": 4, "personas": ["anchor"],
+                            "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW"})
+    with pytest.raises(ConfigError) as e:
+        load(f)
+    msg = str(e.value)
+    assert "director_grpo.batch_size (6) must be divisible by phase2.num_generations (4)" in msg
+    assert "phase2.min_distinct (2) exceeds the 1 active persona(s)" in msg
+    assert "has no adapter_config.json" in msg
+    assert "user.personality" in msg
+
+
+def test_config_rejects_unknown_keys_and_bad_values(tmp_path, shared_data):
+    with pytest.raises(ConfigError, match="phase2.etaa"):
+        load(_write(tmp_path, **{"phase2.etaa": 1}))
+    with pytest.raises(ConfigError, match="phase2.group_reward.source"):
+        load(_write(tmp_path, **{"phase2.group_reward.source": "vibes"}))
+    with pytest.raises(ConfigError, match="prefix_agent_turns"):
+        load(_write(tmp_path, **{"phase2.prefix_agent_turns": [0, -1]}))
+    with pytest.raises(ConfigError, match="num_generations"):
+        load(_write(tmp_path, **{"phase2.num_generations": 1}))
+
+
+def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_override(tmp_path, shared_data):
+    cfg = load(_write(tmp_path))
+    assert cfg.phase2.eta == 0.5 and cfg.phase2.min_distinct == 2 and cfg.phase2.invalid_reward == -2.0
+    assert cfg.phase2.user_speak_prob == 0.5 and cfg.phase2.group_reward.source == "rm"
+    assert cfg.phase2.num_generations == 4  # the CPU profile
+

@@ -1,0 +1,103 @@
+"""`mascot train collaborative` with the shipped smoke config on a fresh run directory (issue 5): every stage, a
+director adapter in the store that loads onto the base model, the manifest fields, and a resume that redoes
+nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _cli(args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "mascot.cli", "train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def smoke_config(tmp_path, tiny_model_dir, shared_data):
+    cfg = yaml.safe_load((ROOT / "training-jobs" / "configs" / "collaborative_smoke.yaml").read_text())
+    cfg["model"] = str(tiny_model_dir)
+    cfg["data"]["situations"] = str(shared_data / "empathetic_dialogues" / "test_situations.jsonl")
+    conf = tmp_path / "smoke.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    return conf, cfg
+
+
+def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config, tmp_path, tiny_model_dir):
+    import torch
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    conf, cfg = smoke_config
+    out = tmp_path / "run"
+    p = _cli(["collaborative", "--config", str(conf), "--out", str(out)], tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for stage in ("speakers", "rollouts", "group_rm", "director_grpo", "publish"):
+        m = json.loads((out / stage / "manifest.json").read_text())
+        assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]
+    sp = json.loads((out / "speakers" / "manifest.json").read_text())
+    assert {a["source"] for a in sp["adapters"].values()} == {"quick"} and set(sp["adapters"]) == set(cfg["personas"])
+    ro = json.loads((out / "rollouts" / "manifest.json").read_text())["metrics"]
+    assert ro["prefixes"] == cfg["data"]["limit"] and ro["blocks"] == ro["prefixes"] * cfg["phase2"]["group_reward"]["k"]
+    assert set(ro["prefix_k"]) <= {"0", "1"}
+    grm = json.loads((out / "group_rm" / "manifest.json").read_text())
+    assert grm["metrics"]["source"] == "rm" and "group_rm_heldout_accuracy" in grm
+    meta = json.loads((out / "group_rm" / "model" / "mascot_reward.json").read_text())
+    assert meta["trained"] and meta["sigma"] > 0
+    dg = json.loads((out / "director_grpo" / "manifest.json").read_text())
+    for k in ("group_reward_mean", "i_div_mean", "persona_distribution_before", "persona_distribution_after"):
+        assert k in dg and k in dg["metrics"]
+    assert dg["metrics"]["steps"] == cfg["director_grpo"]["max_steps"]
+    for dist in (dg["persona_distribution_before"], dg["persona_distribution_after"]):
+        assert set(dist) == set(cfg["personas"]) | {"invalid"} and sum(dist.values()) == pytest.approx(1.0, abs=1e-3)
+    # training and evaluation ids are disjoint: every prefix comes from the training split
+    from mascot_training.data import in_train_split
+
+    assert dg["data_ids"] and all(in_train_split(i, 0.5, "mascot-phase1") for i in dg["data_ids"])
+    # the store holds director/v1 as staged, and it loads onto the base model
+    reg = json.loads((out / "adapters" / "registry.json").read_text())
+    assert reg["adapters"]["director"]["versions"]["1"]["state"] == "staged"
+    vdir = out / "adapters" / "director" / "v1"
+    man = json.loads((vdir / "manifest.json").read_text())
+    assert man["name"] == "director--v1" and man["base_model"] == str(tiny_model_dir)
+    assert "persona_distribution_after" in man["eval_metrics"]["director_grpo"]
+    with safe_open(str(vdir / "adapter_model.safetensors"), "pt") as f:
+        assert all("lora_" in k for k in f.keys())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(vdir))
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] == model.config.vocab_size
+    # resume: nothing is redone, nothing is published twice
+    p2 = _cli(["collaborative", "--config", str(conf), "--out", str(out)], tmp_path)
+    assert p2.returncode == 0, p2.stderr[-2000:]
+    assert p2.stderr.count("up to date, skipped") == 5, p2.stderr[-3000:]
+    assert json.loads((out / "adapters" / "registry.json").read_text())["revision"] == reg["revision"]
+
+
+def test_bad_config_and_unknown_stage_exit_2_without_work(tmp_path, smoke_config):
+    conf, cfg = smoke_config
+    cfg["director_grpo"]["batch_size"] = 6
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(cfg))
+    p = _cli(["collaborative", "--config", str(bad), "--out", str(tmp_path / "o")], tmp_path)
+    assert p.returncode == 2 and "must be divisible by phase2.num_generations" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "o").exists()
+    p = _cli(["collaborative", "--config", str(conf), "--out", str(tmp_path / "o"), "--stage", "train-all"], tmp_path)
+    assert p.returncode == 2 and "unknown stage" in p.stderr and not (tmp_path / "o").exists()
+
+
+def test_a_later_stage_alone_says_what_is_missing(tmp_path, smoke_config):
+    conf, _ = smoke_config
+    p = _cli(["collaborative", "--config", str(conf), "--out", str(tmp_path / "o"), "--stage", "director-grpo"],
+             tmp_path)
+    assert p.returncode == 1 and "run the rollouts stage first" in p.stderr, p.stderr[-2000:]

@@ -1,0 +1,213 @@
+"""Phase 2 (collaborative dialogue optimisation) run configuration (REFERENCE.md section 6).
+
+One YAML file configures the chain ``speakers → rollouts → group_rm → director_grpo → publish``. The section
+``phase2`` carries the algorithm's named defaults (``phase2.num_generations``, ``phase2.suffix_agent_turns``,
+``phase2.eta``, ``phase2.min_distinct``, ``phase2.invalid_reward``, ``phase2.group_reward.source``); the other
+sections reuse the phase 1 shapes (data split, LoRA, judge, pairs, reward-model recipe, publish).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mascot_training.config import (
+    DataConfig,
+    JudgeStageConfig,
+    LoraConfig,
+    PairsConfig,
+    PersonaRmConfig,
+    _S,
+    common_problems,
+    read_config,
+)
+
+STAGES = ("speakers", "rollouts", "group_rm", "director_grpo", "publish")
+
+
+class SpeakersConfig(_S):
+    """The frozen speakers: phase 1 persona adapters, or minimal tiny ones made in a quick step."""
+
+    #: A phase 1 adapter store (``DIR/adapters`` of ``mascot train persona-alignment``): the highest version of
+    #: each active persona is used. Empty with no ``adapters``: the ``speakers`` stage makes minimal LoRAs.
+    store: str = ""
+    #: Explicit ``{persona_id: adapter directory}``; wins over ``store`` for the personas it names.
+    adapters: dict[str, Path] = Field(default_factory=dict)
+    max_tokens: int = Field(96, ge=4, le=4096)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+
+
+class UserSimConfig(_S):
+    """The frozen simulated user: the base model without adapters (REFERENCE.md section 6, step 3)."""
+
+    #: MBTI type (four letters) given to the user simulator (REFERENCE.md section 3.4); empty = none.
+    personality: str = ""
+    max_tokens: int = Field(64, ge=4, le=1024)
+    temperature: float = Field(0.8, ge=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+
+
+class GroupRewardConfig(_S):
+    """R_group: a group reward model (phase 1 recipe on judge-scored blocks) or the judge directly."""
+
+    source: Literal["rm", "judge"] = "rm"
+    #: Block continuations per prefix scored by the judge for the group RM (REFERENCE.md section 6: K = 8).
+    k: int = Field(8, ge=2, le=64)
+    judge: JudgeStageConfig = JudgeStageConfig()
+    pairs: PairsConfig = PairsConfig()
+    rm: PersonaRmConfig = PersonaRmConfig()
+
+
+class Phase2Config(_S):
+    """The algorithm of REFERENCE.md section 6, each default a setting."""
+
+    #: G: suffixes per prefix (range 4-8; 4 in the CPU profile).
+    num_generations: int = Field(8, ge=2, le=64)
+    #: N: agent turns per suffix (user turns do not count).
+    suffix_agent_turns: int = Field(4, ge=1, le=32)
+    #: Agent turns of the prefix after the user's opening, drawn uniformly per prefix.
+    prefix_agent_turns: list[int] = Field(default_factory=lambda: [0, 1, 2, 3], min_length=1)
+    #: Prefixes built per training situation.
+    prefixes_per_situation: int = Field(1, ge=1, le=64)
+    #: p: probability that the simulated user speaks after an agent turn (seeded Bernoulli draw).
+    user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
+    #: η: weight of the diversity indicator I_div.
+    eta: float = 0.5
+    #: I_div = +1 when at least this many distinct personas spoke among the suffix's agent turns, else -1.
+    min_distinct: int = Field(2, ge=1)
+    #: R of a rollout ended by an invalid directive.
+    invalid_reward: float = -2.0
+    group_reward: GroupRewardConfig = GroupRewardConfig()
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _prefix_turns(self) -> "Phase2Config":
+        if any(k < 0 or k > 32 for k in self.prefix_agent_turns):
+            raise ValueError("prefix_agent_turns entries must be in 0..32")
+        return self
+
+
+class DirectorPolicyConfig(_S):
+    """The director policy being trained: sampling of directives during rollouts and its starting point."""
+
+    #: A director LoRA to continue (e.g. the stable director from the store); empty = a fresh LoRA on the base.
+    init_adapter: str = ""
+    #: Tokens per directive (a directive cut here is usually invalid and ends the rollout).
+    max_tokens: int = Field(64, ge=8, le=2048)
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: The serving cap: a directive giving a persona more turns in a row is invalid (REFERENCE.md section 2).
+    max_consecutive_turns: int = Field(2, ge=1, le=16)
+    #: Optional warm start of a fresh director LoRA before GRPO (our addition; 0 = off): SFT steps on the serving
+    #: director's decisions recorded by the rollouts stage (behaviour cloning of the constrained director), so an
+    #: untrained small director writes valid directives unconstrained often enough for GRPO to have a signal.
+    warm_start_steps: int = Field(0, ge=0, le=100000)
+    warm_start_lr: float = Field(5e-3, gt=0)
+
+
+class DirectorGrpoConfig(_S):
+    """Optimiser side of the director's GRPO (TRL 1.16 semantics; REFERENCE.md section 6: batch 16, 1 epoch)."""
+
+    #: Rollouts per optimiser step; must be divisible by phase2.num_generations.
+    batch_size: int = Field(16, ge=2)
+    lr: float = Field(1e-5, gt=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(-1, ge=-1)
+    beta: float = Field(0.0, ge=0.0)
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    #: Seconds a group reward computation may take before the rollout is masked (reward None) and counted.
+    reward_timeout_s: float = Field(120.0, gt=0)
+    #: Directive samples per prefix for persona_distribution_before / _after.
+    distribution_samples: int = Field(4, ge=1, le=64)
+    seed: int = 0
+
+
+class DirectorGateConfig(_S):
+    """Gate before publishing the director: refuse one whose directives became invalid more often."""
+
+    #: Largest allowed drop of the valid-directive rate (after training vs before, same prefixes and samples).
+    max_valid_rate_drop: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class DirectorPublishConfig(_S):
+    """Publish the director adapter as ``staged`` at ``<store>/director/v<N>`` (DESIGN.md section 5)."""
+
+    gateway: str = ""
+    store: str = ""
+    gate: DirectorGateConfig = DirectorGateConfig()
+
+
+class CollaborativeConfig(_S):
+    """The whole phase 2 run.
+
+    Raises:
+        pydantic.ValidationError: unknown key or bad value (the field path is named).
+    """
+
+    run_id: str = Field("phase2", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    #: Base model of director, speakers and user simulator (directory or hub id); empty = the tiny random Qwen3.
+    model: str = ""
+    tiny_dir: Path = Path(".cache/tiny-qwen3")
+    mode: Literal["support", "meeting"] = "support"
+    personas: list[str] = Field(default_factory=list)
+    max_model_len: int = Field(2048, ge=128)
+    data: DataConfig = DataConfig()
+    lora: LoraConfig = LoraConfig()
+    speakers: SpeakersConfig = SpeakersConfig()
+    user: UserSimConfig = UserSimConfig()
+    phase2: Phase2Config = Phase2Config()
+    director: DirectorPolicyConfig = DirectorPolicyConfig()
+    director_grpo: DirectorGrpoConfig = DirectorGrpoConfig()
+    publish: DirectorPublishConfig = DirectorPublishConfig()
+
+
+def load(path: str | Path) -> CollaborativeConfig:
+    """Read and validate a phase 2 YAML run config.
+
+    Raises:
+        mascot_training.config.ConfigError: every problem found, in one message.
+    """
+    return read_config(path, CollaborativeConfig, validate)
+
+
+def validate(cfg: CollaborativeConfig) -> list[str]:
+    """Every problem that would stop the run, as messages (empty when the config can run)."""
+    from mascot.speaker.prompts import personality_text
+
+    out = []
+    p2, g = cfg.phase2, cfg.director_grpo
+    if g.batch_size % p2.num_generations:
+        out.append(f"director_grpo.batch_size ({g.batch_size}) must be divisible by phase2.num_generations "
+                   f"({p2.num_generations}): each optimiser step takes whole groups of rollouts")
+    out += common_problems(cfg)
+    from mascot_training.config import active_personas
+
+    if not [p for p in cfg.personas if p not in _known()]:
+        n = len(active_personas(cfg))
+        if p2.min_distinct > n:
+            out.append(f"phase2.min_distinct ({p2.min_distinct}) exceeds the {n} active persona(s): I_div could "
+                       "never be +1")
+    for pid, d in cfg.speakers.adapters.items():
+        if pid not in _known():
+            out.append(f"speakers.adapters: unknown persona id {pid!r}")
+        elif not (Path(d) / "adapter_config.json").is_file():
+            out.append(f"speakers.adapters.{pid}: {d} has no adapter_config.json (not a PEFT adapter directory)")
+    if cfg.speakers.store and not (Path(cfg.speakers.store) / "registry.json").is_file():
+        out.append(f"speakers.store {cfg.speakers.store} has no registry.json (not an adapter store)")
+    if cfg.director.init_adapter and not (Path(cfg.director.init_adapter) / "adapter_config.json").is_file():
+        out.append(f"director.init_adapter {cfg.director.init_adapter} has no adapter_config.json")
+    try:
+        personality_text(mbti=cfg.user.personality)
+    except ValueError as e:
+        out.append(f"user.personality: {e}")
+    return out
+
+
+def _known() -> set[str]:
+    from mascot.core.personas import PersonaCatalog
+
+    return set(PersonaCatalog.load().cards)

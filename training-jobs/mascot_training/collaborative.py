@@ -1,0 +1,180 @@
+"""Run phase 2 locally or in a Kubernetes Job: ``speakers → rollouts → group_rm → director_grpo → publish``
+(``mascot train collaborative``; REFERENCE.md section 6).
+
+Each stage skips itself when its manifest matches (resume). One engine (base model + the frozen persona adapters,
+plus the starting director adapter for the serving director) serves the speakers, the simulated user and the local
+judge from a background event loop; the director under training generates from the trainer's own model.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from mascot_training import manifest as mf
+from mascot_training.collab_config import STAGES, CollaborativeConfig
+from mascot_training.config import active_personas
+
+log = logging.getLogger(__name__)
+#: Engine name of the starting director adapter (serving director of prefixes and blocks).
+DIRECTOR_INIT = "director-init"
+
+
+def publish_director(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
+    """Gate and publish ``OUT/director_grpo/adapter`` as ``<store>/director/v<N>`` (``staged``).
+
+    Gate: the valid-directive rate after training may fall at most ``publish.gate.max_valid_rate_drop`` below the
+    rate before (both measured by ``director_grpo`` on the same prefixes). A refusal is recorded in the manifest
+    (``metrics.refused``) and leaves the store untouched; a resumed run does not publish the same digest twice.
+
+    Raises:
+        ValueError: director_grpo has not run. NotImplementedError: ``publish.gateway`` is set (AdapterService is
+        part of the serving issue).
+    """
+    from mascot_training.publish import PublishError, check_adapter, file_digest, find_version, publish_adapter
+
+    if cfg.publish.gateway:
+        raise NotImplementedError("AdapterService is not built yet; unset publish.gateway to publish into the store")
+    grpo = mf.read_manifest(out / "director_grpo")
+    if grpo is None:
+        raise ValueError(f"{out / 'director_grpo'} has no manifest: run the director_grpo stage first")
+    adir = out / "director_grpo" / "adapter"
+    store = Path(cfg.publish.store) if cfg.publish.store else out / "adapters"
+    conf = cfg.publish.model_dump(mode="json") | {"run_id": cfg.run_id}
+    inputs = {"adapter": mf.digest_path(adir), "base_model": str(base_model), "store": str(store)}
+    if mf.is_done(out, "publish", conf, inputs):
+        return mf.read_manifest(out / "publish")
+    m = grpo["metrics"]
+    drop = round(m["valid_rate_before"] - m["valid_rate_after"], 4)
+    gate = {"valid_rate_before": m["valid_rate_before"], "valid_rate_after": m["valid_rate_after"], "drop": drop,
+            "max_drop": cfg.publish.gate.max_valid_rate_drop,
+            "passed": drop <= cfg.publish.gate.max_valid_rate_drop + 1e-9}
+    with mf.stage_dir(out, "publish", conf, inputs) as (_part, man):
+        rec: dict = {"gate": gate}
+        try:
+            check_adapter(adir, base_model=base_model)
+            if not gate["passed"]:
+                raise PublishError(f"gate: the valid-directive rate fell from {m['valid_rate_before']} to "
+                                   f"{m['valid_rate_after']} (more than {gate['max_drop']})")
+            prior = find_version(store, "director", file_digest(adir / "adapter_model.safetensors"))
+            if prior is not None:
+                rec["published"] = {"version": prior["version"], "name": prior["name"], "already": True}
+            else:
+                res = publish_adapter(store, "director", adir, base_model=base_model, run_id=cfg.run_id,
+                                      data_ids=grpo.get("data_ids", []),
+                                      eval_metrics={"gate": gate, "director_grpo": {
+                                          k: m.get(k) for k in ("group_reward_mean", "i_div_mean",
+                                                                "persona_distribution_before",
+                                                                "persona_distribution_after")}})
+                rec["published"] = {k: res[k] for k in ("version", "name", "digest", "revision")}
+        except PublishError as e:
+            rec["refused"] = str(e)
+        man["metrics"] = rec
+        man["data_ids"] = grpo.get("data_ids", [])
+        man["store"] = str(store)
+    return mf.read_manifest(out / "publish")
+
+
+def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STAGES,
+        log_fn: Callable[[str], None] = print, metrics: Any = None) -> dict[str, dict | None]:
+    """Run ``stages`` in chain order; returns each stage's manifest.
+
+    Raises:
+        ValueError: a stage cannot run (missing inputs, no qualifying pairs, ...); earlier artefacts stay.
+    """
+    from transformers import AutoTokenizer
+
+    from mascot.core.engine import resolve_model
+    from mascot.core.engine.transformers import TransformersEngine
+    from mascot.core.personas import PersonaCatalog
+    from mascot_training import director_grpo, group_rm, rollouts, speakers
+    from mascot_training.rollout import RolloutRunner
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = resolve_model(cfg.model, cfg.tiny_dir)
+    results: dict[str, dict | None] = {}
+
+    def report(stage: str, before: Any) -> None:
+        after = (results.get(stage) or {}).get("timings")
+        log_fn(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else "done"))
+
+    def timings(stage: str) -> Any:
+        return (mf.read_manifest(out / stage) or {}).get("timings")
+
+    before = timings("speakers")
+    log_fn("stage speakers: starting")
+    results["speakers"] = speakers.run(cfg, out, base_model=base)  # every later stage needs the adapters
+    report("speakers", before)
+    rest = [s for s in STAGES[1:] if s in stages]
+    if not rest:
+        return results
+    loop = director_grpo.LoopThread()
+    engine = TransformersEngine(base, max_model_len=cfg.max_model_len, batch_wait_ms=2)
+    try:
+        loop.call(engine.start())
+        adapters = {}
+        for pid, a in results["speakers"]["adapters"].items():
+            loop.call(engine.load_adapter(pid, a["path"]))
+            adapters[pid] = pid
+        init = cfg.director.init_adapter or None
+        if init:
+            loop.call(engine.load_adapter(DIRECTOR_INIT, init))
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        catalog = PersonaCatalog.load()
+        roster = [catalog.get(p) for p in active_personas(cfg)]
+        runner = RolloutRunner(engine, tokenizer, roster, rollouts.settings(cfg), adapters)
+        inputs = {"base_model": mf.digest_path(base) or f"hub:{base}",
+                  "speakers": mf.digest_obj({p: a["digest"] for p, a in results["speakers"]["adapters"].items()}),
+                  "director_init": mf.digest_path(init) if init else ""}
+        for stage in rest:
+            before = timings(stage)
+            log_fn(f"stage {stage}: starting")
+            if stage == "rollouts":
+                results[stage] = loop.call(rollouts.run(cfg, out, engine=engine, tokenizer=tokenizer,
+                                                        adapters=adapters, director_adapter=DIRECTOR_INIT if init
+                                                        else None, inputs=inputs))
+            elif stage == "group_rm":
+                results[stage] = loop.call(group_rm.run(cfg, out, engine=engine, base_model=base))
+            elif stage == "director_grpo":
+                if not (out / "rollouts" / "prefixes.jsonl").is_file():
+                    raise ValueError(f"{out / 'rollouts' / 'prefixes.jsonl'} is missing: run the rollouts stage first")
+                fn = _group_reward_fn(cfg, out, engine, roster, loop)
+                results[stage] = director_grpo.run(cfg, out, base_model=base, runner=runner, loop=loop,
+                                                   group_reward_fn=fn, inputs=inputs | _reward_inputs(cfg, out),
+                                                   metrics=metrics)
+            elif stage == "publish":
+                results[stage] = publish_director(cfg, out, base_model=base)
+            report(stage, before)
+    finally:
+        try:
+            loop.call(engine.close(), timeout=30)
+        finally:
+            loop.close()
+    return results
+
+
+def _reward_inputs(cfg: CollaborativeConfig, out: Path) -> dict[str, str]:
+    if cfg.phase2.group_reward.source == "rm":
+        return {"group_rm": mf.digest_path(out / "group_rm" / "model")}
+    return {"group_reward": "judge:" + mf.digest_obj(cfg.phase2.group_reward.judge.model_dump(mode="json"))}
+
+
+def _group_reward_fn(cfg: CollaborativeConfig, out: Path, engine: Any, roster: list, loop: Any) -> Any:
+    from mascot_training import director_grpo
+
+    gr = cfg.phase2.group_reward
+    if gr.source == "rm":
+        from mascot.reward.scorer import RewardScorer
+
+        model = out / "group_rm" / "model"
+        if not (model / "config.json").is_file():
+            raise ValueError(f"{model} is missing: run the group_rm stage first")
+        return director_grpo.rm_group_reward(RewardScorer(model, max_length=gr.rm.max_length,
+                                                          batch_size=gr.rm.batch_size), roster)
+    from mascot_training.group_rm import judge_specs
+    from mascot_training.judge import _judges
+
+    judges = _judges(judge_specs(cfg), engine, f"sqlite:///{(out / '.director-judge-cache.db').resolve()}")
+    return director_grpo.judge_group_reward_fn(judges, roster, loop, cfg.director_grpo.reward_timeout_s)

@@ -1,0 +1,435 @@
+"""Stage ``director_grpo``: GRPO of the director's LoRA on prefix–suffix rollouts (REFERENCE.md section 6, step 5).
+
+TRL 1.16 ``GRPOTrainer`` with a ``rollout_func``: the dataset's ``prompt`` column holds prefix ids (TRL repeats each
+row G = ``phase2.num_generations`` times); the rollout function runs one rollout per row with the director being
+trained (:class:`~mascot_training.rollout.PolicyDirector` on ``trainer.model``, sampled unconstrained), the frozen
+persona adapters and the frozen user simulator on an engine living in a background event loop, and returns each
+rollout's director token sequence: ``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 on director tokens, 0 on
+speaker, user and template tokens; TRL multiplies it into the loss mask). The reward function computes
+R = R_group + η·I_div (:func:`~mascot_training.rollout.rollout_reward`); TRL normalises it within the G rollouts of
+a prefix (``scale_rewards="group"``) and applies the advantage to every director token of the rollout.
+
+R_group: ``rm`` = ẑ of the group RM (``OUT/group_rm/model``) on
+:func:`mascot.core.formatting.group_reward_model_text`; ``judge`` = (s − 1)/4 of the judge's mean collective score.
+A dropped episode (role flip), a failed or timed-out group reward gets reward None: TRL turns it into advantage 0
+and it is counted (``mascot_reward_failures_total{reason}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from mascot.core.files import atomic_write_text
+from mascot_training import manifest as mf
+from mascot_training.collab_config import CollaborativeConfig, Phase2Config
+from mascot_training.rollout import (
+    DecideFn,
+    PolicyDirector,
+    Prefix,
+    Rollout,
+    RolloutRunner,
+    i_div,
+    rollout_reward,
+    rollout_seed,
+)
+
+log = logging.getLogger(__name__)
+STAGE = "director_grpo"
+ADAPTER_SUBDIR = "adapter"
+#: ``group_reward_fn([(prefix, block), ...]) -> [R_group | None, ...]``.
+GroupRewardFn = Callable[[Sequence[tuple[Prefix, list]]], Sequence[float | None]]
+#: ``decider_factory(trainer, step_seed) -> DecideFn``: how directives are produced (default: the policy).
+DeciderFactory = Callable[[Any, int], DecideFn]
+
+
+class LoopThread:
+    """An asyncio event loop in a daemon thread: the engine lives here while TRL drives training synchronously."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="rollout-loop")
+        self.thread.start()
+
+    def call(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run ``coro`` on the loop and wait for its result (re-raises its exception; TimeoutError after
+        ``timeout`` seconds)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop and join its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------- group reward
+
+
+def rm_group_reward(scorer: Any, cards: list) -> GroupRewardFn:
+    """R_group = ẑ of a group reward model (:class:`mascot.reward.scorer.RewardScorer`, μ and σ from its metadata)."""
+
+    def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
+        texts = []
+        for prefix, block in items:
+            texts.append(scorer.build_group_inputs(cards, prefix.history, [block], prefix.context)[0][0])
+        return [scorer.standardize(r) for r in scorer.score_texts(texts)]
+
+    return fn
+
+
+def judge_group_reward_fn(judges: list, cards: list, loop: LoopThread, timeout_s: float) -> GroupRewardFn:
+    """R_group = (s − 1)/4 of the judges' mean collective score (None when every answer was unparseable)."""
+    from mascot_training.group_rm import judge_blocks
+    from mascot_training.rollout import judge_group_reward
+
+    def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
+        means, _ = loop.call(judge_blocks(judges, cards, list(items)), timeout=timeout_s)
+        return [judge_group_reward(m) if m is not None else None for m in means]
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------- TRL hooks
+
+
+class RolloutStats:
+    """What the rollouts of a run looked like: R_group and I_div of scored rollouts, outcomes, choices."""
+
+    def __init__(self) -> None:
+        self.r_group: list[float] = []
+        self.i_div: list[int] = []
+        self.rewards: list[float] = []
+        self.outcomes: collections.Counter = collections.Counter()
+        self.failures: collections.Counter = collections.Counter()
+
+    def summary(self) -> dict:
+        """Means and counts for the manifest (None for a mean over nothing)."""
+        def mean(xs: list) -> float | None:
+            return round(statistics.fmean(xs), 6) if xs else None
+        return {"group_reward_mean": mean(self.r_group), "i_div_mean": mean(self.i_div),
+                "reward_mean": mean(self.rewards), "rollouts": dict(self.outcomes),
+                "reward_failures": dict(self.failures)}
+
+
+def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[str, Prefix], cfg: CollaborativeConfig,
+                      decider_factory: DeciderFactory | None = None) -> Callable:
+    """TRL ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout"}``.
+
+    ``prompts`` are prefix ids (each repeated G times by TRL's sampler); one rollout per entry, seeded by the
+    run seed, the global step and the entry's position. ``logprobs`` is None (no importance-sampling correction:
+    generation and training use the same weights).
+    """
+    d = cfg.director
+
+    def default_factory(trainer: Any, seed: int) -> DecideFn:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
+                                  top_p=d.top_p)
+        return runner.policy_decider(director, seed)
+
+    factory = decider_factory or default_factory
+
+    def rollout_func(prompts: list, trainer: Any) -> dict:
+        step = trainer.state.global_step
+        seed = rollout_seed(cfg.director_grpo.seed, step)
+        rollouts = []
+        for i, p in enumerate(prompts):
+            pid = p if isinstance(p, str) else str(p)
+            if pid not in prefixes:
+                raise KeyError(f"prompt {pid!r} is not a prefix id of this run")
+            rollouts.append(Rollout(prefixes[pid], i % cfg.phase2.num_generations, rollout_seed(seed, i)))
+        loop.call(runner.run(rollouts, factory(trainer, seed)))
+        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
+                "logprobs": None, "env_mask": [r.env_mask for r in rollouts],
+                "rollout": [r.record() for r in rollouts]}
+
+    return rollout_func
+
+
+def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn, p2: Phase2Config,
+                     timeout_s: float, stats: RolloutStats, metrics: Any = None) -> Callable:
+    """TRL reward function ``(prompts, completions, rollout, **kw) -> [R | None]`` (REFERENCE.md section 6, 4–6).
+
+    Invalid rollouts get ``phase2.invalid_reward``; dropped ones None; the rest R_group + η·I_div, with R_group from
+    ``group_reward_fn`` in one call for the batch. A None, non-finite or timed-out R_group masks the rollout (None)
+    and is counted in ``stats.failures`` and ``metrics.reward_failures``.
+
+    Raises:
+        ValueError: ``group_reward_fn`` returned a different number of values than it was given.
+    """
+    from mascot.core.dialogue import history_from_dicts
+    from mascot_training.persona_grpo import _call_with_timeout
+
+    def fail(reason: str, n: int = 1) -> None:
+        stats.failures[reason] += n
+        if metrics is not None:
+            metrics.reward_failures.labels(reason).inc(n)
+
+    def director_reward(prompts: list, completions: list, rollout: list[dict], **_: object) -> list[float | None]:
+        scored = [i for i, r in enumerate(rollout) if not r["invalid"] and not r["dropped"]]
+        items = [(prefixes[rollout[i]["prefix_id"]], history_from_dicts(rollout[i]["block"])) for i in scored]
+        groups: dict[int, float | None] = {}
+        if items:
+            values = _call_with_timeout(group_reward_fn, items, timeout_s)
+            if values is None:
+                log.warning("group reward did not answer within %.1f s; %d rollouts masked", timeout_s, len(items))
+                fail("timeout", len(items))
+                values = [None] * len(items)
+            elif len(values) != len(items):
+                raise ValueError(f"group reward returned {len(values)} values for {len(items)} rollouts")
+            for i, v in zip(scored, values):
+                if v is None:
+                    fail("none")
+                elif not math.isfinite(float(v)):
+                    fail("nan")
+                    v = None
+                groups[i] = None if v is None else float(v)
+        out: list[float | None] = []
+        for i, r in enumerate(rollout):
+            kind = "dropped" if r["dropped"] else "invalid" if r["invalid"] else "complete"
+            stats.outcomes[kind] += 1
+            rg = groups.get(i)
+            reward = rollout_reward(invalid=bool(r["invalid"]), dropped=bool(r["dropped"]), r_group=rg,
+                                    personas=r["personas"], eta=p2.eta, min_distinct=p2.min_distinct,
+                                    invalid_reward=p2.invalid_reward)
+            if kind == "complete" and rg is not None:
+                stats.r_group.append(rg)
+                stats.i_div.append(i_div(r["personas"], p2.min_distinct))
+            if reward is not None:
+                stats.rewards.append(reward)
+            out.append(reward)
+        return out
+
+    return director_reward
+
+
+# --------------------------------------------------------------------------------------------- measurement
+
+
+def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefixes: Sequence[Prefix], samples: int,
+                         seed: int) -> dict[str, float]:
+    """Shares of the director's first decision over ``prefixes`` × ``samples`` draws (unconstrained, one attempt):
+    ``{persona_id: share, ..., "invalid": share}``; shares sum to 1 (persona ids in roster order, then invalid)."""
+    from mascot.director.directive import DirectiveError, check_cap, parse_directive
+
+    seqs, hists = [], []
+    for p in prefixes:
+        ids = runner._encode(runner.director_text(Rollout(p, 0, 0)))
+        seqs += [ids] * samples
+        hists += [p.history] * samples
+    counts: collections.Counter = collections.Counter()
+    for k in range(0, len(seqs), 16):
+        gens = director.generate(seqs[k:k + 16], rollout_seed(seed, "distribution", k))
+        for g, h in zip(gens, hists[k:k + 16]):
+            stopped = bool(g) and g[-1] in director.stop_ids
+            try:
+                d = parse_directive(runner._decode(g[:-1] if stopped else g), runner.roster)
+                check_cap(d.persona_id, h, runner.s.max_consecutive_turns)
+                counts[d.persona_id] += 1
+            except DirectiveError:
+                counts["invalid"] += 1
+    total = sum(counts.values()) or 1
+    return {k: round(counts[k] / total, 4) for k in [c.id for c in runner.roster] + ["invalid"]}
+
+
+def warm_start_rows(prefixes: dict[str, Prefix], block_rows: Sequence[dict], roster: Sequence[Any],
+                    max_consecutive: int) -> list[dict]:
+    """SFT rows ``{"prompt": director chat, "completion": [assistant directive]}`` for every serving-director
+    decision of the prefixes and of the kept blocks (prompt = the serving director chat before that turn)."""
+    from mascot.core.dialogue import history_from_dicts
+    from mascot.director.prompts import build_messages
+
+    rows = []
+
+    def add(history: list, context: list, start: int = 0) -> None:
+        for j, t in enumerate(history):
+            if j >= start and t.role == "agent" and t.directive:
+                rows.append({"prompt": build_messages(roster, history[:j], context, max_consecutive),
+                             "completion": [{"role": "assistant", "content": t.directive}]})
+
+    for p in prefixes.values():
+        add(p.history, p.context)
+    for row in block_rows:
+        p = prefixes.get(row["prefix_id"])
+        if p is None:
+            continue
+        for b in row["blocks"]:
+            if not b["dropped"]:
+                add(list(p.history) + history_from_dicts(b["block"]), p.context, start=len(p.history))
+    return rows
+
+
+def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_dir: Path) -> dict:
+    """Behaviour-clone the serving director into a fresh director LoRA (TRL ``SFTTrainer``, ``cfg.lora``) and save it
+    to ``out_dir``. Returns ``{"rows", "steps", "train_loss"}``.
+
+    Raises:
+        ValueError: no rows (no serving decision was recorded).
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from mascot_training.sft import peft_lora_config
+
+    if not rows:
+        raise ValueError("director.warm_start_steps is set but the rollouts stage recorded no serving decision")
+    d = cfg.director
+    work = out_dir.parent / ".warm-start-trainer"
+    args = SFTConfig(output_dir=str(work), max_steps=d.warm_start_steps, learning_rate=d.warm_start_lr,
+                     per_device_train_batch_size=min(8, len(rows)), max_length=cfg.max_model_len, logging_steps=10,
+                     save_strategy="no", report_to=[], bf16=False, gradient_checkpointing=False,
+                     use_cpu=not torch.cuda.is_available(), seed=cfg.director_grpo.seed, dataloader_num_workers=0,
+                     disable_tqdm=True)
+    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32), args=args,
+                         train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(base_model),
+                         peft_config=peft_lora_config(cfg.lora))
+    result = trainer.train()
+    trainer.model.save_pretrained(str(out_dir))
+    shutil.rmtree(work, ignore_errors=True)
+    return {"rows": len(rows), "steps": trainer.state.global_step, "train_loss": float(result.training_loss)}
+
+
+def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
+    """TRL 1.16 ``GRPOConfig`` of the director (no checkpoints; logs every step; CPU flags unless CUDA)."""
+    import torch
+    from trl import GRPOConfig
+
+    g = cfg.director_grpo
+    return GRPOConfig(output_dir=str(output_dir), num_generations=cfg.phase2.num_generations,
+                      per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
+                      max_completion_length=cfg.max_model_len, num_train_epochs=g.epochs, max_steps=g.max_steps,
+                      beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards,
+                      temperature=cfg.director.temperature, seed=g.seed, bf16=False, gradient_checkpointing=False,
+                      use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", logging_steps=1,
+                      disable_tqdm=True)
+
+
+def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,
+                  group_reward_fn: GroupRewardFn, cfg: CollaborativeConfig, work_dir: Path, stats: RolloutStats,
+                  *, init_adapter: str | None = None, decider_factory: DeciderFactory | None = None,
+                  metrics: Any = None, callbacks: Sequence = ()) -> Any:
+    """The ``GRPOTrainer`` of the director: a fresh LoRA (``cfg.lora``) or ``init_adapter`` continued."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, set_seed
+    from trl import GRPOTrainer
+
+    from mascot_training.persona_grpo import _finite_guard, peft_lora
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
+    set_seed(cfg.director_grpo.seed)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    peft_config = peft_lora(cfg.lora)
+    if init_adapter:
+        from peft import PeftModel
+
+        model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
+    rows = [{"prompt": pid} for pid in prefixes]
+    return GRPOTrainer(model=model, processing_class=runner.tokenizer, args=grpo_args(cfg, work_dir),
+                       train_dataset=Dataset.from_list(rows), peft_config=peft_config,
+                       reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
+                                                      cfg.director_grpo.reward_timeout_s, stats, metrics)],
+                       rollout_func=make_rollout_func(runner, loop, prefixes, cfg, decider_factory),
+                       callbacks=[_finite_guard(), *callbacks])
+
+
+def train_director(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,
+                   group_reward_fn: GroupRewardFn, cfg: CollaborativeConfig, work_dir: Path, *,
+                   init_adapter: str | None = None, metrics: Any = None) -> tuple[Any, dict]:
+    """Train the director; returns ``(trainer, metrics)``.
+
+    ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean R of the first / last logged step),
+    ``group_reward_mean``, ``i_div_mean`` (over completed rollouts with a group reward), ``rollouts`` (complete /
+    invalid / dropped counts), ``reward_failures``, ``persona_distribution_before`` / ``_after`` (first-decision
+    shares over the prefixes, :func:`persona_distribution`), ``valid_rate_before`` / ``_after``, ``seconds``.
+    """
+    t0 = time.perf_counter()
+    stats = RolloutStats()
+    trainer = build_trainer(base_model, prefixes, runner, loop, group_reward_fn, cfg, work_dir, stats,
+                            init_adapter=init_adapter, metrics=metrics)
+    d, g = cfg.director, cfg.director_grpo
+    plist = list(prefixes.values())
+
+    def dist() -> dict:
+        director = PolicyDirector(trainer.accelerator.unwrap_model(trainer.model), runner.tokenizer,
+                                  max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
+        return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
+
+    before = dist()
+    trainer.train()
+    after = dist()
+    rewards = [e["reward"] for e in trainer.state.log_history
+               if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]
+    m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
+         "reward_last": rewards[-1] if rewards else None, **stats.summary(),
+         "dropped_role_flip": runner.dropped_role_flips,
+         "persona_distribution_before": before, "persona_distribution_after": after,
+         "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4),
+         "seconds": round(time.perf_counter() - t0, 3)}
+    return trainer, m
+
+
+def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: RolloutRunner, loop: LoopThread,
+        group_reward_fn: GroupRewardFn, inputs: dict[str, str], metrics: Any = None) -> dict:
+    """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter``; returns the manifest
+    (``metrics`` as :func:`train_director`; ``group_reward_mean``, ``i_div_mean``, ``persona_distribution_before``,
+    ``persona_distribution_after`` also at the top level).
+
+    Raises:
+        ValueError: the rollouts stage has not run. RuntimeError: a non-finite loss or weight, or a non-LoRA adapter.
+    """
+    from mascot.core.files import read_jsonl
+    from mascot_training.persona_grpo import save_adapter
+
+    out = Path(out)
+    src = out / "rollouts" / "prefixes.jsonl"
+    if not src.is_file():
+        raise ValueError(f"{src} is missing: run the rollouts stage first")
+    conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json"), "director": cfg.director.model_dump(mode="json"),
+            "phase2": cfg.phase2.model_dump(mode="json"), "lora": cfg.lora.model_dump(mode="json"),
+            "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
+            "user": cfg.user.model_dump(mode="json")}
+    inputs = {**inputs, "prefixes": mf.digest_path(src)}
+    if mf.is_done(out, STAGE, conf, inputs):
+        return mf.read_manifest(out / STAGE)
+    prefixes = {d["prefix_id"]: Prefix.from_dict(d) for d in read_jsonl(src)}
+    with mf.stage_dir(out, STAGE, conf, inputs) as (part, man):
+        shutil.rmtree(part / ADAPTER_SUBDIR, ignore_errors=True)
+        init = cfg.director.init_adapter or None
+        warm = None
+        if cfg.director.warm_start_steps and not init:
+            rows = warm_start_rows(prefixes, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
+                                   cfg.director.max_consecutive_turns)
+            if not (part / "warm_start" / "adapter_config.json").is_file():
+                warm = warm_start(base_model, rows, cfg, part / "warm_start")
+                atomic_write_text(part / "warm_start.json", json.dumps(warm) + "\n")
+            else:
+                warm = json.loads((part / "warm_start.json").read_text(encoding="utf-8"))
+            init = str(part / "warm_start")
+        with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:
+            trainer, m = train_director(base_model, prefixes, runner, loop, group_reward_fn, cfg, Path(work),
+                                        init_adapter=init, metrics=metrics)
+            save_adapter(trainer, part / ADAPTER_SUBDIR)
+        if warm is not None:
+            m["warm_start"] = warm
+        atomic_write_text(part / "metrics.json", json.dumps(m, indent=2) + "\n")
+        man["metrics"] = m
+        man["data_ids"] = sorted({p.situation_id for p in prefixes.values()})
+        for k in ("group_reward_mean", "i_div_mean", "persona_distribution_before", "persona_distribution_after"):
+            man[k] = m[k]
+        log.info("director_grpo: %d steps, reward %s -> %s, distribution %s -> %s", m["steps"], m["reward_first"],
+                 m["reward_last"], m["persona_distribution_before"], m["persona_distribution_after"])
+    return mf.read_manifest(out / STAGE)

@@ -1,0 +1,491 @@
+"""Prefix–suffix rollouts of the director with frozen speakers and a frozen simulated user (REFERENCE.md section 6).
+
+A *prefix* is the user's opening plus k agent turns by the serving system; a *rollout* continues it with N agent
+turns (suffix), each a director directive and the named frozen speaker's reply; after every agent turn the frozen
+user speaks with probability p (a seeded Bernoulli draw; user turns do not count toward N).
+
+The director's side of a rollout is one token sequence (TRL's multi-turn layout): ``prompt_ids`` is the rendered
+director chat of the first decision, and ``completion_ids`` holds each generated directive (``env_mask`` 1) and,
+between directives, the tokens of the turns since (the agent's reply, a user turn; ``env_mask`` 0). The text of
+``prompt_ids + completion_ids`` equals the serving director prompt of every later decision
+(:func:`mascot.director.prompts.build_messages` renders the director's earlier answers as its assistant turns), so
+what is trained is what is served; :meth:`RolloutRunner.extend` checks this and raises when a chat template breaks
+it. Only the director's tokens carry loss: speaker and user text enters as ``env_mask`` 0.
+
+Pure functions (:func:`i_div`, :func:`rollout_reward`, :func:`judge_group_reward`, :func:`detect_role_flip`)
+hold the reward rules; :class:`RolloutRunner` drives rollouts in lockstep so directives of all rollouts are
+generated as one batch and speaker/user replies go to the engine together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from mascot.core.dialogue import HistoryTurn, directive_message, history_from_dicts, history_to_dicts
+from mascot.core.personas import PersonaCard
+from mascot.director.directive import DirectiveError, ParsedDirective, check_cap, parse_directive
+from mascot.director.prompts import build_messages
+from mascot.speaker.reply import ReplyOutcome, persona_reply, user_reply
+
+# ----------------------------------------------------------------------------------------------- reward rules
+
+
+def i_div(personas: Sequence[str], min_distinct: int = 2) -> int:
+    """The diversity indicator of REFERENCE.md section 6, step 4.
+
+    Args:
+        personas: Persona ids of the suffix's agent turns, in order.
+        min_distinct: Distinct personas needed (``phase2.min_distinct``).
+
+    Returns:
+        +1 when at least ``min_distinct`` distinct personas spoke, else -1.
+    """
+    return 1 if len(set(personas)) >= min_distinct else -1
+
+
+def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, personas: Sequence[str], eta: float,
+                   min_distinct: int, invalid_reward: float) -> float | None:
+    """R = R_group + η·I_div (REFERENCE.md section 6, steps 4 and 6).
+
+    Args:
+        invalid: The rollout ended at an invalid directive.
+        dropped: The episode was dropped (the simulated user flipped role).
+        r_group: The group reward of the suffix block; None when it could not be computed.
+        personas: Persona ids of the suffix's agent turns.
+        eta: η (``phase2.eta``).
+        min_distinct: For :func:`i_div`.
+        invalid_reward: R of an invalid rollout (``phase2.invalid_reward``, -2).
+
+    Returns:
+        ``invalid_reward`` for an invalid rollout; None for a dropped one or a missing/non-finite ``r_group`` (the
+        rollout is masked: TRL gives it advantage 0); else R_group + η·I_div.
+    """
+    if dropped:
+        return None
+    if invalid:
+        return float(invalid_reward)
+    if r_group is None or r_group != r_group or r_group in (float("inf"), float("-inf")):
+        return None
+    return float(r_group) + eta * i_div(personas, min_distinct)
+
+
+def judge_group_reward(mean_score: float) -> float:
+    """R_group from the judge's mean collective score s ∈ [1, 5]: (s − 1)/4 ∈ [0, 1] (REFERENCE.md section 6).
+
+    Raises:
+        ValueError: ``mean_score`` outside [1, 5].
+    """
+    if not 1.0 <= mean_score <= 5.0:
+        raise ValueError(f"collective mean score must be in [1, 5], got {mean_score}")
+    return (mean_score - 1.0) / 4.0
+
+
+#: Phrases of a supporter addressing the person in trouble: a simulated user writing them has flipped role.
+_SUPPORTER_PATTERNS = [
+    r"\bit sounds like you(?:'re| are| feel|'ve| have)?\b",
+    r"\bi(?:'m| am) (?:here|always here) (?:for|with) you\b",
+    r"\byou(?:'re| are) not alone\b",
+    r"\bhow (?:are|do) you feel(?:ing)?\b",
+    r"\bhave you (?:tried|considered|thought about)\b",
+    r"\bas (?:an? |your )?(?:ai|assistant|companion|supporter|language model)\b",
+    r"\bi hear you\b",
+    r"\bthat must (?:be|have been|feel) (?:so |really |very )?(?:hard|difficult|tough|painful|frustrating)\b",
+    r"\bwhat (?:can|could) (?:i|we) do to help you\b",
+]
+_SUPPORTER_RE = re.compile("|".join(_SUPPORTER_PATTERNS), re.IGNORECASE)
+
+
+def detect_role_flip(text: str, roster: Sequence[PersonaCard]) -> str:
+    """Why a simulated-user turn answers as a supporter instead of as the user ("" when it does not).
+
+    Checks, in order: the text opens with a speaker tag of an agent, the director or an assistant (``Anchor:``,
+    ``The Anchor:``, ``Director:``, ``Assistant:``); it uses a supporter phrase addressed to the person
+    (:data:`_SUPPORTER_PATTERNS`, e.g. "it sounds like you", "you're not alone", "have you tried").
+    """
+    head = text.lstrip().split("\n", 1)[0]
+    tags = {"director", "assistant", "agent", "supporter", "companion"}
+    for c in roster:
+        n = c.name.lower()
+        tags |= {n, n[4:] if n.startswith("the ") else n, c.id.replace("_", " ")}
+    m = re.match(r"^\s*\**([A-Za-z][A-Za-z _]{0,40})\**\s*:", head)
+    if m and m.group(1).strip().lower() in tags:
+        return f"speaker tag '{m.group(1).strip()}:'"
+    s = _SUPPORTER_RE.search(text)
+    if s:
+        return f"supporter phrase '{s.group(0)}'"
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class Prefix:
+    """The start of a rollout: the user's opening and k agent turns (user turns in between allowed).
+
+    ``situation`` and ``emotion`` go only to the user simulator (REFERENCE.md section 6, step 1).
+    """
+
+    prefix_id: str
+    situation_id: str
+    situation: str
+    emotion: str
+    k: int
+    history: list[HistoryTurn]
+    context: list[tuple[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (``from_dict`` inverts it)."""
+        return {"prefix_id": self.prefix_id, "situation_id": self.situation_id, "situation": self.situation,
+                "emotion": self.emotion, "k": self.k, "history": history_to_dicts(self.history),
+                "context": [list(c) for c in self.context]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Prefix":
+        """From :meth:`to_dict` output."""
+        return cls(d["prefix_id"], d["situation_id"], d["situation"], d["emotion"], int(d["k"]),
+                   history_from_dicts(d["history"]), [tuple(c) for c in d.get("context", [])])
+
+
+@dataclass
+class Rollout:
+    """One suffix continuation of a prefix, and the director's token sequence for it.
+
+    Attributes:
+        prefix: The prefix continued.
+        index: Position within its group of G rollouts.
+        seed: Seed of its speaker/user sampling and Bernoulli draws.
+        history: Prefix history plus suffix turns; agent turns carry their directive text.
+        prompt_ids: Tokens of the first director prompt.
+        completion_ids: Directive tokens and, between them, the tokens of the turns since.
+        env_mask: 1 for director tokens, 0 for speaker/user/template tokens (same length as ``completion_ids``).
+        directives: The raw text of every directive generated, in order.
+        invalid: The parse or cap error that ended the rollout ("" when none).
+        dropped: Why the episode was dropped (simulated user flipped role; "" when kept).
+    """
+
+    prefix: Prefix
+    index: int
+    seed: int
+    history: list[HistoryTurn] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    directives: list[str] = field(default_factory=list)
+    invalid: str = ""
+    dropped: str = ""
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.history:
+            self.history = list(self.prefix.history)
+
+    @property
+    def done(self) -> bool:
+        """No further decision is made."""
+        return self.finished or bool(self.invalid or self.dropped)
+
+    @property
+    def block(self) -> list[HistoryTurn]:
+        """The suffix's turns (agent and user), oldest first."""
+        return self.history[len(self.prefix.history):]
+
+    @property
+    def personas(self) -> list[str]:
+        """Persona ids of the suffix's agent turns."""
+        return [t.persona_id for t in self.block if t.role == "agent"]
+
+    def record(self) -> dict:
+        """JSON-ready summary (block, directives, outcome)."""
+        return {"prefix_id": self.prefix.prefix_id, "index": self.index, "seed": self.seed,
+                "block": history_to_dicts(self.block), "directives": list(self.directives),
+                "personas": self.personas, "invalid": self.invalid, "dropped": self.dropped}
+
+
+def rollout_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (SHA-256 of their repr)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "big") >> 1
+
+
+# ----------------------------------------------------------------------------------------------- the director
+
+
+@dataclass
+class DirectorOutput:
+    """One decision: ``text`` (raw), the parsed directive or the error, and the generated tokens (HF policy only;
+    the last is a stop token when ``stopped``)."""
+
+    text: str
+    directive: ParsedDirective | None
+    error: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    stopped: bool = False
+
+
+class PolicyDirector:
+    """Samples directives from a causal LM (the director policy under training), continuing token sequences.
+
+    Args:
+        model: A ``transformers`` causal LM (a PEFT model with the director LoRA), on CPU or GPU.
+        tokenizer: Its tokenizer (pad token required).
+        max_tokens: Most tokens per directive.
+        temperature: Sampling temperature (> 0).
+        top_p: Nucleus mass.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_tokens: int, temperature: float, top_p: float) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
+        stops = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        stops |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
+        self.stop_ids = sorted(i for i in stops if i is not None)
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the director tokenizer has no pad token; set one before training")
+
+    def generate(self, sequences: Sequence[Sequence[int]], seed: int) -> list[list[int]]:
+        """Sample one directive per sequence (left-padded batch); each result ends at its first stop token.
+
+        Returns:
+            Generated token ids per sequence (a stop token last unless ``max_tokens`` was reached).
+        """
+        import torch
+
+        pad = self.tokenizer.pad_token_id
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, s in enumerate(sequences):
+            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+            att[i, width - len(s):] = 1
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device), do_sample=True,
+                                          temperature=self.temperature, top_p=self.top_p, top_k=0,
+                                          max_new_tokens=self.max_tokens, eos_token_id=self.stop_ids,
+                                          pad_token_id=pad)
+        finally:
+            self.model.train(was_training)
+        res = []
+        for row in out[:, width:].tolist():
+            cut = next((j + 1 for j, t in enumerate(row) if t in self.stop_ids), len(row))
+            res.append(row[:cut])
+        return res
+
+
+# ----------------------------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class RolloutSettings:
+    """What a :class:`RolloutRunner` needs from the run config (``phase2``, ``speakers``, ``user``, ``director``)."""
+
+    suffix_agent_turns: int
+    user_speak_prob: float
+    max_consecutive_turns: int
+    speaker_max_tokens: int = 96
+    speaker_temperature: float = 0.7
+    speaker_top_p: float = 0.95
+    user_max_tokens: int = 64
+    user_temperature: float = 0.8
+    user_top_p: float = 0.95
+    personality: str = ""
+
+
+DecideFn = Callable[[list[Rollout], int], Awaitable[list[DirectorOutput]]]
+
+
+class RolloutRunner:
+    """Runs rollouts in lockstep: one batch of directives, then every speaker reply, then every user draw.
+
+    Args:
+        engine: An engine with the persona adapters loaded (speakers and user simulator; frozen).
+        tokenizer: The director's tokenizer (renders the director chat; builds token sequences).
+        roster: Active personas.
+        settings: :class:`RolloutSettings`.
+        adapters: ``{persona_id: engine adapter name}``; a persona without one speaks with the base model.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any, roster: Sequence[PersonaCard], settings: RolloutSettings,
+                 adapters: dict[str, str] | None = None) -> None:
+        self.engine, self.tokenizer, self.roster, self.s = engine, tokenizer, list(roster), settings
+        self.adapters = dict(adapters or {})
+        self.cards = {c.id: c for c in roster}
+        self.dropped_role_flips = 0
+
+    # -- director chat ---------------------------------------------------------------------------------------
+    def director_text(self, r: Rollout) -> str:
+        """The serving director prompt of ``r``'s next decision, rendered (generation prompt included)."""
+        msgs = build_messages(self.roster, r.history, r.prefix.context, self.s.max_consecutive_turns)
+        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def start(self, r: Rollout) -> None:
+        """Set ``r.prompt_ids`` to the first decision's prompt."""
+        r.prompt_ids = self._encode(self.director_text(r))
+
+    def extend(self, r: Rollout) -> None:
+        """Append the tokens between the last directive and the next decision's generation prompt (env_mask 0).
+
+        Raises:
+            RuntimeError: the serving prompt of the next decision does not extend the sequence so far (a chat
+                template that rewrites earlier assistant turns, e.g. one that strips thinking text).
+        """
+        target = self.director_text(r)
+        current = self._decode(r.prompt_ids + r.completion_ids)
+        if not target.startswith(current):
+            raise RuntimeError("the director's chat template renders earlier directives differently from the text "
+                               "generated (it is not prefix-stable); use a template that keeps assistant turns "
+                               "verbatim, e.g. render Qwen3 with thinking off, so rollouts train what is served")
+        extra = self._encode(target[len(current):])
+        r.completion_ids += extra
+        r.env_mask += [0] * len(extra)
+
+    # -- turns -----------------------------------------------------------------------------------------------
+    async def _collect(self, gen: Any) -> ReplyOutcome:
+        out = None
+        async for item in gen:
+            if isinstance(item, ReplyOutcome):
+                out = item
+        assert out is not None
+        return out
+
+    async def speak(self, r: Rollout, d: ParsedDirective, directive_text: str, step: int) -> None:
+        """The named frozen speaker answers the directive; the turn (with its directive text) joins the history."""
+        card = self.cards[d.persona_id]
+        out = await self._collect(persona_reply(
+            self.engine, card, self.roster, r.history, r.prefix.context, d.action, d.tone,
+            max_tokens=self.s.speaker_max_tokens, temperature=self.s.speaker_temperature, top_p=self.s.speaker_top_p,
+            seed=rollout_seed(r.seed, step, "speaker"), adapter=self.adapters.get(card.id)))
+        r.history.append(HistoryTurn("agent", out.text, card.id, directive_text))
+
+    async def maybe_user(self, r: Rollout, step: int) -> None:
+        """With probability p (seeded per rollout and step) the frozen user speaks; a role flip drops the episode."""
+        if random.Random(rollout_seed(r.seed, step, "bernoulli")).random() >= self.s.user_speak_prob:
+            return
+        out = await self._collect(user_reply(
+            self.engine, r.prefix.situation, r.prefix.emotion, self._personality(), self.roster, r.history,
+            r.prefix.context, max_tokens=self.s.user_max_tokens, temperature=self.s.user_temperature,
+            top_p=self.s.user_top_p, seed=rollout_seed(r.seed, step, "user")))
+        if not out.text.strip():
+            return
+        why = detect_role_flip(out.text, self.roster)
+        if why:
+            r.dropped = f"simulated user flipped role: {why}"
+            self.dropped_role_flips += 1
+            return
+        r.history.append(HistoryTurn("user", out.text))
+
+    def _personality(self) -> str:
+        from mascot.speaker.prompts import personality_text
+
+        return personality_text(mbti=self.s.personality) if self.s.personality else ""
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    async def run(self, rollouts: list[Rollout], decide: DecideFn, turns: int | None = None,
+                  sequences: bool = True) -> list[Rollout]:
+        """Advance every rollout by ``turns`` agent turns (default N = ``suffix_agent_turns``), in lockstep.
+
+        Args:
+            rollouts: Fresh rollouts (history = their prefix's).
+            decide: ``await decide(active_rollouts, step) -> [DirectorOutput]`` (one per active rollout).
+            turns: Agent turns to add.
+            sequences: Keep the director token sequences (policy rollouts); False for serving-director rollouts.
+
+        Returns:
+            ``rollouts``, each finished, invalid or dropped.
+        """
+        n_turns = self.s.suffix_agent_turns if turns is None else turns
+        if sequences:
+            for r in rollouts:
+                self.start(r)
+        for step in range(n_turns):
+            active = [r for r in rollouts if not r.done]
+            if not active:
+                break
+            outs = await decide(active, step)
+            speaking = []
+            for r, o in zip(active, outs):
+                r.directives.append(o.text)
+                if sequences:
+                    r.completion_ids += o.token_ids
+                    r.env_mask += [1] * len(o.token_ids)
+                d = o.directive
+                if d is not None:
+                    try:
+                        check_cap(d.persona_id, r.history, self.s.max_consecutive_turns)
+                    except DirectiveError as e:
+                        d, o.error = None, str(e)
+                if d is None:
+                    r.invalid = o.error or "invalid directive"
+                    continue
+                speaking.append((r, d, o))
+            await asyncio.gather(*(self.speak(r, d, self._directive_text(o, d), step) for r, d, o in speaking))
+            await asyncio.gather(*(self.maybe_user(r, step) for r, _, _ in speaking))
+            for r, _, _ in speaking:
+                if step + 1 == n_turns:
+                    r.finished = True
+                elif sequences and not r.done:
+                    self.extend(r)
+        for r in rollouts:
+            r.finished = True
+        return rollouts
+
+    def _directive_text(self, o: DirectorOutput, d: ParsedDirective) -> str:
+        """What the director sees of this decision later: the generated text without its stop token (policy), or
+        the serving rule (:func:`directive_message`) for serving-director decisions."""
+        if o.token_ids:
+            ids = o.token_ids[:-1] if o.stopped else o.token_ids
+            return self._decode(ids)
+        return o.text
+
+    # -- directors -------------------------------------------------------------------------------------------
+    def policy_decider(self, director: PolicyDirector, seed: int) -> DecideFn:
+        """A :data:`DecideFn` sampling from ``director`` unconstrained (REFERENCE.md section 6: one attempt)."""
+
+        async def decide(active: list[Rollout], step: int) -> list[DirectorOutput]:
+            gens = director.generate([r.prompt_ids + r.completion_ids for r in active], rollout_seed(seed, step))
+            outs = []
+            for g in gens:
+                stopped = bool(g) and g[-1] in director.stop_ids
+                text = self._decode(g[:-1] if stopped else g)
+                try:
+                    d, err = parse_directive(text, self.roster), ""
+                except DirectiveError as e:
+                    d, err = None, str(e)
+                outs.append(DirectorOutput(text, d, err, list(g), stopped))
+            return outs
+
+        return decide
+
+    def serving_decider(self, director_cfg: Any, adapter: str | None = None) -> DecideFn:
+        """A :data:`DecideFn` calling the serving director (:func:`mascot.director.decide.decide`: constrained
+        when the engine supports it, retries, fallback) on the engine: prefixes and group-RM blocks."""
+        from mascot.director.decide import decide as serve_decide
+
+        async def decide(active: list[Rollout], step: int) -> list[DirectorOutput]:
+            decisions = await asyncio.gather(*(serve_decide(
+                self.engine, self.roster, r.history, r.prefix.context, director_cfg, adapter=adapter,
+                seed=rollout_seed(r.seed, step, "director")) for r in active))
+            outs = []
+            for dec in decisions:
+                d = dec.directive
+                text = directive_message(self.cards[d.persona_id].name, d.action, d.tone, dec.source, dec.raw)
+                outs.append(DirectorOutput(text, d))
+            return outs
+
+        return decide

@@ -1,0 +1,120 @@
+"""Stage ``speakers``: the frozen persona adapters phase 2 rolls out with (REFERENCE.md section 6).
+
+Sources, in order: ``speakers.adapters`` (explicit directories), ``speakers.store`` (a phase 1 adapter store: the
+persona's ``stable`` version, else its highest version), else a quick step that makes one minimal LoRA per
+persona (``QUICK_STEPS`` SFT steps on rows built from its persona card, :func:`mascot_training.sft.smoke_rows`),
+so the chain runs standalone on a fresh clone without the whole phase 1 chain.
+
+Output: ``OUT/speakers/manifest.json`` with ``adapters = {persona_id: {"path", "source", "digest"}}``; made
+adapters live in ``OUT/speakers/<persona_id>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from mascot_training import manifest as mf
+from mascot_training.collab_config import CollaborativeConfig
+from mascot_training.config import active_personas
+
+log = logging.getLogger(__name__)
+STAGE = "speakers"
+#: SFT steps of a quick minimal persona adapter.
+QUICK_STEPS = 2
+
+
+def from_store(store: str | Path, persona_id: str) -> tuple[Path, str] | None:
+    """The adapter directory of ``persona_id`` in a DESIGN.md section 5 store: stable, else the highest version.
+
+    Returns:
+        ``(path, "store:v<N>")`` or None when the store has no version of the persona.
+
+    Raises:
+        ValueError: ``registry.json`` is missing or not JSON.
+    """
+    reg_path = Path(store) / "registry.json"
+    try:
+        reg = json.loads(reg_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{reg_path}: cannot read the adapter registry ({e})") from None
+    entry = reg.get("adapters", {}).get(persona_id)
+    if not entry or not entry.get("versions"):
+        return None
+    live = {int(n) for n, v in entry["versions"].items() if v.get("state") != "retired"}
+    if not live:
+        return None
+    n = entry.get("stable") if entry.get("stable") in live else max(live)
+    return Path(store) / persona_id / f"v{n}", f"store:v{n}"
+
+
+def _quick_adapter(base_model: str, persona_id: str, cfg: CollaborativeConfig, out_dir: Path) -> None:
+    """A minimal persona LoRA: ``QUICK_STEPS`` TRL SFT steps on the card's smoke rows."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from mascot_training.sft import peft_lora_config, smoke_rows
+
+    rows = smoke_rows([persona_id])
+    ds = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
+    work = out_dir.parent / f".{persona_id}-trainer"
+    args = SFTConfig(output_dir=str(work), max_steps=QUICK_STEPS, learning_rate=2e-4, per_device_train_batch_size=2,
+                     max_length=cfg.max_model_len, logging_steps=1, save_strategy="no", report_to=[],
+                     bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(), seed=0,
+                     dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model), args=args, train_dataset=ds,
+                         processing_class=AutoTokenizer.from_pretrained(base_model),
+                         peft_config=peft_lora_config(cfg.lora))
+    trainer.train()
+    trainer.model.save_pretrained(str(out_dir))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def run(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
+    """Resolve (or make) one frozen adapter per active persona; returns the stage manifest.
+
+    Raises:
+        ValueError: adapters were given but some active persona has none (named), or a store is unreadable.
+    """
+    out = Path(out)
+    personas = active_personas(cfg)
+    given: dict[str, tuple[Path, str]] = {}
+    if cfg.speakers.store:
+        for pid in personas:
+            hit = from_store(cfg.speakers.store, pid)
+            if hit:
+                given[pid] = hit
+    for pid, d in cfg.speakers.adapters.items():
+        if pid in personas:
+            given[pid] = (Path(d), "path")
+    if given and set(given) != set(personas):
+        missing = sorted(set(personas) - set(given))
+        raise ValueError(f"no phase 1 adapter for persona(s) {missing}: add them to speakers.adapters or the "
+                         "store, or drop them from personas")
+    config = {"personas": personas, "lora": cfg.lora.model_dump(mode="json"), "quick_steps": QUICK_STEPS,
+              "sources": {p: s for p, (_, s) in sorted(given.items())}}
+    inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}"} | {
+        f"adapter:{p}": mf.digest_path(d) for p, (d, _) in sorted(given.items())}
+    if mf.is_done(out, STAGE, config, inputs):
+        return mf.read_manifest(out / STAGE)
+    with mf.stage_dir(out, STAGE, config, inputs) as (partial, man):
+        adapters = {}
+        for pid in personas:
+            if pid in given:
+                path, source = given[pid]
+            else:
+                path, source = out / STAGE / pid, "quick"
+                if not (partial / pid / "adapter_config.json").is_file():
+                    shutil.rmtree(partial / pid, ignore_errors=True)
+                    log.info("speakers: making a minimal adapter for %s (%d SFT steps)", pid, QUICK_STEPS)
+                    _quick_adapter(base_model, pid, cfg, partial / pid)
+            digest_dir = partial / pid if source == "quick" else path
+            adapters[pid] = {"path": str(path), "source": source, "digest": mf.digest_path(digest_dir)}
+        man["adapters"] = adapters
+        man["metrics"] = {"quick": sum(1 for a in adapters.values() if a["source"] == "quick"),
+                          "given": len(given)}
+    return mf.read_manifest(out / STAGE)
