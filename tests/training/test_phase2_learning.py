@@ -104,3 +104,30 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
     assert before["invalid"] < 0.5, "the warm base should mostly write valid directives"
     assert after[target] >= before[target] + 0.2, (target, before, after)
     assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0  # min_distinct 1: one persona is enough
+
+
+def test_warm_start_clones_the_serving_director(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """director.warm_start_steps: SFT of a fresh director LoRA on serving decisions lowers its loss on them and
+    saves a LoRA-only adapter on the base. (On the tiny model that is all it can show: even with scaled embeddings a
+    q/k/v/o LoRA of a 64-wide, 2-layer model needs far more steps to write valid directives at temperature 0.7,
+    about 4 in 10 after 150 steps with one fixed tone; the GRPO learning test above warms its base up instead.)"""
+    import torch
+    from safetensors import safe_open
+
+    from mascot_training.collab_config import CollaborativeConfig
+    from mascot_training.director_warm_start import warm_start
+
+    torch.set_num_threads(1)
+    rng = random.Random(1)
+    rows = [{"prompt": build_messages(ROSTER, [HistoryTurn("user", rng.choice(OPENINGS))], [], 2),
+             "completion": [{"role": "assistant", "content": f"Agent: {c.name}\nAction: Respond to the user.\n"
+                             f"Tone: {c.default_tone}"}]} for c in (rng.choice(ROSTER) for _ in range(32))]
+    cfg = CollaborativeConfig(model=str(tiny_model_dir), lora={"r": 8, "alpha": 16},
+                              director={"warm_start_steps": 12, "warm_start_lr": 1e-2})
+    m = warm_start(str(tiny_model_dir), rows, cfg, tmp_path / "warm")
+    assert m["steps"] == 12 and m["rows"] == 32
+    assert m["loss_last"] < m["loss_first"] - 0.5, m
+    conf = (tmp_path / "warm" / "adapter_config.json").read_text()
+    assert str(tiny_model_dir) in conf and '"r": 8' in conf
+    with safe_open(str(tmp_path / "warm" / "adapter_model.safetensors"), "pt") as f:
+        assert all("lora_" in k for k in f.keys())

@@ -320,3 +320,24 @@ def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_da
     finally:
         loop.call(eng.close())
         loop.close()
+
+
+def test_warm_start_rows_clone_every_serving_decision_once(tok):
+    from mascot.core.dialogue import history_to_dicts
+    from mascot_training.director_warm_start import warm_start_rows
+
+    block = [HistoryTurn("agent", "Name one thing you did well.", "beacon",
+                         "Agent: The Beacon\nAction: Find a strength.\nTone: Warm"),
+             HistoryTurn("user", "I parked well."),
+             HistoryTurn("agent", "What happened at the roundabout?", "catalyst",
+                         "Agent: The Catalyst\nAction: Explore it.\nTone: Curious")]
+    rows = warm_start_rows({PREFIX.prefix_id: PREFIX},
+                           [{"prefix_id": PREFIX.prefix_id,
+                             "blocks": [{"block": history_to_dicts(block), "dropped": ""},
+                                        {"block": history_to_dicts(block[:1]), "dropped": "flipped"}]}],
+                           ROSTER, 2)
+    # one row for the prefix's directed turn, two for the kept block; the dropped block adds nothing
+    assert [r["completion"][0]["content"] for r in rows] == [PREFIX.history[1].directive, block[0].directive,
+                                                             block[2].directive]
+    assert rows[2]["prompt"] == build_messages(ROSTER, PREFIX.history + block[:2], [], 2)
+    assert rows[0]["prompt"] == build_messages(ROSTER, PREFIX.history[:1], [], 2)

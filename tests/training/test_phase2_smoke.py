@@ -59,6 +59,7 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     for k in ("group_reward_mean", "i_div_mean", "persona_distribution_before", "persona_distribution_after"):
         assert k in dg and k in dg["metrics"]
     assert dg["metrics"]["steps"] == cfg["director_grpo"]["max_steps"]
+    assert dg["metrics"]["warm_start"]["steps"] == cfg["director"]["warm_start_steps"]  # GRPO continued it
     for dist in (dg["persona_distribution_before"], dg["persona_distribution_after"]):
         assert set(dist) == set(cfg["personas"]) | {"invalid"} and sum(dist.values()) == pytest.approx(1.0, abs=1e-3)
     # training and evaluation ids are disjoint: every prefix comes from the training split

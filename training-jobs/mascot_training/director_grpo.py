@@ -40,10 +40,9 @@ from mascot_training.rollout import (
     Prefix,
     Rollout,
     RolloutRunner,
-    i_div,
-    rollout_reward,
     rollout_seed,
 )
+from mascot_training.rewards import i_div, rollout_reward
 
 log = logging.getLogger(__name__)
 STAGE = "director_grpo"
@@ -91,7 +90,7 @@ def rm_group_reward(scorer: Any, cards: list) -> GroupRewardFn:
 def judge_group_reward_fn(judges: list, cards: list, loop: LoopThread, timeout_s: float) -> GroupRewardFn:
     """R_group = (s − 1)/4 of the judges' mean collective score (None when every answer was unparseable)."""
     from mascot_training.group_rm import judge_blocks
-    from mascot_training.rollout import judge_group_reward
+    from mascot_training.rewards import judge_group_reward
 
     def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
         means, _ = loop.call(judge_blocks(judges, cards, list(items)), timeout=timeout_s)
@@ -243,65 +242,6 @@ def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefix
     return {k: round(counts[k] / total, 4) for k in [c.id for c in runner.roster] + ["invalid"]}
 
 
-def warm_start_rows(prefixes: dict[str, Prefix], block_rows: Sequence[dict], roster: Sequence[Any],
-                    max_consecutive: int) -> list[dict]:
-    """SFT rows ``{"prompt": director chat, "completion": [assistant directive]}`` for every serving-director
-    decision of the prefixes and of the kept blocks (prompt = the serving director chat before that turn)."""
-    from mascot.core.dialogue import history_from_dicts
-    from mascot.director.prompts import build_messages
-
-    rows = []
-
-    def add(history: list, context: list, start: int = 0) -> None:
-        for j, t in enumerate(history):
-            if j >= start and t.role == "agent" and t.directive:
-                rows.append({"prompt": build_messages(roster, history[:j], context, max_consecutive),
-                             "completion": [{"role": "assistant", "content": t.directive}]})
-
-    for p in prefixes.values():
-        add(p.history, p.context)
-    for row in block_rows:
-        p = prefixes.get(row["prefix_id"])
-        if p is None:
-            continue
-        for b in row["blocks"]:
-            if not b["dropped"]:
-                add(list(p.history) + history_from_dicts(b["block"]), p.context, start=len(p.history))
-    return rows
-
-
-def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_dir: Path) -> dict:
-    """Behaviour-clone the serving director into a fresh director LoRA (TRL ``SFTTrainer``, ``cfg.lora``) and save it
-    to ``out_dir``. Returns ``{"rows", "steps", "train_loss"}``.
-
-    Raises:
-        ValueError: no rows (no serving decision was recorded).
-    """
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
-
-    from mascot_training.sft import peft_lora_config
-
-    if not rows:
-        raise ValueError("director.warm_start_steps is set but the rollouts stage recorded no serving decision")
-    d = cfg.director
-    work = out_dir.parent / ".warm-start-trainer"
-    args = SFTConfig(output_dir=str(work), max_steps=d.warm_start_steps, learning_rate=d.warm_start_lr,
-                     per_device_train_batch_size=min(8, len(rows)), max_length=cfg.max_model_len, logging_steps=10,
-                     save_strategy="no", report_to=[], bf16=False, gradient_checkpointing=False,
-                     use_cpu=not torch.cuda.is_available(), seed=cfg.director_grpo.seed, dataloader_num_workers=0,
-                     disable_tqdm=True)
-    trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32), args=args,
-                         train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(base_model),
-                         peft_config=peft_lora_config(cfg.lora))
-    result = trainer.train()
-    trainer.model.save_pretrained(str(out_dir))
-    shutil.rmtree(work, ignore_errors=True)
-    return {"rows": len(rows), "steps": trainer.state.global_step, "train_loss": float(result.training_loss)}
-
-
 def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
     """TRL 1.16 ``GRPOConfig`` of the director (no checkpoints; logs every step; CPU flags unless CUDA)."""
     import torch
@@ -411,6 +351,8 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         init = cfg.director.init_adapter or None
         warm = None
         if cfg.director.warm_start_steps and not init:
+            from mascot_training.director_warm_start import warm_start, warm_start_rows
+
             rows = warm_start_rows(prefixes, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
                                    cfg.director.max_consecutive_turns)
             if not (part / "warm_start" / "adapter_config.json").is_file():

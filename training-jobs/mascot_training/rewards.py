@@ -1,15 +1,18 @@
-"""Reward functions of phase 1 (REFERENCE.md section 5) as pure functions.
+"""Reward functions of phase 1 (REFERENCE.md section 5) and phase 2 (section 6) as pure functions.
 
 - :func:`format_reward`: R_format = −1 unless the output starts with exactly one non-empty ``<think>…</think>``
   block followed by a non-empty answer; otherwise max(−1, 1 − λ·max(0, w − L_max)/L_max), w = answer words.
 - :func:`composite_reward`: r = w_rm·ẑ + w_fmt·R_format; a missing or non-finite part makes the whole reward None
   (the sample is masked and counted, never a NaN advantage).
+- :func:`i_div`, :func:`rollout_reward`: R = R_group + η·I_div of a director rollout, −2 when it ended at an invalid
+  directive, None when the episode was dropped; :func:`judge_group_reward`: (s − 1)/4.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Sequence
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>(.*)$", re.DOTALL)
 
@@ -48,3 +51,56 @@ def composite_reward(z_rm: float | None, r_format: float | None, w_rm: float = 1
     if any(p is None or not math.isfinite(p) for p in parts):
         return None
     return w_rm * z_rm + w_fmt * r_format
+
+
+# ----------------------------------------------------------------------------- phase 2 (REFERENCE.md section 6)
+
+
+def i_div(personas: Sequence[str], min_distinct: int = 2) -> int:
+    """The diversity indicator of REFERENCE.md section 6, step 4.
+
+    Args:
+        personas: Persona ids of the suffix's agent turns, in order.
+        min_distinct: Distinct personas needed (``phase2.min_distinct``).
+
+    Returns:
+        +1 when at least ``min_distinct`` distinct personas spoke, else -1.
+    """
+    return 1 if len(set(personas)) >= min_distinct else -1
+
+
+def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, personas: Sequence[str], eta: float,
+                   min_distinct: int, invalid_reward: float) -> float | None:
+    """R = R_group + η·I_div (REFERENCE.md section 6, steps 4 and 6).
+
+    Args:
+        invalid: The rollout ended at an invalid directive.
+        dropped: The episode was dropped (the simulated user flipped role).
+        r_group: The group reward of the suffix block; None when it could not be computed.
+        personas: Persona ids of the suffix's agent turns.
+        eta: η (``phase2.eta``).
+        min_distinct: For :func:`i_div`.
+        invalid_reward: R of an invalid rollout (``phase2.invalid_reward``, -2).
+
+    Returns:
+        ``invalid_reward`` for an invalid rollout; None for a dropped one or a missing/non-finite ``r_group`` (the
+        rollout is masked: TRL gives it advantage 0); else R_group + η·I_div.
+    """
+    if dropped:
+        return None
+    if invalid:
+        return float(invalid_reward)
+    if r_group is None or r_group != r_group or r_group in (float("inf"), float("-inf")):
+        return None
+    return float(r_group) + eta * i_div(personas, min_distinct)
+
+
+def judge_group_reward(mean_score: float) -> float:
+    """R_group from the judge's mean collective score s ∈ [1, 5]: (s − 1)/4 ∈ [0, 1] (REFERENCE.md section 6).
+
+    Raises:
+        ValueError: ``mean_score`` outside [1, 5].
+    """
+    if not 1.0 <= mean_score <= 5.0:
+        raise ValueError(f"collective mean score must be in [1, 5], got {mean_score}")
+    return (mean_score - 1.0) / 4.0

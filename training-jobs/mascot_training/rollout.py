@@ -12,8 +12,9 @@ between directives, the tokens of the turns since (the agent's reply, a user tur
 what is trained is what is served; :meth:`RolloutRunner.extend` checks this and raises when a chat template breaks
 it. Only the director's tokens carry loss: speaker and user text enters as ``env_mask`` 0.
 
-Pure functions (:func:`i_div`, :func:`rollout_reward`, :func:`judge_group_reward`, :func:`detect_role_flip`)
-hold the reward rules; :class:`RolloutRunner` drives rollouts in lockstep so directives of all rollouts are
+The reward rules are pure functions in :mod:`mascot_training.rewards` (:func:`~mascot_training.rewards.i_div`,
+:func:`~mascot_training.rewards.rollout_reward`, :func:`~mascot_training.rewards.judge_group_reward`);
+:func:`detect_role_flip` guards the user simulator; :class:`RolloutRunner` drives rollouts in lockstep so directives of all rollouts are
 generated as one batch and speaker/user replies go to the engine together.
 """
 
@@ -32,57 +33,7 @@ from mascot.director.directive import DirectiveError, ParsedDirective, check_cap
 from mascot.director.prompts import build_messages
 from mascot.speaker.reply import ReplyOutcome, persona_reply, user_reply
 
-# ----------------------------------------------------------------------------------------------- reward rules
-
-
-def i_div(personas: Sequence[str], min_distinct: int = 2) -> int:
-    """The diversity indicator of REFERENCE.md section 6, step 4.
-
-    Args:
-        personas: Persona ids of the suffix's agent turns, in order.
-        min_distinct: Distinct personas needed (``phase2.min_distinct``).
-
-    Returns:
-        +1 when at least ``min_distinct`` distinct personas spoke, else -1.
-    """
-    return 1 if len(set(personas)) >= min_distinct else -1
-
-
-def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, personas: Sequence[str], eta: float,
-                   min_distinct: int, invalid_reward: float) -> float | None:
-    """R = R_group + η·I_div (REFERENCE.md section 6, steps 4 and 6).
-
-    Args:
-        invalid: The rollout ended at an invalid directive.
-        dropped: The episode was dropped (the simulated user flipped role).
-        r_group: The group reward of the suffix block; None when it could not be computed.
-        personas: Persona ids of the suffix's agent turns.
-        eta: η (``phase2.eta``).
-        min_distinct: For :func:`i_div`.
-        invalid_reward: R of an invalid rollout (``phase2.invalid_reward``, -2).
-
-    Returns:
-        ``invalid_reward`` for an invalid rollout; None for a dropped one or a missing/non-finite ``r_group`` (the
-        rollout is masked: TRL gives it advantage 0); else R_group + η·I_div.
-    """
-    if dropped:
-        return None
-    if invalid:
-        return float(invalid_reward)
-    if r_group is None or r_group != r_group or r_group in (float("inf"), float("-inf")):
-        return None
-    return float(r_group) + eta * i_div(personas, min_distinct)
-
-
-def judge_group_reward(mean_score: float) -> float:
-    """R_group from the judge's mean collective score s ∈ [1, 5]: (s − 1)/4 ∈ [0, 1] (REFERENCE.md section 6).
-
-    Raises:
-        ValueError: ``mean_score`` outside [1, 5].
-    """
-    if not 1.0 <= mean_score <= 5.0:
-        raise ValueError(f"collective mean score must be in [1, 5], got {mean_score}")
-    return (mean_score - 1.0) / 4.0
+# ----------------------------------------------------------------------------------------------- role flips
 
 
 #: Phrases of a supporter addressing the person in trouble: a simulated user writing them has flipped role.
