@@ -36,7 +36,7 @@ async def main() -> None:
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.core.config import MascotConfig
-    from mascot.core.dialogue import HistoryTurn
+    from mascot.core.dialogue import HistoryTurn, directive_message
     from mascot.core.engine.tiny import build_tiny_qwen3
     from mascot.core.engine.transformers import TransformersEngine
     from mascot.core.personas import PersonaCatalog
@@ -80,7 +80,9 @@ async def main() -> None:
                                             adapter=None):
                 if isinstance(item, ReplyOutcome):
                     out = item
-            history.append(HistoryTurn("agent", out.text, card.id))
+            dt = d.directive
+            history.append(HistoryTurn("agent", out.text, card.id,
+                                       directive_message(card.name, dt.action, dt.tone, d.source, d.raw)))
             texts.append(out.text)
         return time.perf_counter() - t0, len(texts), texts
 

@@ -341,3 +341,18 @@ def test_warm_start_rows_clone_every_serving_decision_once(tok):
                                                              block[2].directive]
     assert rows[2]["prompt"] == build_messages(ROSTER, PREFIX.history + block[:2], [], 2)
     assert rows[0]["prompt"] == build_messages(ROSTER, PREFIX.history[:1], [], 2)
+
+
+async def test_rollout_stops_before_the_model_window(tok):
+    """A rollout whose director sequence would pass the window with one more directive stops there (never a
+    prompt serving would have to trim)."""
+    run = runner(tok, p=0.0, n=3)
+    r0 = Rollout(PREFIX, 0, 1)
+    run.start(r0)
+    first = len(r0.prompt_ids)
+    run.s.director_max_tokens = 30
+    run.s.max_sequence_tokens = first + 30 + 40  # room for the first directive, not for the turns after it too
+    r = Rollout(PREFIX, 0, 1)
+    await run.run([r], scripted(tok, lambda r_, s: directive(["The Beacon", "The Anchor", "The Catalyst"][s], r_, s)))
+    assert r.window_full and r.personas == ["beacon"] and not r.invalid
+    assert r.record()["window_full"] is True

@@ -76,13 +76,18 @@ class LoopThread:
 
 
 def rm_group_reward(scorer: Any, cards: list) -> GroupRewardFn:
-    """R_group = ẑ of a group reward model (:class:`mascot.reward.scorer.RewardScorer`, μ and σ from its metadata)."""
+    """R_group = ẑ of a group reward model (:class:`mascot.reward.scorer.RewardScorer`, μ and σ from its metadata);
+    None for a block that does not fit the reward model's window even without the prefix (masked and counted)."""
 
     def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
-        texts = []
+        texts: list[str | None] = []
         for prefix, block in items:
-            texts.append(scorer.build_group_inputs(cards, prefix.history, [block], prefix.context)[0][0])
-        return [scorer.standardize(r) for r in scorer.score_texts(texts)]
+            try:
+                texts.append(scorer.build_group_inputs(cards, prefix.history, [block], prefix.context)[0][0])
+            except ValueError:
+                texts.append(None)
+        raw = iter(scorer.score_texts([t for t in texts if t is not None]))
+        return [None if t is None else scorer.standardize(next(raw)) for t in texts]
 
     return fn
 
@@ -149,6 +154,9 @@ def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[st
                 raise KeyError(f"prompt {pid!r} is not a prefix id of this run")
             rollouts.append(Rollout(prefixes[pid], i % cfg.phase2.num_generations, rollout_seed(seed, i)))
         loop.call(runner.run(rollouts, factory(trainer, seed)))
+        for r in rollouts:  # a prefix already too long for one directive: one masked token, reward None
+            if not r.completion_ids:
+                r.completion_ids, r.env_mask = [runner.tokenizer.eos_token_id], [0]
         return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion_ids for r in rollouts],
                 "logprobs": None, "env_mask": [r.env_mask for r in rollouts],
                 "rollout": [r.record() for r in rollouts]}
@@ -176,7 +184,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
             metrics.reward_failures.labels(reason).inc(n)
 
     def director_reward(prompts: list, completions: list, rollout: list[dict], **_: object) -> list[float | None]:
-        scored = [i for i, r in enumerate(rollout) if not r["invalid"] and not r["dropped"]]
+        scored = [i for i, r in enumerate(rollout) if not r["invalid"] and not r["dropped"] and r["personas"]]
         items = [(prefixes[rollout[i]["prefix_id"]], history_from_dicts(rollout[i]["block"])) for i in scored]
         groups: dict[int, float | None] = {}
         if items:
@@ -196,13 +204,18 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
                 groups[i] = None if v is None else float(v)
         out: list[float | None] = []
         for i, r in enumerate(rollout):
-            kind = "dropped" if r["dropped"] else "invalid" if r["invalid"] else "complete"
+            kind = "dropped" if r["dropped"] else "invalid" if r["invalid"] else \
+                "window_full" if r.get("window_full") else "complete"
             stats.outcomes[kind] += 1
             rg = groups.get(i)
+            if kind == "window_full" and not r["personas"]:
+                fail("window_full")
+                out.append(None)
+                continue
             reward = rollout_reward(invalid=bool(r["invalid"]), dropped=bool(r["dropped"]), r_group=rg,
                                     personas=r["personas"], eta=p2.eta, min_distinct=p2.min_distinct,
                                     invalid_reward=p2.invalid_reward)
-            if kind == "complete" and rg is not None:
+            if kind in ("complete", "window_full") and rg is not None:
                 stats.r_group.append(rg)
                 stats.i_div.append(i_div(r["personas"], p2.min_distinct))
             if reward is not None:

@@ -118,6 +118,7 @@ class Rollout:
         directives: The raw text of every directive generated, in order.
         invalid: The parse or cap error that ended the rollout ("" when none).
         dropped: Why the episode was dropped (simulated user flipped role; "" when kept).
+        window_full: The director sequence reached the model window before N agent turns; the rollout stopped there.
     """
 
     prefix: Prefix
@@ -131,6 +132,7 @@ class Rollout:
     invalid: str = ""
     dropped: str = ""
     finished: bool = False
+    window_full: bool = False
 
     def __post_init__(self) -> None:
         if not self.history:
@@ -155,7 +157,8 @@ class Rollout:
         """JSON-ready summary (block, directives, outcome)."""
         return {"prefix_id": self.prefix.prefix_id, "index": self.index, "seed": self.seed,
                 "block": history_to_dicts(self.block), "directives": list(self.directives),
-                "personas": self.personas, "invalid": self.invalid, "dropped": self.dropped}
+                "personas": self.personas, "invalid": self.invalid, "dropped": self.dropped,
+                "window_full": self.window_full}
 
 
 def rollout_seed(*parts: object) -> int:
@@ -250,6 +253,10 @@ class RolloutSettings:
     user_temperature: float = 0.8
     user_top_p: float = 0.95
     personality: str = ""
+    #: Most tokens of a director sequence (the model window); a rollout that would pass it with one more directive
+    #: of ``director_max_tokens`` stops early (``window_full``) rather than train on a prompt serving would trim.
+    max_sequence_tokens: int = 1 << 30
+    director_max_tokens: int = 64
 
 
 DecideFn = Callable[[list[Rollout], int], Awaitable[list[DirectorOutput]]]
@@ -365,6 +372,11 @@ class RolloutRunner:
             for r in rollouts:
                 self.start(r)
         for step in range(n_turns):
+            if sequences:
+                for r in rollouts:
+                    if not r.done and (len(r.prompt_ids) + len(r.completion_ids) + self.s.director_max_tokens
+                                       > self.s.max_sequence_tokens):
+                        r.finished = r.window_full = True
             active = [r for r in rollouts if not r.done]
             if not active:
                 break

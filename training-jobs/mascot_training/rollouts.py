@@ -41,7 +41,8 @@ def settings(cfg: CollaborativeConfig) -> RolloutSettings:
         max_consecutive_turns=cfg.director.max_consecutive_turns, speaker_max_tokens=cfg.speakers.max_tokens,
         speaker_temperature=cfg.speakers.temperature, speaker_top_p=cfg.speakers.top_p,
         user_max_tokens=cfg.user.max_tokens, user_temperature=cfg.user.temperature, user_top_p=cfg.user.top_p,
-        personality=cfg.user.personality)
+        personality=cfg.user.personality, max_sequence_tokens=cfg.max_model_len,
+        director_max_tokens=cfg.director.max_tokens)
 
 
 def serving_director_config(cfg: CollaborativeConfig) -> Any:
