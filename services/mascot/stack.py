@@ -158,12 +158,28 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             stack.store = Store(cfg.store.url)
             loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
                             speaker_pb2_grpc.SpeakerServiceStub(sch), cfg, metrics)
-            stack.servers["gateway"] = await build_server("gateway", metrics, [(
-                conversation_pb2_grpc.add_ConversationServiceServicer_to_server,
-                ConversationServicer(stack.store, catalog, loop, cfg, metrics),
-                "mascot.api.conversation.v1.ConversationService")],
-                host=srv.host, port=srv.gateway_port, max_message_bytes=srv.max_message_bytes)
+            services = [(conversation_pb2_grpc.add_ConversationServiceServicer_to_server,
+                         ConversationServicer(stack.store, catalog, loop, cfg, metrics),
+                         "mascot.api.conversation.v1.ConversationService")]
+            if cfg.adapters.store:
+                services.append(_adapter_service(cfg))
+            stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
+                                                          port=srv.gateway_port,
+                                                          max_message_bytes=srv.max_message_bytes)
     except BaseException:
         await stack.stop(0)
         raise
     return stack
+
+
+def _adapter_service(cfg: MascotConfig) -> tuple:
+    """AdapterService on ``adapters.store`` (the gateway is the registry's only writer, DESIGN.md section 5)."""
+    from mascot.api.adapter.v1 import adapter_pb2_grpc
+    from mascot.core.engine import resolve_model
+    from mascot.gateway.admin import AdapterServicer, read_admin_token
+
+    a = cfg.adapters
+    base = a.base_model or resolve_model(cfg.engine.model, cfg.engine.tiny_dir)
+    token = read_admin_token(a.admin_token_env, a.admin_token_file)
+    return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
+            AdapterServicer(a.store, base, token, a.max_rank), "mascot.api.adapter.v1.AdapterService")

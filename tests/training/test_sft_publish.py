@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mascot.core.adapters import store as adapter_store
 from mascot_training import publish, sft
 from mascot_training.config import GateConfig, PersonaAlignmentConfig
 
@@ -256,7 +257,7 @@ def test_corrupt_copy_leaves_nothing(base, healthy, tmp_path, monkeypatch):
             f.write(bytes([last[0] ^ 0xFF]))
         return out
 
-    monkeypatch.setattr(publish.shutil, "copytree", corrupting)
+    monkeypatch.setattr(adapter_store.shutil, "copytree", corrupting)
     with pytest.raises(publish.PublishError, match="copy is corrupt"):
         _publish(store, pid, healthy[0] / "sft" / "adapter", base)
     assert (store / "registry.json").read_bytes() == reg and _tree(store) == tree
@@ -268,14 +269,14 @@ def test_corrupt_copy_leaves_nothing(base, healthy, tmp_path, monkeypatch):
 
 def test_registry_write_failure_removes_the_new_version(base, healthy, tmp_path, monkeypatch):
     store, pid, reg, tree = _seeded_store(base, healthy, tmp_path)
-    real = publish.atomic_write_text
+    real = adapter_store.atomic_write_text
 
     def failing(path, text, *a, **kw):
         if Path(path).name == "registry.json":
             raise OSError("disk full")
         return real(path, text, *a, **kw)
 
-    monkeypatch.setattr(publish, "atomic_write_text", failing)
+    monkeypatch.setattr(adapter_store, "atomic_write_text", failing)
     with pytest.raises(OSError, match="disk full"):
         _publish(store, pid, healthy[0] / "sft" / "adapter", base)
     assert (store / "registry.json").read_bytes() == reg and _tree(store) == tree
@@ -293,7 +294,7 @@ def test_compare_and_swap_retries_when_the_registry_changes(base, healthy, tmp_p
             (store / "registry.json").write_text(json.dumps(reg))
         return real(src, dst, **kw)
 
-    monkeypatch.setattr(publish.shutil, "copytree", racing)
+    monkeypatch.setattr(adapter_store.shutil, "copytree", racing)
     r = _publish(store, pid, healthy[0] / "sft" / "adapter", base)
     assert len(calls) == 2 and (r["version"], r["revision"]) == (2, 12)
     assert json.loads((store / "registry.json").read_text())["revision"] == 12
@@ -303,7 +304,7 @@ def test_compare_and_swap_retries_when_the_registry_changes(base, healthy, tmp_p
 def test_held_lock_times_out(tmp_path):
     (tmp_path / "registry.lock").write_text("1\n")
     with pytest.raises(publish.RegistryConflict, match="stayed locked"):
-        with publish.registry_lock(tmp_path, timeout_s=0.2):
+        with adapter_store.registry_lock(tmp_path, timeout_s=0.2):
             pass
     assert (tmp_path / "registry.lock").exists()  # someone else's lock is not removed
 
@@ -356,8 +357,11 @@ def test_publish_stage_does_not_republish_after_a_crash(base, healthy, tmp_path)
     assert json.loads((store / "registry.json").read_text())["revision"] == 1
 
 
-def test_publish_stage_gateway_not_built_yet(tmp_path):
+def test_gateway_publish_without_a_token_is_a_config_error(tmp_path, monkeypatch, shared_data):
+    from mascot_training.config import validate
+
+    monkeypatch.delenv("MASCOT_ADMIN_TOKEN", raising=False)
     cfg = _cfg(publish={"gateway": "127.0.0.1:50051"})
-    with pytest.raises(NotImplementedError, match="unset publish.gateway"):
-        publish.run(cfg, tmp_path, base_model="b", adapters={}, data_ids=[])
-    assert not (tmp_path / "publish").exists()
+    assert any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))
+    monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "t0ken")
+    assert not any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))

@@ -29,18 +29,15 @@ def publish_director(cfg: CollaborativeConfig, out: Path, *, base_model: str) ->
     (``metrics.refused``) and leaves the store untouched; a resumed run does not publish the same digest twice.
 
     Raises:
-        ValueError: director_grpo has not run. NotImplementedError: ``publish.gateway`` is set (AdapterService is
-        part of the serving issue).
+        ValueError: director_grpo has not run, or the gateway (``publish.gateway``) refused the credentials.
     """
-    from mascot_training.publish import PublishError, check_adapter, file_digest, find_version, publish_adapter
+    from mascot_training.publish import PublishError, check_adapter, publish_to, store_of
 
-    if cfg.publish.gateway:
-        raise NotImplementedError("AdapterService is not built yet; unset publish.gateway to publish into the store")
     grpo = mf.read_manifest(out / "director_grpo")
     if grpo is None:
         raise ValueError(f"{out / 'director_grpo'} has no manifest: run the director_grpo stage first")
     adir = out / "director_grpo" / "adapter"
-    store = Path(cfg.publish.store) if cfg.publish.store else out / "adapters"
+    store = store_of(cfg.publish, out)
     conf = cfg.publish.model_dump(mode="json") | {"run_id": cfg.run_id}
     inputs = {"adapter": mf.digest_path(adir), "base_model": str(base_model), "store": str(store)}
     if mf.is_done(out, "publish", conf, inputs):
@@ -57,22 +54,17 @@ def publish_director(cfg: CollaborativeConfig, out: Path, *, base_model: str) ->
             if not gate["passed"]:
                 raise PublishError(f"gate: the valid-directive rate fell from {m['valid_rate_before']} to "
                                    f"{m['valid_rate_after']} (more than {gate['max_drop']})")
-            prior = find_version(store, "director", file_digest(adir / "adapter_model.safetensors"))
-            if prior is not None:
-                rec["published"] = {"version": prior["version"], "name": prior["name"], "already": True}
-            else:
-                res = publish_adapter(store, "director", adir, base_model=base_model, run_id=cfg.run_id,
-                                      data_ids=grpo.get("data_ids", []),
-                                      eval_metrics={"gate": gate, "director_grpo": {
-                                          k: m.get(k) for k in ("group_reward_mean", "i_div_mean",
-                                                                "persona_distribution_before",
-                                                                "persona_distribution_after")}})
-                rec["published"] = {k: res[k] for k in ("version", "name", "digest", "revision")}
+            rec["published"] = publish_to(cfg.publish, out, "director", adir, base_model=base_model,
+                                          run_id=cfg.run_id, data_ids=grpo.get("data_ids", []),
+                                          eval_metrics={"gate": gate, "director_grpo": {
+                                              k: m.get(k) for k in ("group_reward_mean", "i_div_mean",
+                                                                    "persona_distribution_before",
+                                                                    "persona_distribution_after")}})
         except PublishError as e:
             rec["refused"] = str(e)
         man["metrics"] = rec
         man["data_ids"] = grpo.get("data_ids", [])
-        man["store"] = str(store)
+        man["store"] = store
     return mf.read_manifest(out / "publish")
 
 

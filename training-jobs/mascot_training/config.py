@@ -132,7 +132,8 @@ class GateConfig(_S):
 class PublishConfig(_S):
     """Publish adapters as ``staged`` (DESIGN.md section 5)."""
 
-    #: Gateway address for AdapterService; empty writes straight into ``store``.
+    #: Gateway address (host:port) of AdapterService, which must be able to read the run directory (a shared
+    #: volume); the token comes from MASCOT_ADMIN_TOKEN. Empty writes straight into ``store``.
     gateway: str = ""
     #: Store root (any local path); empty = ``<out>/adapters``.
     store: str = ""
@@ -243,6 +244,11 @@ def common_problems(cfg: Any) -> list[str]:
             out.append(str(e))
     if cfg.lora.r > 64:
         out.append("lora.r above 64 exceeds the serving limit (max_lora_rank 64)")
+    import os
+
+    if cfg.publish.gateway and not os.environ.get("MASCOT_ADMIN_TOKEN", "").strip():
+        out.append("publish.gateway is set but MASCOT_ADMIN_TOKEN is empty: the gateway's AdapterService needs the "
+                   "admin token (mount it as that environment variable)")
     return out
 
 

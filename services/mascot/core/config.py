@@ -176,6 +176,20 @@ class RewardConfig(_Section):
     padding_side: Literal["left", "right"] = "right"
 
 
+class AdaptersConfig(_Section):
+    """The adapter store and the admin plane (DESIGN.md section 5). Secrets never live here: the admin token comes
+    from the environment variable ``admin_token_env`` or the mounted file ``admin_token_file``."""
+
+    #: Store root (a local directory or mounted volume); empty disables AdapterService on the gateway.
+    store: str = ""
+    #: The serving base model adapters must name (``base_model_name_or_path``); empty = ``engine.model``.
+    base_model: str = ""
+    #: Serving limit on the LoRA rank (vLLM ``max_lora_rank``).
+    max_rank: int = Field(64, ge=1, le=512)
+    admin_token_env: str = "MASCOT_ADMIN_TOKEN"
+    admin_token_file: str = ""
+
+
 class MascotConfig(BaseSettings):
     """Effective configuration of every component (embedded mode shares one).
 
@@ -196,6 +210,7 @@ class MascotConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     judge: JudgeConfig = JudgeConfig()
     reward: RewardConfig = RewardConfig()
+    adapters: AdaptersConfig = AdaptersConfig()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

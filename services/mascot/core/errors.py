@@ -58,3 +58,15 @@ class DeadlineExceeded(ServiceError):
     """A propagated deadline ran out."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(ServiceError):
+    """No credentials were sent (e.g. the admin token is missing)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServiceError):
+    """The credentials sent do not allow the call (e.g. a wrong admin token)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED

@@ -1,0 +1,137 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AdapterState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADAPTER_STATE_UNSPECIFIED: _ClassVar[AdapterState]
+    ADAPTER_STATE_STAGED: _ClassVar[AdapterState]
+    ADAPTER_STATE_CANARY: _ClassVar[AdapterState]
+    ADAPTER_STATE_STABLE: _ClassVar[AdapterState]
+    ADAPTER_STATE_RETIRED: _ClassVar[AdapterState]
+ADAPTER_STATE_UNSPECIFIED: AdapterState
+ADAPTER_STATE_STAGED: AdapterState
+ADAPTER_STATE_CANARY: AdapterState
+ADAPTER_STATE_STABLE: AdapterState
+ADAPTER_STATE_RETIRED: AdapterState
+
+class AdapterVersion(_message.Message):
+    __slots__ = ("version", "name", "state", "digest", "create_time")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    name: str
+    state: AdapterState
+    digest: str
+    create_time: str
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[_Union[AdapterState, str]] = ..., digest: _Optional[str] = ..., create_time: _Optional[str] = ...) -> None: ...
+
+class PersonaAdapters(_message.Message):
+    __slots__ = ("persona_id", "versions", "stable", "canary", "canary_weight", "previous_stable")
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    STABLE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STABLE_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    versions: _containers.RepeatedCompositeFieldContainer[AdapterVersion]
+    stable: int
+    canary: int
+    canary_weight: float
+    previous_stable: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, persona_id: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[AdapterVersion, _Mapping]]] = ..., stable: _Optional[int] = ..., canary: _Optional[int] = ..., canary_weight: _Optional[float] = ..., previous_stable: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListAdaptersRequest(_message.Message):
+    __slots__ = ("persona_id",)
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    def __init__(self, persona_id: _Optional[str] = ...) -> None: ...
+
+class ListAdaptersResponse(_message.Message):
+    __slots__ = ("revision", "personas")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PERSONAS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    personas: _containers.RepeatedCompositeFieldContainer[PersonaAdapters]
+    def __init__(self, revision: _Optional[int] = ..., personas: _Optional[_Iterable[_Union[PersonaAdapters, _Mapping]]] = ...) -> None: ...
+
+class PublishAdapterRequest(_message.Message):
+    __slots__ = ("persona_id", "source_path", "run_id", "data_ids", "eval_metrics_json")
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PATH_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_IDS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    source_path: str
+    run_id: str
+    data_ids: _containers.RepeatedScalarFieldContainer[str]
+    eval_metrics_json: str
+    def __init__(self, persona_id: _Optional[str] = ..., source_path: _Optional[str] = ..., run_id: _Optional[str] = ..., data_ids: _Optional[_Iterable[str]] = ..., eval_metrics_json: _Optional[str] = ...) -> None: ...
+
+class PublishAdapterResponse(_message.Message):
+    __slots__ = ("version", "already_published", "revision")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    version: AdapterVersion
+    already_published: bool
+    revision: int
+    def __init__(self, version: _Optional[_Union[AdapterVersion, _Mapping]] = ..., already_published: _Optional[bool] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class PromoteAdapterRequest(_message.Message):
+    __slots__ = ("persona_id", "version", "canary_weight")
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    version: int
+    canary_weight: float
+    def __init__(self, persona_id: _Optional[str] = ..., version: _Optional[int] = ..., canary_weight: _Optional[float] = ...) -> None: ...
+
+class PromoteAdapterResponse(_message.Message):
+    __slots__ = ("persona", "revision")
+    PERSONA_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    persona: PersonaAdapters
+    revision: int
+    def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class RollbackAdapterRequest(_message.Message):
+    __slots__ = ("persona_id",)
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    def __init__(self, persona_id: _Optional[str] = ...) -> None: ...
+
+class RollbackAdapterResponse(_message.Message):
+    __slots__ = ("persona", "revision")
+    PERSONA_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    persona: PersonaAdapters
+    revision: int
+    def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class RetireAdapterRequest(_message.Message):
+    __slots__ = ("persona_id", "version")
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    version: int
+    def __init__(self, persona_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class RetireAdapterResponse(_message.Message):
+    __slots__ = ("persona", "revision")
+    PERSONA_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    persona: PersonaAdapters
+    revision: int
+    def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,135 @@
+"""``mascot adapters``: list, publish, promote, roll back and retire adapter versions through the gateway's
+AdapterService (the registry's only writer, DESIGN.md section 5). The admin token comes from ``MASCOT_ADMIN_TOKEN``
+(or ``--token-file``), never from a flag value."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+adapters_app = typer.Typer(help="Adapter registry: list | publish | promote | rollback | retire (AdapterService).",
+                           no_args_is_help=True, add_completion=False)
+TARGET = typer.Option("127.0.0.1:50051", "--target", help="Gateway address host:port.")
+TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the admin token (default: $MASCOT_ADMIN_TOKEN).")
+STATES = {0: "unspecified", 1: "staged", 2: "canary", 3: "stable", 4: "retired"}
+
+
+def _token(token_file: Optional[Path]) -> str:
+    if token_file is not None:
+        try:
+            return token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
+            raise typer.Exit(2) from None
+    token = os.environ.get("MASCOT_ADMIN_TOKEN", "").strip()
+    if not token:
+        console.print("[red]no admin token: set MASCOT_ADMIN_TOKEN or pass --token-file[/red]")
+        raise typer.Exit(2)
+    return token
+
+
+def _call(target: str, token_file: Optional[Path], method: str, request: Any) -> Any:
+    import grpc
+
+    from mascot.api.adapter.v1 import adapter_pb2_grpc
+    from mascot.core.server import channel
+
+    token = _token(token_file)
+
+    async def go() -> Any:
+        ch = channel(target)
+        try:
+            stub = adapter_pb2_grpc.AdapterServiceStub(ch)
+            return await getattr(stub, method)(request, metadata=(("authorization", f"Bearer {token}"),),
+                                               timeout=120)
+        finally:
+            await ch.close()
+
+    try:
+        return asyncio.run(go())
+    except grpc.aio.AioRpcError as e:
+        console.print(f"[red]{e.code().name}:[/red] {e.details()}")
+        raise typer.Exit(1) from None
+
+
+def _show(personas: Any) -> None:
+    t = Table("persona", "version", "name", "state", "digest", "created")
+    for p in personas:
+        for v in p.versions:
+            mark = " (canary {:.0%})".format(p.canary_weight) if v.version == p.canary else ""
+            t.add_row(p.persona_id, str(v.version), v.name, STATES.get(v.state, "?") + mark, v.digest[:12],
+                      v.create_time)
+    Console().print(t)
+
+
+@adapters_app.command("list")
+def list_(persona: str = typer.Option("", "--persona", help="Only this persona."), target: str = TARGET,
+          token_file: Optional[Path] = TOKEN_FILE,
+          as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List every version, its state and the aliases."""
+    from google.protobuf.json_format import MessageToDict
+
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "ListAdapters", pb.ListAdaptersRequest(persona_id=persona))
+    if as_json:
+        print(json.dumps(MessageToDict(r, preserving_proto_field_name=True), indent=2))
+    else:
+        _show(r.personas)
+        console.print(f"registry revision {r.revision}")
+
+
+@adapters_app.command("publish")
+def publish(persona: str = typer.Argument(..., help="Persona id (snake_case) or 'director'."),
+            source: Path = typer.Argument(..., help="PEFT adapter directory the gateway can read."),
+            run_id: str = typer.Option("", "--run-id", help="Training run id for the manifest."),
+            target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
+    """Publish an adapter as a new staged version (checked against the serving base model and rank)."""
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "PublishAdapter", pb.PublishAdapterRequest(
+        persona_id=persona, source_path=str(source.resolve()), run_id=run_id))
+    v = r.version
+    what = "already published as" if r.already_published else "published"
+    console.print(f"{what} {v.name} ({STATES.get(v.state)}), registry revision {r.revision}")
+
+
+@adapters_app.command("promote")
+def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1),
+            canary: float = typer.Option(0.0, "--canary", min=0.0, max=0.999,
+                                         help="Make it the canary with this share of new conversations (0 < w < 1)."),
+            target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
+    """Make a version stable (or the canary with --canary W)."""
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(persona_id=persona, version=version,
+                                                                             canary_weight=canary))
+    _show([r.persona])
+
+
+@adapters_app.command("rollback")
+def rollback(persona: str = typer.Argument(...), target: str = TARGET,
+             token_file: Optional[Path] = TOKEN_FILE) -> None:
+    """Restore the previous stable version (the current one is retired)."""
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "RollbackAdapter", pb.RollbackAdapterRequest(persona_id=persona))
+    _show([r.persona])
+
+
+@adapters_app.command("retire")
+def retire(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1), target: str = TARGET,
+           token_file: Optional[Path] = TOKEN_FILE) -> None:
+    """Retire a staged or canary version."""
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "RetireAdapter", pb.RetireAdapterRequest(persona_id=persona, version=version))
+    _show([r.persona])

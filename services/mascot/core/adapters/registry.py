@@ -1,0 +1,129 @@
+"""State transitions of the adapter registry (DESIGN.md section 5) as functions on the registry dict.
+
+States: ``staged`` (published, not serving) → ``canary`` (a weighted share of new conversations) → ``stable``
+(new conversations) → ``retired`` (no new conversations; unloaded once none uses it). Each persona entry holds the
+aliases ``stable``, ``canary``, ``canary_weight`` and ``previous_stable`` (the stable versions before, for
+rollback). The functions mutate the dict they are given (:func:`mascot.core.adapters.store.update_registry` hands
+them a copy and writes it with a compare-and-swap) and raise the service error a caller should see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound
+
+STATES = ("staged", "canary", "stable", "retired")
+
+
+def entry_of(reg: dict, persona_id: str) -> dict:
+    """The registry entry of ``persona_id`` (defaults filled in).
+
+    Raises:
+        NotFound: no version of the persona was ever published.
+    """
+    entry = reg.get("adapters", {}).get(persona_id)
+    if not entry:
+        raise NotFound(f"no adapter is published for {persona_id!r}; ListAdapters shows what is")
+    entry.setdefault("stable", None)
+    entry.setdefault("canary", None)
+    entry.setdefault("canary_weight", 0)
+    entry.setdefault("previous_stable", [])
+    return entry
+
+
+def _version(entry: dict, persona_id: str, version: int) -> dict:
+    v = entry["versions"].get(str(version))
+    if v is None:
+        known = ", ".join(sorted(entry["versions"], key=int)) or "none"
+        raise NotFound(f"{persona_id} has no version {version} (versions: {known})")
+    return v
+
+
+def promote(reg: dict, persona_id: str, version: int, canary_weight: float = 0.0) -> None:
+    """Make ``version`` stable (``canary_weight`` 0) or the canary with that share of new conversations.
+
+    A new stable retires the old one and pushes it on ``previous_stable``; a new canary sends the canary it replaces
+    back to ``staged``.
+
+    Raises:
+        InvalidArgument: ``canary_weight`` outside [0, 1). NotFound: unknown persona or version.
+        FailedPrecondition: the version is retired, already stable, or a canary is asked with no stable version.
+    """
+    if not 0.0 <= canary_weight < 1.0:
+        raise InvalidArgument(f"canary_weight must be in [0, 1), got {canary_weight}")
+    entry = entry_of(reg, persona_id)
+    v = _version(entry, persona_id, version)
+    if v["state"] == "retired":
+        raise FailedPrecondition(f"{persona_id} v{version} is retired; publish it again or roll back to it")
+    if v["state"] == "stable":
+        raise FailedPrecondition(f"{persona_id} v{version} is already stable")
+    if canary_weight > 0:
+        if entry["stable"] is None:
+            raise FailedPrecondition(f"{persona_id} has no stable version for a canary to share traffic with; "
+                                     "promote one to stable first")
+        old = entry["canary"]
+        if old is not None and old != version:
+            entry["versions"][str(old)]["state"] = "staged"
+        entry["canary"], entry["canary_weight"] = version, float(canary_weight)
+        v["state"] = "canary"
+        return
+    old = entry["stable"]
+    if old is not None:
+        entry["versions"][str(old)]["state"] = "retired"
+        entry["previous_stable"].append(old)
+    if entry["canary"] == version:
+        entry["canary"], entry["canary_weight"] = None, 0
+    entry["stable"] = version
+    v["state"] = "stable"
+
+
+def rollback(reg: dict, persona_id: str) -> None:
+    """Restore the previous stable version; the current stable and any canary are retired.
+
+    Raises:
+        NotFound: unknown persona. FailedPrecondition: no previous stable version.
+    """
+    entry = entry_of(reg, persona_id)
+    if not entry["previous_stable"]:
+        raise FailedPrecondition(f"{persona_id} has no previous stable version to roll back to")
+    prev = entry["previous_stable"].pop()
+    if entry["stable"] is not None:
+        entry["versions"][str(entry["stable"])]["state"] = "retired"
+    if entry["canary"] is not None:
+        entry["versions"][str(entry["canary"])]["state"] = "retired"
+        entry["canary"], entry["canary_weight"] = None, 0
+    entry["stable"] = prev
+    entry["versions"][str(prev)]["state"] = "stable"
+
+
+def retire(reg: dict, persona_id: str, version: int) -> None:
+    """Retire a staged or canary version.
+
+    Raises:
+        NotFound: unknown persona or version. FailedPrecondition: already retired, or the stable version.
+    """
+    entry = entry_of(reg, persona_id)
+    v = _version(entry, persona_id, version)
+    if v["state"] == "retired":
+        raise FailedPrecondition(f"{persona_id} v{version} is already retired")
+    if v["state"] == "stable":
+        raise FailedPrecondition(f"{persona_id} v{version} is the stable version; promote another or roll back "
+                                 "before retiring it")
+    if entry["canary"] == version:
+        entry["canary"], entry["canary_weight"] = None, 0
+    v["state"] = "retired"
+
+
+def choose_version(entry: dict, conversation_key: str) -> int | None:
+    """The version a new conversation uses: the canary for a ``canary_weight`` share of keys, else the stable one.
+
+    The draw is u = first 8 bytes of SHA-256(key) / 2^64, uniform in [0, 1): the same conversation always gets the
+    same version. Returns None when the persona has no stable and no canary version.
+    """
+    stable, canary, w = entry.get("stable"), entry.get("canary"), float(entry.get("canary_weight") or 0)
+    if canary is not None and w > 0:
+        u = int.from_bytes(hashlib.sha256(conversation_key.encode("utf-8")).digest()[:8], "big") / 2**64
+        if u < w or stable is None:
+            return canary
+    return stable

@@ -1,0 +1,162 @@
+"""AdapterService: the admin plane of the adapter registry, hosted by the gateway (DESIGN.md sections 1 and 5).
+
+The gateway is the only writer of ``<store>/registry.json``. Every call needs ``authorization: Bearer <token>``
+metadata with the admin token (from the environment variable or mounted file named in ``adapters``); the token is
+compared in constant time and never logged. Writes go through :func:`mascot.core.adapters.store.update_registry`
+(lock + compare-and-swap on the revision), so two writers never lose an update and a refused transition writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mascot.api.adapter.v1 import adapter_pb2 as pb
+from mascot.api.adapter.v1 import adapter_pb2_grpc as pb_grpc
+from mascot.core.adapters import registry as rg
+from mascot.core.adapters import store as st
+from mascot.core.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
+
+STATE_VALUES = {"staged": pb.ADAPTER_STATE_STAGED, "canary": pb.ADAPTER_STATE_CANARY,
+                "stable": pb.ADAPTER_STATE_STABLE, "retired": pb.ADAPTER_STATE_RETIRED}
+
+
+def read_admin_token(env_name: str, file_path: str) -> str:
+    """The admin token from ``file_path`` (stripped) when set, else from the environment variable ``env_name``;
+    "" when neither holds one."""
+    if file_path:
+        try:
+            return Path(file_path).read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+    return os.environ.get(env_name, "").strip() if env_name else ""
+
+
+def persona_to_proto(persona_id: str, entry: dict) -> pb.PersonaAdapters:
+    """A registry entry as :class:`PersonaAdapters` (versions oldest first)."""
+    versions = [pb.AdapterVersion(version=int(n), name=v.get("name", f"{persona_id}--v{n}"),
+                                  state=STATE_VALUES.get(v.get("state"), pb.ADAPTER_STATE_UNSPECIFIED),
+                                  digest=v.get("digest", ""), create_time=v.get("created", ""))
+                for n, v in sorted(entry.get("versions", {}).items(), key=lambda kv: int(kv[0]))]
+    return pb.PersonaAdapters(persona_id=persona_id, versions=versions, stable=entry.get("stable") or 0,
+                              canary=entry.get("canary") or 0, canary_weight=float(entry.get("canary_weight") or 0),
+                              previous_stable=list(entry.get("previous_stable") or []))
+
+
+class AdapterServicer(pb_grpc.AdapterServiceServicer):
+    """Serves AdapterService on a local store.
+
+    Args:
+        store: Store root directory.
+        base_model: The serving base model adapters must name.
+        token: The admin token; "" refuses every call (the admin plane is not configured).
+        max_rank: Serving limit on the LoRA rank.
+    """
+
+    def __init__(self, store: str | Path, base_model: str, token: str, max_rank: int = st.MAX_RANK) -> None:
+        self.store, self.base_model, self.token, self.max_rank = Path(store), base_model, token, max_rank
+
+    def _auth(self, context: Any) -> None:
+        md = dict(context.invocation_metadata() or ())
+        got = md.get("authorization", "")
+        if not got:
+            raise Unauthenticated("the admin token is missing: send 'authorization: Bearer <token>' metadata "
+                                  "(mascot adapters reads it from MASCOT_ADMIN_TOKEN)")
+        if not self.token:
+            raise PermissionDenied("the gateway has no admin token configured (adapters.admin_token_env or "
+                                   "adapters.admin_token_file); AdapterService refuses every call")
+        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].strip().encode(), self.token.encode()):
+            raise PermissionDenied("the admin token is wrong")
+
+    @staticmethod
+    def _persona_id(value: str) -> str:
+        if not st.ID_RE.match(value or ""):
+            raise InvalidArgument(f"persona_id {value[:64]!r} must be snake_case (lower-case letters, digits, '_'), "
+                                  "e.g. 'anchor' or 'director'")
+        return value
+
+    async def _update(self, change: Any) -> dict:
+        try:
+            return await asyncio.to_thread(st.update_registry, self.store, change)
+        except st.RegistryConflict as e:
+            raise Unavailable(f"the registry is busy ({e}); retry") from None
+
+    async def _read(self) -> dict:
+        try:
+            return await asyncio.to_thread(st.read_registry, self.store)
+        except RuntimeError as e:
+            raise Unavailable(str(e)) from None
+
+    async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Any) -> pb.ListAdaptersResponse:
+        self._auth(context)
+        reg = await self._read()
+        items = sorted(reg.get("adapters", {}).items())
+        if request.persona_id:
+            items = [(p, e) for p, e in items if p == request.persona_id]
+        return pb.ListAdaptersResponse(revision=reg.get("revision", 0),
+                                       personas=[persona_to_proto(p, e) for p, e in items])
+
+    async def PublishAdapter(self, request: pb.PublishAdapterRequest, context: Any) -> pb.PublishAdapterResponse:
+        self._auth(context)
+        pid = self._persona_id(request.persona_id)
+        src = Path(request.source_path)
+        if not request.source_path or not src.is_dir():
+            raise InvalidArgument(f"source_path {request.source_path[:200]!r} is not a directory the gateway can read")
+        try:
+            metrics = json.loads(request.eval_metrics_json) if request.eval_metrics_json else {}
+        except ValueError:
+            raise InvalidArgument("eval_metrics_json is not valid JSON") from None
+        if not isinstance(metrics, dict):
+            raise InvalidArgument("eval_metrics_json must be a JSON object")
+        try:
+            digest = await asyncio.to_thread(st.file_digest, src / "adapter_model.safetensors")
+            prior = await asyncio.to_thread(st.find_version, self.store, pid, digest)
+        except OSError:
+            prior = None
+        if prior is not None:
+            reg = await self._read()
+            v = persona_to_proto(pid, reg["adapters"][pid])
+            return pb.PublishAdapterResponse(version=next(x for x in v.versions if x.version == prior["version"]),
+                                             already_published=True, revision=reg.get("revision", 0))
+        try:
+            res = await asyncio.to_thread(st.publish_adapter, self.store, pid, src, base_model=self.base_model,
+                                          run_id=request.run_id, data_ids=list(request.data_ids),
+                                          eval_metrics=metrics, max_rank=self.max_rank)
+        except st.PublishError as e:
+            raise InvalidArgument(str(e)) from None
+        except st.RegistryConflict as e:
+            raise Unavailable(f"the registry is busy ({e}); retry") from None
+        reg = await self._read()
+        v = persona_to_proto(pid, reg["adapters"][pid])
+        return pb.PublishAdapterResponse(version=next(x for x in v.versions if x.version == res["version"]),
+                                         revision=res["revision"])
+
+    async def PromoteAdapter(self, request: pb.PromoteAdapterRequest, context: Any) -> pb.PromoteAdapterResponse:
+        self._auth(context)
+        pid = self._persona_id(request.persona_id)
+        if request.version < 1:
+            raise InvalidArgument(f"version must be >= 1, got {request.version}")
+        new = await self._update(lambda reg: rg.promote(reg, pid, request.version, request.canary_weight))
+        return pb.PromoteAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
+                                         revision=new["revision"])
+
+    async def RollbackAdapter(self, request: pb.RollbackAdapterRequest, context: Any) -> pb.RollbackAdapterResponse:
+        self._auth(context)
+        pid = self._persona_id(request.persona_id)
+        new = await self._update(lambda reg: rg.rollback(reg, pid))
+        return pb.RollbackAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
+                                          revision=new["revision"])
+
+    async def RetireAdapter(self, request: pb.RetireAdapterRequest, context: Any) -> pb.RetireAdapterResponse:
+        self._auth(context)
+        pid = self._persona_id(request.persona_id)
+        if request.version < 1:
+            raise InvalidArgument(f"version must be >= 1, got {request.version}")
+        new = await self._update(lambda reg: rg.retire(reg, pid, request.version))
+        return pb.RetireAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
+                                        revision=new["revision"])

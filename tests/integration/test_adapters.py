@@ -1,0 +1,232 @@
+"""AdapterService on the gateway over real gRPC (issue 6, registry part): admin token, atomic checked publish,
+promote / canary / rollback / retire with compare-and-swap, the `mascot adapters` CLI, and training Jobs
+publishing through the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mascot.api.adapter.v1 import adapter_pb2 as pb
+from mascot.api.adapter.v1 import adapter_pb2_grpc
+from mascot.core.server import channel
+from mascot.stack import start_stack
+from tests.conftest import ROOT, make_config
+from tests.helpers import ScriptedEngine
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-admin-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+STABLE, CANARY, STAGED, RETIRED = (pb.ADAPTER_STATE_STABLE, pb.ADAPTER_STATE_CANARY, pb.ADAPTER_STATE_STAGED,
+                                   pb.ADAPTER_STATE_RETIRED)
+
+
+def make_lora(base: Path, out: Path, r: int = 4, seed: int = 0, **kw) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                           LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"],
+                                      init_lora_weights=False, **kw))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def loras(tiny_model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("loras")
+    out = {f"v{i}": make_lora(tiny_model_dir, d / f"v{i}", seed=i) for i in range(1, 4)}
+    out["rank8"] = make_lora(tiny_model_dir, d / "rank8", r=8)
+    out["empty"] = d / "empty"
+    out["empty"].mkdir()
+    other = make_lora(tiny_model_dir, d / "other", seed=9)
+    conf = json.loads((other / "adapter_config.json").read_text())
+    conf["base_model_name_or_path"] = "Qwen/Qwen3-8B"
+    (other / "adapter_config.json").write_text(json.dumps(conf))
+    out["other"] = other
+    full = make_lora(tiny_model_dir, d / "full", seed=7)
+    conf = json.loads((full / "adapter_config.json").read_text())
+    conf["modules_to_save"] = ["lm_head"]
+    (full / "adapter_config.json").write_text(json.dumps(conf))
+    out["full"] = full
+    return out
+
+
+@pytest.fixture
+async def admin(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("MASCOT_TEST_ADMIN", TOKEN)
+    store = tmp_path / "store"
+    cfg = make_config(tmp_path, adapters={"store": str(store), "base_model": str(tiny_model_dir), "max_rank": 4,
+                                          "admin_token_env": "MASCOT_TEST_ADMIN"})
+    stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
+    ch = channel(stack.target("gateway"))
+    yield adapter_pb2_grpc.AdapterServiceStub(ch), store, stack
+    await ch.close()
+    await stack.stop(0)
+
+
+async def code_of(coro):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await coro
+    return e.value.code(), e.value.details()
+
+
+async def test_admin_token_is_required(admin):
+    stub, _, _ = admin
+    code, msg = await code_of(stub.ListAdapters(pb.ListAdaptersRequest()))
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "MASCOT_ADMIN_TOKEN" in msg
+    code, msg = await code_of(stub.ListAdapters(pb.ListAdaptersRequest(),
+                                                metadata=(("authorization", "Bearer nope"),)))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and TOKEN not in msg
+    assert (await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=AUTH)).revision == 0
+
+
+async def test_no_configured_token_refuses_everything(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("MASCOT_ADMIN_TOKEN", raising=False)
+    cfg = make_config(tmp_path, adapters={"store": str(tmp_path / "s"), "base_model": str(tiny_model_dir)})
+    stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
+    ch = channel(stack.target("gateway"))
+    try:
+        code, msg = await code_of(adapter_pb2_grpc.AdapterServiceStub(ch).ListAdapters(
+            pb.ListAdaptersRequest(), metadata=AUTH))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "no admin token configured" in msg
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+@pytest.mark.parametrize("case,fragment", [
+    ("missing", "not a directory"), ("empty", "has no adapter_config.json"), ("other", "trained on base model"),
+    ("rank8", "above the serving limit"), ("full", "full-weight modules")])
+async def test_bad_publishes_are_refused_and_write_nothing(admin, loras, case, fragment):
+    stub, store, _ = admin
+    src = "/nonexistent/adapter" if case == "missing" else str(loras[case])
+    code, msg = await code_of(stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor", source_path=src),
+                                                  metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in msg
+    assert not (store / "registry.json").exists() and not (store / "anchor").exists()
+
+
+async def test_bad_ids_and_arguments(admin, loras):
+    stub, _, _ = admin
+    for req, code_want in [
+        (stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="Bad Id", source_path=str(loras["v1"])),
+                             metadata=AUTH), grpc.StatusCode.INVALID_ARGUMENT),
+        (stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=1), metadata=AUTH),
+         grpc.StatusCode.NOT_FOUND),
+        (stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=0), metadata=AUTH),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (stub.RollbackAdapter(pb.RollbackAdapterRequest(persona_id="anchor"), metadata=AUTH),
+         grpc.StatusCode.NOT_FOUND)]:
+        assert (await code_of(req))[0] == code_want
+
+
+async def test_lifecycle_publish_promote_canary_rollback_retire(admin, loras):
+    stub, store, _ = admin
+
+    async def publish(key):
+        return await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor", source_path=str(loras[key]),
+                                                                  run_id="r1", data_ids=["a", "b"],
+                                                                  eval_metrics_json='{"gate": {"passed": true}}'),
+                                         metadata=AUTH)
+
+    r1 = await publish("v1")
+    assert (r1.version.version, r1.version.name, r1.version.state, r1.revision) == (1, "anchor--v1", STAGED, 1)
+    man = json.loads((store / "anchor" / "v1" / "manifest.json").read_text())
+    assert man["digest"] == r1.version.digest and man["data_ids"] == ["a", "b"] and man["rank"] == 4
+    again = await publish("v1")
+    assert again.already_published and again.version.version == 1 and again.revision == 1
+    # a canary needs a stable version first
+    code, msg = await code_of(stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=1,
+                                                                           canary_weight=0.3), metadata=AUTH))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "no stable version" in msg
+    p = (await stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=1), metadata=AUTH)).persona
+    assert p.stable == 1 and p.versions[0].state == STABLE
+    await publish("v2")
+    p = (await stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2, canary_weight=0.3),
+                                   metadata=AUTH)).persona
+    assert (p.stable, p.canary, p.canary_weight) == (1, 2, pytest.approx(0.3)) and p.versions[1].state == CANARY
+    code, _ = await code_of(stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2,
+                                                                         canary_weight=1.5), metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    p = (await stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2), metadata=AUTH)).persona
+    assert (p.stable, p.canary, list(p.previous_stable)) == (2, 0, [1])
+    assert [v.state for v in p.versions] == [RETIRED, STABLE]
+    code, msg = await code_of(stub.RetireAdapter(pb.RetireAdapterRequest(persona_id="anchor", version=2),
+                                                 metadata=AUTH))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "stable version" in msg
+    r = await stub.RollbackAdapter(pb.RollbackAdapterRequest(persona_id="anchor"), metadata=AUTH)
+    assert r.persona.stable == 1 and [v.state for v in r.persona.versions] == [STABLE, RETIRED]
+    code, _ = await code_of(stub.RollbackAdapter(pb.RollbackAdapterRequest(persona_id="anchor"), metadata=AUTH))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    code, _ = await code_of(stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2),
+                                                metadata=AUTH))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION  # retired
+    listed = await stub.ListAdapters(pb.ListAdaptersRequest(persona_id="anchor"), metadata=AUTH)
+    assert listed.revision == json.loads((store / "registry.json").read_text())["revision"] == r.revision
+
+
+async def test_two_retires_of_one_version_at_once(admin, loras):
+    stub, store, _ = admin
+    await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="beacon", source_path=str(loras["v3"])),
+                              metadata=AUTH)
+    rev = json.loads((store / "registry.json").read_text())["revision"]
+    calls = [stub.RetireAdapter(pb.RetireAdapterRequest(persona_id="beacon", version=1), metadata=AUTH)
+             for _ in range(2)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    ok = [r for r in results if not isinstance(r, Exception)]
+    bad = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(ok) == 1 and len(bad) == 1 and bad[0].code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "already retired" in bad[0].details()
+    assert json.loads((store / "registry.json").read_text())["revision"] == rev + 1
+
+
+async def test_cli_lists_and_promotes_with_the_env_token(admin, loras):
+    stub, _, stack = admin
+    await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="catalyst", source_path=str(loras["v1"])),
+                              metadata=AUTH)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASCOT_ADMIN_TOKEN": TOKEN}
+
+    def cli(*args, **kw):
+        return subprocess.run([sys.executable, "-m", "mascot.cli", "adapters", *args, "--target",
+                               stack.target("gateway")], env=kw.get("env", env), capture_output=True, text=True,
+                              timeout=120)
+
+    p = await asyncio.to_thread(cli, "promote", "catalyst", "1")
+    assert p.returncode == 0, p.stderr
+    p = await asyncio.to_thread(cli, "list", "--json")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["personas"][0]["persona_id"] == "catalyst" and got["personas"][0]["stable"] == 1
+    p = await asyncio.to_thread(cli, "list", env={k: v for k, v in env.items() if k != "MASCOT_ADMIN_TOKEN"})
+    assert p.returncode == 2 and "MASCOT_ADMIN_TOKEN" in p.stderr
+    p = await asyncio.to_thread(cli, "retire", "catalyst", "1")
+    assert p.returncode == 1 and "FAILED_PRECONDITION" in p.stderr and "Traceback" not in p.stderr
+
+
+async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch, tiny_model_dir):
+    from mascot_training.publish import PublishError, publish_via_gateway
+
+    stub, store, stack = admin
+    monkeypatch.setenv("MASCOT_ADMIN_TOKEN", TOKEN)
+    gw = stack.target("gateway")
+    res = await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v2"], run_id="p2",
+                                  data_ids=["x"], eval_metrics={"gate": {"passed": True}})
+    assert (res["name"], res["version"]) == ("director--v1", 1)
+    assert json.loads((store / "director" / "v1" / "manifest.json").read_text())["run_id"] == "p2"
+    with pytest.raises(PublishError, match="above the serving limit"):
+        await asyncio.to_thread(publish_via_gateway, gw, "director", loras["rank8"], run_id="p2", data_ids=[],
+                                eval_metrics={})
+    monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "wrong")
+    with pytest.raises(ValueError, match="PERMISSION_DENIED"):
+        await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v3"], run_id="p2", data_ids=[],
+                                eval_metrics={})
