@@ -7,6 +7,7 @@ in a cluster.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -35,13 +36,22 @@ class Stack:
     channels: list = field(default_factory=list)
     own_engine: bool = False
     judges: dict = field(default_factory=dict)
+    tasks: list = field(default_factory=list)
 
     def target(self, component: str) -> str:
         """``host:port`` of a running component."""
         return f"{self.cfg.server.host}:{self.servers[component].port}"
 
     async def stop(self, grace: float = 2.0) -> None:
-        """Stop servers (gateway first), close channels, the engine and the store."""
+        """Stop servers (gateway first), background tasks, channels, the engine and the store."""
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            try:
+                await t
+            except BaseException:  # noqa: BLE001 - cancelled or already failed; nothing to do at shutdown
+                pass
+        self.tasks.clear()
         for name in COMPONENTS:
             if name in self.servers:
                 await self.servers[name].stop(grace)
@@ -102,19 +112,30 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                 stack.engine, stack.own_engine = engine, True
                 await engine.start()
             stack.engine = engine
+        resolver = None
+        if engine is not None:
+            from mascot.core.adapters.reconcile import AdapterResolver
+
+            resolver = AdapterResolver(engine, cfg.adapters.store or None, metrics)
+            if cfg.adapters.store:  # serve only after the registry's stable/canary versions are loaded
+                failed = await resolver.reconcile_once()
+                if failed:
+                    log.warning("adapters that failed to load at start: %s", failed)
+                stack.tasks.append(asyncio.create_task(resolver.run(cfg.adapters.poll_s)))
         if "director" in components:
             from mascot.director.servicer import DirectorServicer
 
             stack.servers["director"] = await build_server("director", metrics, [(
                 director_pb2_grpc.add_DirectorServiceServicer_to_server,
-                DirectorServicer(engine, catalog, cfg.director, metrics), "mascot.api.director.v1.DirectorService")],
+                DirectorServicer(engine, catalog, cfg.director, metrics, resolver),
+                "mascot.api.director.v1.DirectorService")],
                 host=srv.host, port=srv.director_port, max_message_bytes=srv.max_message_bytes)
         if "speaker" in components:
             from mascot.speaker.servicer import SpeakerServicer
 
             stack.servers["speaker"] = await build_server("speaker", metrics, [(
                 speaker_pb2_grpc.add_SpeakerServiceServicer_to_server,
-                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics),
+                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics, resolver),
                 "mascot.api.speaker.v1.SpeakerService")],
                 host=srv.host, port=srv.speaker_port, max_message_bytes=srv.max_message_bytes)
         if "judge" in components:
@@ -129,8 +150,6 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                 JudgeServicer(stack.judges, catalog, cfg.judge.max_batch), "mascot.api.judge.v1.JudgeService")],
                 host=srv.host, port=srv.judge_port, max_message_bytes=srv.max_message_bytes)
         if "reward" in components:
-            import asyncio
-
             from mascot.api.reward.v1 import reward_pb2_grpc
             from mascot.reward.scorer import RewardScorer, resolve_reward_model
             from mascot.reward.servicer import RewardServicer

@@ -188,6 +188,8 @@ class AdaptersConfig(_Section):
     max_rank: int = Field(64, ge=1, le=512)
     admin_token_env: str = "MASCOT_ADMIN_TOKEN"
     admin_token_file: str = ""
+    #: How often model services re-read the registry and load new stable/canary versions, in seconds.
+    poll_s: float = Field(5.0, gt=0, le=3600)
 
 
 class MascotConfig(BaseSettings):

@@ -23,16 +23,23 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
         catalog: Persona cards.
         cfg: :class:`~mascot.core.config.DirectorConfig`.
         metrics: :class:`~mascot.core.metrics.Metrics`.
+        resolver: :class:`~mascot.core.adapters.reconcile.AdapterResolver` for pinned ``adapter_version`` requests.
     """
 
-    def __init__(self, engine: Any, catalog: PersonaCatalog, cfg: Any, metrics: Any) -> None:
+    def __init__(self, engine: Any, catalog: PersonaCatalog, cfg: Any, metrics: Any, resolver: Any = None) -> None:
+        from mascot.core.adapters.reconcile import AdapterResolver
+
         self.engine, self.catalog, self.cfg, self.metrics = engine, catalog, cfg, metrics
+        self.resolver = resolver or AdapterResolver(engine, None, metrics)
 
     async def NextDirective(self, request: pb.NextDirectiveRequest, context: Any) -> pb.NextDirectiveResponse:
         roster = roster_from_ids(self.catalog, list(request.persona_ids))
         history = history_from_proto(request.history, known_personas=list(self.catalog.cards),
                                      names={i: c.name for i, c in self.catalog.cards.items()})
-        adapter = self.cfg.adapter or None
+        if request.adapter_version:
+            adapter = await self.resolver.ensure(request.adapter_version, "director")
+        else:
+            adapter = self.cfg.adapter or None
         try:
             d = await decide(self.engine, roster, history, context_from_proto(request.context), self.cfg,
                              adapter=adapter, seed=request.seed)

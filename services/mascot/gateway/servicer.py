@@ -100,8 +100,14 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         ctx = [(c.speaker, c.content) for c in request.context]
         if sum(len(s) + len(c) for s, c in ctx) > self.cfg.dialogue.max_context_chars:
             raise InvalidArgument(f"context exceeds {self.cfg.dialogue.max_context_chars} characters")
-        conv = await asyncio.to_thread(self.store.create_conversation, str(uuid.uuid4()), mode, ids,
-                                       request.source_id, ctx)
+        conv_id = str(uuid.uuid4())
+        pinned = {}
+        if self.cfg.adapters.store:  # pin this conversation's versions now; promotes later do not move it
+            from mascot.core.adapters.reconcile import pin_versions
+
+            pinned = await asyncio.to_thread(pin_versions, self.cfg.adapters.store, [*ids, "director"], conv_id)
+        conv = await asyncio.to_thread(self.store.create_conversation, conv_id, mode, ids, request.source_id, ctx,
+                                       pinned)
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))
 
     async def SendMessage(self, request: cpb.SendMessageRequest, context: Any) -> AsyncIterator[cpb.SendMessageResponse]:
@@ -144,6 +150,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             turns = [*turns, user_row]
             yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
         st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
+                        adapter_versions=dict(conv.adapter_versions or {}),
                         history=[self._history_turn(t) for t in turns],
                         context=[tuple(c) for c in conv.context], round_key=key,
                         seed=int(text_digest(conv.id + key)[:8], 16))
@@ -186,6 +193,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening)
             yield cpb.RunSelfPlayResponse(event=event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row))))
             st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
+                        adapter_versions=dict(conv.adapter_versions or {}),
                             history=[HistoryTurn("user", opening)], context=[tuple(c) for c in conv.context],
                             round_key=key, seed=request.seed)
             reason = "completed"

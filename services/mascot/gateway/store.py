@@ -144,10 +144,12 @@ class Store:
 
     # conversations
     def create_conversation(self, conv_id: str, mode: str, persona_ids: list[str], source_id: str,
-                            context: list[tuple[str, str]]) -> ConversationRow:
-        """Insert a conversation and return it."""
+                            context: list[tuple[str, str]], adapter_versions: dict[str, str] | None = None
+                            ) -> ConversationRow:
+        """Insert a conversation (with the adapter versions it is pinned to) and return it."""
         row = ConversationRow(id=conv_id, mode=mode, persona_ids=list(persona_ids), source_id=source_id,
-                              context=[list(c) for c in context], adapter_versions={}, created_at=_now())
+                              context=[list(c) for c in context], adapter_versions=dict(adapter_versions or {}),
+                              created_at=_now())
         with self.session() as s, s.begin():
             s.add(row)
         return row

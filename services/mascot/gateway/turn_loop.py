@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import grpc
@@ -86,6 +86,8 @@ class RoundState:
     round_key: str
     seed: int
     agent_turns: int = 0
+    #: ``{persona_id | "director": adapter version}`` the conversation is pinned to ("" entries: service's choice).
+    adapter_versions: dict = field(default_factory=dict)
 
 
 class TurnLoop:
@@ -139,7 +141,8 @@ class TurnLoop:
             resp = await self.director.NextDirective(dirpb.NextDirectiveRequest(
                 persona_ids=[c.id for c in st.roster], history=history_to_proto(st.history),
                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
-                seed=st.seed + len(st.history)), timeout=self._timeout(deadline))
+                seed=st.seed + len(st.history), adapter_version=st.adapter_versions.get("director", "")),
+                timeout=self._timeout(deadline))
         except grpc.aio.AioRpcError as e:
             raise _rpc_error(e, "director service") from None
         director_s = time.perf_counter() - t0
@@ -156,7 +159,8 @@ class TurnLoop:
                 req = spb.GenerateReplyRequest(
                     persona_id=pid, directive=directive, history=history_to_proto(st.history),
                     context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
-                    roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + attempt * 2 + repeat)
+                    roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + attempt * 2 + repeat,
+                    adapter_version=st.adapter_versions.get(pid, ""))
                 async for item in self._speak(st, index, req, deadline):
                     if isinstance(item, spb.ReplyFinal):
                         final = item

@@ -34,11 +34,17 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
         speaker_cfg: :class:`~mascot.core.config.SpeakerConfig`.
         selfplay_cfg: :class:`~mascot.core.config.SelfPlayConfig` (simulated user's token budget).
         metrics: :class:`~mascot.core.metrics.Metrics`.
+        resolver: :class:`~mascot.core.adapters.reconcile.AdapterResolver` for pinned ``adapter_version`` requests;
+            None builds one without a store (only loaded adapters resolve).
     """
 
-    def __init__(self, engine: Any, catalog: PersonaCatalog, speaker_cfg: Any, selfplay_cfg: Any, metrics: Any) -> None:
+    def __init__(self, engine: Any, catalog: PersonaCatalog, speaker_cfg: Any, selfplay_cfg: Any, metrics: Any,
+                 resolver: Any = None) -> None:
+        from mascot.core.adapters.reconcile import AdapterResolver
+
         self.engine, self.catalog, self.cfg, self.selfplay, self.metrics = (
             engine, catalog, speaker_cfg, selfplay_cfg, metrics)
+        self.resolver = resolver or AdapterResolver(engine, None, metrics)
 
     async def GenerateReply(self, request: pb.GenerateReplyRequest, context: Any) -> AsyncIterator[pb.GenerateReplyResponse]:
         if not 0 <= request.max_tokens <= MAX_TOKENS_LIMIT:
@@ -56,7 +62,11 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             if not request.directive.action.strip() or not request.directive.tone.strip():
                 raise InvalidArgument("directive.action and directive.tone must not be empty")
             card = self.catalog.get(request.persona_id)
-            adapter = choose_adapter(self.engine.adapters(), card.id, self.cfg.adapter_mode, self.cfg.shared_adapter)
+            if request.adapter_version:
+                adapter = await self.resolver.ensure(request.adapter_version, card.id)
+            else:
+                adapter = choose_adapter(self.engine.adapters(), card.id, self.cfg.adapter_mode,
+                                         self.cfg.shared_adapter)
             label = card.id
             gen = persona_reply(self.engine, card, roster or [card], history, ctx, request.directive.action,
                                 request.directive.tone, max_tokens=request.max_tokens or self.cfg.max_tokens,

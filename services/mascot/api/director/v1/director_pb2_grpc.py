@@ -49,8 +49,9 @@ class DirectorServiceServicer:
     def NextDirective(self, request, context):
         """NextDirective returns the next directive for a conversation state. Invalid model output is retried and then
         replaced by the fallback; it is data in the response, not an error.
-        Errors: INVALID_ARGUMENT (empty roster, unknown or duplicate persona id, a turn with an unspecified role),
-        UNAVAILABLE (engine not ready), DEADLINE_EXCEEDED.
+        Errors: INVALID_ARGUMENT (empty roster, unknown or duplicate persona id, a turn with an unspecified role,
+        an adapter_version that is not a director version in the registry), UNAVAILABLE (engine not ready, or the
+        pinned adapter could not be loaded), DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateReplyRequest(_message.Message):
-    __slots__ = ("persona_id", "user_simulation", "directive", "history", "context", "roster_persona_ids", "max_tokens", "seed")
+    __slots__ = ("persona_id", "user_simulation", "directive", "history", "context", "roster_persona_ids", "max_tokens", "seed", "adapter_version")
     PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
     USER_SIMULATION_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class GenerateReplyRequest(_message.Message):
     ROSTER_PERSONA_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     persona_id: str
     user_simulation: _dialogue_pb2.UserSimulation
     directive: _dialogue_pb2.Directive
@@ -28,7 +29,8 @@ class GenerateReplyRequest(_message.Message):
     roster_persona_ids: _containers.RepeatedScalarFieldContainer[str]
     max_tokens: int
     seed: int
-    def __init__(self, persona_id: _Optional[str] = ..., user_simulation: _Optional[_Union[_dialogue_pb2.UserSimulation, _Mapping]] = ..., directive: _Optional[_Union[_dialogue_pb2.Directive, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_dialogue_pb2.Turn, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[_dialogue_pb2.ContextUtterance, _Mapping]]] = ..., roster_persona_ids: _Optional[_Iterable[str]] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    adapter_version: str
+    def __init__(self, persona_id: _Optional[str] = ..., user_simulation: _Optional[_Union[_dialogue_pb2.UserSimulation, _Mapping]] = ..., directive: _Optional[_Union[_dialogue_pb2.Directive, _Mapping]] = ..., history: _Optional[_Iterable[_Union[_dialogue_pb2.Turn, _Mapping]]] = ..., context: _Optional[_Iterable[_Union[_dialogue_pb2.ContextUtterance, _Mapping]]] = ..., roster_persona_ids: _Optional[_Iterable[str]] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_version: _Optional[str] = ...) -> None: ...
 
 class ReplyDelta(_message.Message):
     __slots__ = ("text",)

@@ -50,7 +50,8 @@ class SpeakerServiceServicer:
         """GenerateReply streams the visible text of one reply as deltas, then a final message with the whole reply.
         Thinking text is never streamed; it comes only in the final message.
         Errors: INVALID_ARGUMENT (no speaker, unknown persona id, a persona reply without a directive, a turn with an
-        unspecified role, max_tokens out of range), UNAVAILABLE (engine not ready), DEADLINE_EXCEEDED.
+        unspecified role, max_tokens out of range, an adapter_version of another persona or not in the registry),
+        UNAVAILABLE (engine not ready, or the pinned adapter could not be loaded), DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
