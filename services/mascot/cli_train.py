@@ -31,8 +31,9 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
     from mascot.cli import _quiet
 
     cfg = _load(config, phase)
-    if out.exists() and not out.is_dir():
-        console.print(f"[red]--out {out} exists and is not a directory[/red]")
+    blocked = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        console.print(f"[red]--out {out}: {blocked} exists and is not a directory[/red]")
         raise typer.Exit(2)
     _quiet()
     try:

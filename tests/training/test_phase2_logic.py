@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import yaml
@@ -125,3 +126,36 @@ def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_overr
     assert cfg.phase2.user_speak_prob == 0.5 and cfg.phase2.group_reward.source == "rm"
     assert cfg.phase2.num_generations == 4  # the CPU profile
 
+
+
+@pytest.mark.parametrize("over,fragment", [
+    ({"personas": ["anchor", "anchor"]}, "lists an id twice"),
+    ({"personas": ["anchor", "minutes_scribe"]}, "not in the support set"),
+    ({"director_grpo.max_steps": 0}, "max_steps is 0"),
+    ({"director_grpo.loss_type": "nonsense"}, "director_grpo.loss_type"),
+    ({"director_grpo.scale_rewards": "nonsense"}, "director_grpo.scale_rewards"),
+    ({"phase2.eta": float("nan")}, "phase2.eta"),
+    ({"phase2.eta": -0.5}, "phase2.eta"),
+    ({"max_model_len": 128}, "max_model_len"),
+])
+def test_more_config_mistakes_are_caught_before_work(tmp_path, shared_data, over, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load(_write(tmp_path, **over))
+
+
+def test_a_store_missing_some_personas_is_a_config_error(tmp_path, shared_data):
+    import json
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {"anchor": {
+        "versions": {"1": {"state": "staged", "name": "anchor--v1"}}, "stable": None}}}))
+    with pytest.raises(ConfigError, match=r"no phase 1 adapter for persona\(s\) \['catalyst', 'beacon'\]"):
+        load(_write(tmp_path, **{"speakers.store": str(store)}))
+    (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {}}))
+    with pytest.raises(ConfigError, match="no phase 1 adapter"):  # none at all: no silent quick stand-ins
+        load(_write(tmp_path, **{"speakers.store": str(store)}))
+    (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {"anchor": {
+        "versions": {"1": {"state": "staged", "name": "anchor--v1"}}, "stable": None}}}))
+    cfg = load(_write(tmp_path, **{"speakers.store": str(store), "personas": ["anchor"], "phase2.min_distinct": 1}))
+    assert cfg.personas == ["anchor"]

@@ -83,6 +83,13 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     assert p2.returncode == 0, p2.stderr[-2000:]
     assert p2.stderr.count("up to date, skipped") == 5, p2.stderr[-3000:]
     assert json.loads((out / "adapters" / "registry.json").read_text())["revision"] == reg["revision"]
+    # a store that vanished is published again on resume (the manifest alone is not trusted)
+    import shutil
+
+    shutil.rmtree(out / "adapters")
+    p3 = _cli(["collaborative", "--config", str(conf), "--out", str(out), "--stage", "publish"], tmp_path)
+    assert p3.returncode == 0, p3.stderr[-2000:]
+    assert json.loads((out / "adapters" / "registry.json").read_text())["adapters"]["director"]["versions"]["1"]
 
 
 def test_bad_config_and_unknown_stage_exit_2_without_work(tmp_path, smoke_config):

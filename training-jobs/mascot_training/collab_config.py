@@ -75,7 +75,7 @@ class Phase2Config(_S):
     #: p: probability that the simulated user speaks after an agent turn (seeded Bernoulli draw).
     user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
     #: η: weight of the diversity indicator I_div.
-    eta: float = 0.5
+    eta: float = Field(0.5, ge=0.0)
     #: I_div = +1 when at least this many distinct personas spoke among the suffix's agent turns, else -1.
     min_distinct: int = Field(2, ge=1)
     #: R of a rollout ended by an invalid directive.
@@ -115,10 +115,11 @@ class DirectorGrpoConfig(_S):
     batch_size: int = Field(16, ge=2)
     lr: float = Field(1e-5, gt=0)
     epochs: float = Field(1.0, gt=0)
+    #: Optimiser steps; -1 runs ``epochs`` instead (0 is not allowed).
     max_steps: int = Field(-1, ge=-1)
     beta: float = Field(0.0, ge=0.0)
-    loss_type: str = "dapo"
-    scale_rewards: str = "group"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
     #: Seconds a group reward computation may take before the rollout is masked (reward None) and counted.
     reward_timeout_s: float = Field(120.0, gt=0)
     #: Directive samples per prefix for persona_distribution_before / _after.
@@ -154,7 +155,8 @@ class CollaborativeConfig(_S):
     tiny_dir: Path = Path(".cache/tiny-qwen3")
     mode: Literal["support", "meeting"] = "support"
     personas: list[str] = Field(default_factory=list)
-    max_model_len: int = Field(2048, ge=128)
+    #: Model window in tokens; the director chat alone is several hundred tokens.
+    max_model_len: int = Field(2048, ge=512)
     data: DataConfig = DataConfig()
     lora: LoraConfig = LoraConfig()
     speakers: SpeakersConfig = SpeakersConfig()
@@ -198,6 +200,24 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
             out.append(f"speakers.adapters.{pid}: {d} has no adapter_config.json (not a PEFT adapter directory)")
     if cfg.speakers.store and not (Path(cfg.speakers.store) / "registry.json").is_file():
         out.append(f"speakers.store {cfg.speakers.store} has no registry.json (not an adapter store)")
+    elif (cfg.speakers.store or cfg.speakers.adapters) and not [p for p in cfg.personas if p not in _known()]:
+        from mascot_training.speakers import from_store
+
+        missing = []
+        for pid in active_personas(cfg):
+            if pid in cfg.speakers.adapters:
+                continue
+            try:
+                hit = from_store(cfg.speakers.store, pid) if cfg.speakers.store else None
+            except ValueError as e:
+                out.append(str(e))
+                break
+            if hit is None:
+                missing.append(pid)
+        if missing:
+            out.append(f"no phase 1 adapter for persona(s) {missing} in speakers.store/speakers.adapters: add them, "
+                       "or set personas to those the store holds (the quick stand-ins are made only when no "
+                       "adapters are given at all)")
     if cfg.director.init_adapter and not (Path(cfg.director.init_adapter) / "adapter_config.json").is_file():
         out.append(f"director.init_adapter {cfg.director.init_adapter} has no adapter_config.json")
     try:

@@ -40,7 +40,9 @@ def publish_director(cfg: CollaborativeConfig, out: Path, *, base_model: str) ->
     store = store_of(cfg.publish, out)
     conf = cfg.publish.model_dump(mode="json") | {"run_id": cfg.run_id}
     inputs = {"adapter": mf.digest_path(adir), "base_model": str(base_model), "store": str(store)}
-    if mf.is_done(out, "publish", conf, inputs):
+    from mascot_training.publish import still_published
+
+    if mf.is_done(out, "publish", conf, inputs) and still_published(mf.read_manifest(out / "publish"), cfg.publish):
         return mf.read_manifest(out / "publish")
     m = grpo["metrics"]
     drop = round(m["valid_rate_before"] - m["valid_rate_after"], 4)

@@ -17,7 +17,7 @@ STAGES = ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publ
 
 
 class _S(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(_S):
@@ -109,8 +109,8 @@ class GrpoConfig(_S):
     epochs: float = Field(1.0, gt=0)
     max_steps: int = Field(-1, ge=-1)
     beta: float = Field(0.0, ge=0.0)
-    loss_type: str = "dapo"
-    scale_rewards: str = "group"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
     temperature: float = Field(1.0, gt=0.0)
     w_rm: float = 1.0
     w_format: float = 1.0
@@ -186,6 +186,8 @@ def read_config(path: str | Path, cls: type, check: Any) -> Any:
         ConfigError: missing file, bad YAML or encoding, not a mapping, unknown key, bad value, or problems found.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {p} is a directory; pass a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
@@ -230,6 +232,12 @@ def common_problems(cfg: Any) -> list[str]:
     unknown = [p for p in cfg.personas if p not in catalog.cards]
     if unknown:
         out.append(f"unknown persona id(s) {unknown}; known: {sorted(catalog.cards)}")
+    if len(set(cfg.personas)) != len(cfg.personas):
+        out.append(f"personas lists an id twice: {cfg.personas}")
+    in_mode = {c.id for c in catalog.in_set(cfg.mode)}
+    other = [p for p in cfg.personas if p in catalog.cards and p not in in_mode]
+    if other:
+        out.append(f"persona(s) {other} are not in the {cfg.mode} set; {cfg.mode} personas: {sorted(in_mode)}")
     if not cfg.data.situations.is_file():
         out.append(f"data.situations {cfg.data.situations} does not exist")
     looks_like_path = cfg.model.startswith(("/", "./", "../", "~")) or Path(cfg.model).exists()
@@ -242,6 +250,9 @@ def common_problems(cfg: Any) -> list[str]:
             training_situations(cfg)
         except (ValueError, OSError) as e:
             out.append(str(e))
+    for section in ("persona_grpo", "director_grpo", "sft"):
+        if getattr(getattr(cfg, section, None), "max_steps", -1) == 0:
+            out.append(f"{section}.max_steps is 0: use -1 to train by epochs, or a positive number of steps")
     if cfg.lora.r > 64:
         out.append("lora.r above 64 exceeds the serving limit (max_lora_rank 64)")
     import os

@@ -135,7 +135,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
     config = cfg.publish.model_dump(mode="json") | {"run_id": cfg.run_id}
     inputs = {f"adapter:{p}": digest_path(d) for p, d in sorted(adapters.items())} | {"base_model": str(base_model),
                                                                                        "store": str(store)}
-    if is_done(out, STAGE, config, inputs):
+    if is_done(out, STAGE, config, inputs) and still_published(read_manifest(out / STAGE), cfg.publish):
         return read_manifest(out / STAGE)
     catalog = PersonaCatalog.load()
     cards = {pid: catalog.get(pid) for pid in adapters}
@@ -160,6 +160,26 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
         manifest["data_ids"] = list(data_ids)
         manifest["store"] = str(store)
     return manifest
+
+
+def still_published(manifest: dict | None, publish_cfg: Any) -> bool:
+    """True when every version a publish manifest records is still in its local store's registry with the same
+    digest (a resumed run then skips); always True for a gateway (the registry is the gateway's)."""
+    if not manifest or publish_cfg.gateway:
+        return bool(manifest)
+    recs = manifest.get("metrics", {}).get("personas") or {"director": manifest.get("metrics", {})}
+    for pid, rec in recs.items():
+        pub = rec.get("published")
+        if not pub:
+            continue
+        try:
+            reg = read_registry(manifest["store"])
+        except RuntimeError:
+            return False
+        v = reg.get("adapters", {}).get(pid, {}).get("versions", {}).get(str(pub.get("version")))
+        if not v or (pub.get("digest") and v.get("digest") != pub["digest"]):
+            return False
+    return True
 
 
 def store_of(publish_cfg: Any, out: Path) -> str:
