@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from mascot_training.config import (
     DataConfig,
+    GrpoOptimConfig,
     JudgeStageConfig,
     LoraConfig,
     PairsConfig,
@@ -108,23 +109,13 @@ class DirectorPolicyConfig(_S):
     warm_start_lr: float = Field(5e-3, gt=0)
 
 
-class DirectorGrpoConfig(_S):
-    """Optimiser side of the director's GRPO (TRL 1.16 semantics; REFERENCE.md section 6: batch 16, 1 epoch)."""
+class DirectorGrpoConfig(GrpoOptimConfig):
+    """Optimiser side of the director's GRPO (REFERENCE.md section 6: batch 16, 1 epoch). ``batch_size`` counts
+    rollouts and must be divisible by phase2.num_generations; the group reward may take ``reward_timeout_s``."""
 
-    #: Rollouts per optimiser step; must be divisible by phase2.num_generations.
-    batch_size: int = Field(16, ge=2)
-    lr: float = Field(1e-5, gt=0)
-    epochs: float = Field(1.0, gt=0)
-    #: Optimiser steps; -1 runs ``epochs`` instead (0 is not allowed).
-    max_steps: int = Field(-1, ge=-1)
-    beta: float = Field(0.0, ge=0.0)
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    #: Seconds a group reward computation may take before the rollout is masked (reward None) and counted.
     reward_timeout_s: float = Field(120.0, gt=0)
     #: Directive samples per prefix for persona_distribution_before / _after.
     distribution_samples: int = Field(4, ge=1, le=64)
-    seed: int = 0
 
 
 class DirectorGateConfig(_S):

@@ -98,26 +98,32 @@ class FormatRewardConfig(_S):
     l_max: int = Field(80, ge=1)
 
 
-class GrpoConfig(_S):
-    """GRPO of each persona's LoRA (REFERENCE.md section 5 and 11 rows 12-13; TRL 1.16 semantics)."""
+class GrpoOptimConfig(_S):
+    """Optimiser settings shared by the persona and director GRPO stages (TRL 1.16 ``GRPOConfig`` semantics)."""
 
-    num_generations: int = Field(8, ge=2, le=64)
-    #: Completions per optimiser step (per-device batch); must be divisible by num_generations.
+    #: Samples per optimiser step (per-device batch); must be divisible by the group size.
     batch_size: int = Field(16, ge=2)
     lr: float = Field(1e-5, gt=0)
-    max_completion_length: int = Field(512, ge=4)
     epochs: float = Field(1.0, gt=0)
+    #: Optimiser steps; -1 runs ``epochs`` instead (0 is not allowed).
     max_steps: int = Field(-1, ge=-1)
     beta: float = Field(0.0, ge=0.0)
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    #: Seconds a reward computation may take before the sample is masked (reward None) and counted.
+    reward_timeout_s: float = Field(60.0, gt=0)
+    seed: int = 0
+
+
+class GrpoConfig(GrpoOptimConfig):
+    """GRPO of each persona's LoRA (REFERENCE.md section 5 and 11 rows 12-13; TRL 1.16 semantics)."""
+
+    num_generations: int = Field(8, ge=2, le=64)
+    max_completion_length: int = Field(512, ge=4)
     temperature: float = Field(1.0, gt=0.0)
     w_rm: float = 1.0
     w_format: float = 1.0
     format: FormatRewardConfig = FormatRewardConfig()
-    #: Seconds a reward computation may take before the sample is masked (reward None) and counted.
-    reward_timeout_s: float = Field(60.0, gt=0)
-    seed: int = 0
 
 
 class GateConfig(_S):

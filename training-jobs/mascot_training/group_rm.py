@@ -96,7 +96,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         return mf.read_manifest(out / STAGE)
     from mascot.core.files import read_jsonl
     from mascot.core.formatting import block_text
-    from mascot_training.judge import _judges
+    from mascot_training.judge import _judges, close_judges
 
     catalog = PersonaCatalog.load()
     cards = [catalog.get(p) for p in active_personas(cfg)]
@@ -110,12 +110,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         judges = _judges(judge_specs(cfg), engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
         items = [(p, b) for p, bs in groups for b in bs]
         means, jm = await judge_blocks(judges, cards, items)
-        for j in judges:
-            close = getattr(j.backend, "close", None)
-            if close:
-                await close()
-        if judges and judges[0].cache is not None:
-            judges[0].cache.close()
+        await close_judges(judges)
         rows, dropped = [], {"unjudged": 0, "identical": 0, "over_cap": 0, "groups_without_pairs": 0}
         i = 0
         for prefix, bs in groups:

@@ -91,10 +91,15 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:  # noqa: ANN001
         manifest["metrics"] = {"groups": len(lines), "unparseable": unparseable, "judge_calls": calls,
                                "judges": [j.name for j in judges], "rubric_version": rb.rubric_version(),
                                "judgements_digest": digest_obj(lines)}
-        for j in judges:
-            close = getattr(j.backend, "close", None)
-            if close:
-                await close()
-        if judges and judges[0].cache is not None:
-            judges[0].cache.close()
+        await close_judges(judges)
     return read_manifest(out / "judge")
+
+
+async def close_judges(judges: list) -> None:
+    """Close every judge backend (HTTP clients) and their shared cache."""
+    for j in judges:
+        close = getattr(j.backend, "close", None)
+        if close:
+            await close()
+    if judges and judges[0].cache is not None:
+        judges[0].cache.close()
