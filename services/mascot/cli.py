@@ -173,6 +173,9 @@ def chat(
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    except grpc.aio.AioRpcError as e:  # the gateway is down or refused the conversation
+        console.print(f"[red]{e.code().name}[/red]: {e.details()} (gateway {target})")
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -25,10 +25,14 @@ STATES = {0: "unspecified", 1: "staged", 2: "canary", 3: "stable", 4: "retired"}
 def _token(token_file: Optional[Path]) -> str:
     if token_file is not None:
         try:
-            return token_file.read_text(encoding="utf-8").strip()
+            token = token_file.read_text(encoding="utf-8").strip()
         except OSError as e:
             console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
             raise typer.Exit(2) from None
+        if not token:
+            console.print(f"[red]--token-file {token_file} is empty[/red]")
+            raise typer.Exit(2)
+        return token
     token = os.environ.get("MASCOT_ADMIN_TOKEN", "").strip()
     if not token:
         console.print("[red]no admin token: set MASCOT_ADMIN_TOKEN or pass --token-file[/red]")
@@ -43,6 +47,9 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
     from mascot.core.server import channel
 
     token = _token(token_file)
+    if not target.strip() or ":" not in target:
+        console.print(f"[red]--target {target!r} must be host:port[/red]")
+        raise typer.Exit(2)
 
     async def go() -> Any:
         ch = channel(target)
@@ -104,12 +111,17 @@ def publish(persona: str = typer.Argument(..., help="Persona id (snake_case) or 
 
 @adapters_app.command("promote")
 def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1),
-            canary: float = typer.Option(0.0, "--canary", min=0.0, max=0.999,
-                                         help="Make it the canary with this share of new conversations (0 < w < 1)."),
+            canary: Optional[float] = typer.Option(
+                None, "--canary", help="Make it the canary with this share of new conversations (0 < W < 1)."),
             target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Make a version stable (or the canary with --canary W)."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
 
+    if canary is not None and not 0.0 < canary < 1.0:
+        console.print(f"[red]--canary must be between 0 and 1 (exclusive), got {canary}; omit it to make the "
+                      "version stable[/red]")
+        raise typer.Exit(2)
+    canary = canary or 0.0
     r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(persona_id=persona, version=version,
                                                                              canary_weight=canary))
     _show([r.persona])

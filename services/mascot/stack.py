@@ -197,8 +197,16 @@ def _adapter_service(cfg: MascotConfig) -> tuple:
     from mascot.core.engine import resolve_model
     from mascot.gateway.admin import AdapterServicer, read_admin_token
 
+    from mascot.core.personas import PersonaCatalog
+
     a = cfg.adapters
+    if Path(a.store).exists() and not Path(a.store).is_dir():
+        raise ValueError(f"adapters.store {a.store} is not a directory")
     base = a.base_model or resolve_model(cfg.engine.model, cfg.engine.tiny_dir)
     token = read_admin_token(a.admin_token_env, a.admin_token_file)
+    if not token:
+        log.warning("AdapterService has no admin token (%s / adapters.admin_token_file): it refuses every call",
+                    a.admin_token_env)
+    known = set(PersonaCatalog.load(cfg.personas.extra_files).cards) | {"director"}
     return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
-            AdapterServicer(a.store, base, token, a.max_rank), "mascot.api.adapter.v1.AdapterService")
+            AdapterServicer(a.store, base, token, a.max_rank, known), "mascot.api.adapter.v1.AdapterService")

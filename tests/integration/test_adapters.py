@@ -174,9 +174,10 @@ async def test_lifecycle_publish_promote_canary_rollback_retire(admin, loras):
     assert r.persona.stable == 1 and [v.state for v in r.persona.versions] == [STABLE, RETIRED]
     code, _ = await code_of(stub.RollbackAdapter(pb.RollbackAdapterRequest(persona_id="anchor"), metadata=AUTH))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
-    code, _ = await code_of(stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2),
-                                                metadata=AUTH))
-    assert code == grpc.StatusCode.FAILED_PRECONDITION  # retired
+    p = (await stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=2, canary_weight=0.5),
+                                   metadata=AUTH)).persona  # a retired version can come back
+    assert (p.stable, p.canary) == (1, 2)
+    r = await stub.RetireAdapter(pb.RetireAdapterRequest(persona_id="anchor", version=2), metadata=AUTH)
     listed = await stub.ListAdapters(pb.ListAdaptersRequest(persona_id="anchor"), metadata=AUTH)
     assert listed.revision == json.loads((store / "registry.json").read_text())["revision"] == r.revision
 
@@ -217,6 +218,16 @@ async def test_cli_lists_and_promotes_with_the_env_token(admin, loras):
     assert p.returncode == 2 and "MASCOT_ADMIN_TOKEN" in p.stderr
     p = await asyncio.to_thread(cli, "retire", "catalyst", "1")
     assert p.returncode == 1 and "FAILED_PRECONDITION" in p.stderr and "Traceback" not in p.stderr
+    for bad in (["promote", "catalyst", "1", "--canary", "0"], ["promote", "catalyst", "1", "--canary", "1"]):
+        p = await asyncio.to_thread(cli, *bad)
+        assert p.returncode == 2 and "--canary" in p.stderr
+    empty = Path(os.environ.get("TMPDIR", "/tmp")) / f"empty-token-{os.getpid()}"
+    empty.write_text("\n")
+    try:
+        p = await asyncio.to_thread(cli, "list", "--token-file", str(empty))
+        assert p.returncode == 2 and "is empty" in p.stderr
+    finally:
+        empty.unlink()
 
 
 async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch, tiny_model_dir):
@@ -236,3 +247,66 @@ async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch,
     with pytest.raises(ValueError, match="PERMISSION_DENIED"):
         await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v3"], run_id="p2", data_ids=[],
                                 eval_metrics={})
+
+
+async def test_config_must_match_weights_and_config_only_changes_are_new_versions(admin, loras, tmp_path):
+    import shutil
+
+    stub, store, _ = admin
+    liar = tmp_path / "liar"
+    shutil.copytree(loras["rank8"], liar)
+    conf = json.loads((liar / "adapter_config.json").read_text())
+    conf["r"] = 4  # the tensors say 8
+    (liar / "adapter_config.json").write_text(json.dumps(conf))
+    code, msg = await code_of(stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor",
+                                                                           source_path=str(liar)), metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "does not match the weights" in msg
+    r1 = await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor", source_path=str(loras["v1"])),
+                                   metadata=AUTH)
+    other = tmp_path / "other-base"
+    shutil.copytree(loras["v1"], other)
+    conf = json.loads((other / "adapter_config.json").read_text())
+    conf["base_model_name_or_path"] = "Qwen/Qwen3-0.6B"  # same weights, another base: refused, not "already"
+    (other / "adapter_config.json").write_text(json.dumps(conf))
+    code, msg = await code_of(stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor",
+                                                                           source_path=str(other)), metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "trained on base model" in msg
+    alpha = tmp_path / "alpha"
+    shutil.copytree(loras["v1"], alpha)
+    conf = json.loads((alpha / "adapter_config.json").read_text())
+    conf["lora_alpha"] = 32  # same weights, another scaling: a new version
+    (alpha / "adapter_config.json").write_text(json.dumps(conf))
+    r2 = await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor", source_path=str(alpha)),
+                                   metadata=AUTH)
+    assert not r2.already_published and r2.version.version == r1.version.version + 1
+    code, msg = await code_of(stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="ghost_persona",
+                                                                           source_path=str(loras["v1"])),
+                                                  metadata=AUTH))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown persona id" in msg
+
+
+async def test_a_broken_or_missing_registry_stops_writes_not_chat(admin, loras):
+    from mascot.api.conversation.v1 import conversation_pb2 as cpb
+    from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+
+    stub, store, stack = admin
+    await stub.PublishAdapter(pb.PublishAdapterRequest(persona_id="anchor", source_path=str(loras["v1"])),
+                              metadata=AUTH)
+    good = (store / "registry.json").read_text()
+    conv = cpb_grpc.ConversationServiceStub(channel(stack.target("gateway")))
+    for broken in ("{not json", '{"revision": 3, "adapters": {"anchor": 5}}', None):
+        if broken is None:
+            (store / "registry.json").unlink()
+        else:
+            (store / "registry.json").write_text(broken)
+        code, msg = await code_of(stub.PromoteAdapter(pb.PromoteAdapterRequest(persona_id="anchor", version=1),
+                                                      metadata=AUTH))
+        assert code == grpc.StatusCode.UNAVAILABLE and "restore" in msg, msg
+        code, _ = await code_of(stub.PublishAdapter(pb.PublishAdapterRequest(
+            persona_id="anchor", source_path=str(loras["v2"])), metadata=AUTH))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        c = (await conv.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        assert dict(c.adapter_versions) == {}  # not pinned, but the conversation starts
+    (store / "registry.json").write_text(good)
+    assert (await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=AUTH)).revision == 1
+    assert not (store / "anchor" / "v2").exists()

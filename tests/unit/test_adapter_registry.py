@@ -52,7 +52,6 @@ def test_rollback_restores_and_retires_current_and_canary():
     (lambda r: rg.promote(r, "anchor", 9), NotFound, "no version 9"),
     (lambda r: rg.promote(r, "beacon", 1), NotFound, "no adapter is published"),
     (lambda r: rg.promote(r, "anchor", 1, 1.0), InvalidArgument, "canary_weight"),
-    (lambda r: rg.promote(r, "anchor", 3), FailedPrecondition, "retired"),
     (lambda r: rg.promote(r, "anchor", 2), FailedPrecondition, "already stable"),
     (lambda r: rg.retire(r, "anchor", 2), FailedPrecondition, "stable version"),
     (lambda r: rg.retire(r, "anchor", 3), FailedPrecondition, "already retired"),
@@ -74,3 +73,13 @@ def test_canary_split_lands_in_a_binomial_99_percent_interval():
     assert all(rg.choose_version(entry, f"conversation-{i}") == picks[i] for i in range(50))  # sticky per key
     assert rg.choose_version({"stable": 4, "canary": None, "canary_weight": 0}, "x") == 4
     assert rg.choose_version({"stable": None, "canary": None}, "x") is None
+
+
+def test_a_retired_version_can_be_promoted_again():
+    reg = reg_with("staged", "staged")
+    rg.promote(reg, "anchor", 1)
+    rg.promote(reg, "anchor", 2)  # v1 retired, remembered
+    rg.promote(reg, "anchor", 1)  # back to v1 without a rollback
+    e = reg["adapters"]["anchor"]
+    assert (e["stable"], e["previous_stable"]) == (1, [2])
+    assert [v["state"] for v in e["versions"].values()] == ["stable", "retired"]

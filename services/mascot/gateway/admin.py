@@ -56,10 +56,13 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         base_model: The serving base model adapters must name.
         token: The admin token; "" refuses every call (the admin plane is not configured).
         max_rank: Serving limit on the LoRA rank.
+        known_ids: Persona ids that may own adapters (the catalog's plus "director"); None accepts any snake_case id.
     """
 
-    def __init__(self, store: str | Path, base_model: str, token: str, max_rank: int = st.MAX_RANK) -> None:
+    def __init__(self, store: str | Path, base_model: str, token: str, max_rank: int = st.MAX_RANK,
+                 known_ids: set[str] | None = None) -> None:
         self.store, self.base_model, self.token, self.max_rank = Path(store), base_model, token, max_rank
+        self.known_ids = known_ids
 
     def _auth(self, context: Any) -> None:
         md = dict(context.invocation_metadata() or ())
@@ -73,24 +76,32 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].strip().encode(), self.token.encode()):
             raise PermissionDenied("the admin token is wrong")
 
-    @staticmethod
-    def _persona_id(value: str) -> str:
+    def _persona_id(self, value: str) -> str:
         if not st.ID_RE.match(value or ""):
             raise InvalidArgument(f"persona_id {value[:64]!r} must be snake_case (lower-case letters, digits, '_'), "
                                   "e.g. 'anchor' or 'director'")
+        if self.known_ids is not None and value not in self.known_ids:
+            raise InvalidArgument(f"unknown persona id {value!r}; adapters belong to a persona of the catalog "
+                                  "(ListPersonas) or to 'director'")
         return value
 
-    async def _update(self, change: Any) -> dict:
+    async def _store_call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        """Run a store function in a thread; registry and file-system trouble become UNAVAILABLE with the reason."""
         try:
-            return await asyncio.to_thread(st.update_registry, self.store, change)
+            return await asyncio.to_thread(fn, *args, **kw)
         except st.RegistryConflict as e:
             raise Unavailable(f"the registry is busy ({e}); retry") from None
+        except RuntimeError as e:  # unreadable or malformed registry.json
+            raise Unavailable(str(e)) from None
+        except OSError as e:
+            raise Unavailable(f"the adapter store {self.store} cannot be written or read ({e.strerror or e}); "
+                              "fix its permissions or mount") from None
+
+    async def _update(self, change: Any) -> dict:
+        return await self._store_call(st.update_registry, self.store, change)
 
     async def _read(self) -> dict:
-        try:
-            return await asyncio.to_thread(st.read_registry, self.store)
-        except RuntimeError as e:
-            raise Unavailable(str(e)) from None
+        return await self._store_call(st.read_registry, self.store)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Any) -> pb.ListAdaptersResponse:
         self._auth(context)
@@ -113,24 +124,23 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
             raise InvalidArgument("eval_metrics_json is not valid JSON") from None
         if not isinstance(metrics, dict):
             raise InvalidArgument("eval_metrics_json must be a JSON object")
-        try:
-            digest = await asyncio.to_thread(st.file_digest, src / "adapter_model.safetensors")
-            prior = await asyncio.to_thread(st.find_version, self.store, pid, digest)
-        except OSError:
-            prior = None
+        try:  # the checks come first: a duplicate is only a duplicate of a valid adapter with the same config
+            await asyncio.to_thread(st.check_adapter, src, base_model=self.base_model, max_rank=self.max_rank)
+        except st.PublishError as e:
+            raise InvalidArgument(str(e)) from None
+        digest = await self._store_call(st.file_digest, src / "adapter_model.safetensors")
+        prior = await self._store_call(st.find_version, self.store, pid, digest, src)
         if prior is not None:
             reg = await self._read()
             v = persona_to_proto(pid, reg["adapters"][pid])
             return pb.PublishAdapterResponse(version=next(x for x in v.versions if x.version == prior["version"]),
                                              already_published=True, revision=reg.get("revision", 0))
         try:
-            res = await asyncio.to_thread(st.publish_adapter, self.store, pid, src, base_model=self.base_model,
-                                          run_id=request.run_id, data_ids=list(request.data_ids),
-                                          eval_metrics=metrics, max_rank=self.max_rank)
+            res = await self._store_call(st.publish_adapter, self.store, pid, src, base_model=self.base_model,
+                                         run_id=request.run_id, data_ids=list(request.data_ids),
+                                         eval_metrics=metrics, max_rank=self.max_rank)
         except st.PublishError as e:
             raise InvalidArgument(str(e)) from None
-        except st.RegistryConflict as e:
-            raise Unavailable(f"the registry is busy ({e}); retry") from None
         reg = await self._read()
         v = persona_to_proto(pid, reg["adapters"][pid])
         return pb.PublishAdapterResponse(version=next(x for x in v.versions if x.version == res["version"]),

@@ -71,6 +71,8 @@ def _rpc_error(e: grpc.aio.AioRpcError, what: str) -> ServiceError:
         return DeadlineExceeded(f"the {what} did not answer before the deadline")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(f"the {what} rejected the request: {e.details()}")
+    if code == grpc.StatusCode.UNAVAILABLE and e.details():
+        return Unavailable(f"the {what} is unavailable: {e.details()[:300]}")
     return Unavailable(f"the {what} is unavailable ({code.name}); retry later")
 
 

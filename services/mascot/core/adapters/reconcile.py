@@ -32,13 +32,14 @@ def pin_versions(store: str | Path, persona_ids: Iterable[str], conversation_key
     """``{persona_id: "<persona>--v<N>" | "base"}`` for a new conversation: the stable version, or the canary for a
     ``canary_weight`` share of conversation keys; ``"base"`` when the persona has neither.
 
-    Raises:
-        Unavailable: the registry cannot be read.
+    An unreadable registry pins nothing (``{}``: the services' own choice) and logs a warning, so chat keeps working
+    while an operator restores it; the admin plane reports the problem.
     """
     try:
         reg = st.read_registry(store)
-    except RuntimeError as e:
-        raise Unavailable(str(e)) from None
+    except (RuntimeError, OSError) as e:
+        log.warning("adapter registry unreadable; conversation not pinned: %s", e)
+        return {}
     out = {}
     for pid in persona_ids:
         entry = reg.get("adapters", {}).get(pid)
@@ -72,6 +73,7 @@ class AdapterResolver:
                 await self.engine.load_adapter(name, str(path))
             except Exception as e:  # noqa: BLE001 - any load failure is counted and reported, others still load
                 self.failures[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                log.warning("adapter %s failed to load from %s: %s", name, path, self.failures[name])
                 if self.metrics is not None:
                     self.metrics.adapter_load_failures.labels(type(e).__name__).inc()
                 raise

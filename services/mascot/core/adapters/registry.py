@@ -44,18 +44,16 @@ def promote(reg: dict, persona_id: str, version: int, canary_weight: float = 0.0
     """Make ``version`` stable (``canary_weight`` 0) or the canary with that share of new conversations.
 
     A new stable retires the old one and pushes it on ``previous_stable``; a new canary sends the canary it replaces
-    back to ``staged``.
+    back to ``staged``. A retired version may be promoted again (its files stay in the store).
 
     Raises:
         InvalidArgument: ``canary_weight`` outside [0, 1). NotFound: unknown persona or version.
-        FailedPrecondition: the version is retired, already stable, or a canary is asked with no stable version.
+        FailedPrecondition: the version is already stable, or a canary is asked with no stable version.
     """
     if not 0.0 <= canary_weight < 1.0:
         raise InvalidArgument(f"canary_weight must be in [0, 1), got {canary_weight}")
     entry = entry_of(reg, persona_id)
     v = _version(entry, persona_id, version)
-    if v["state"] == "retired":
-        raise FailedPrecondition(f"{persona_id} v{version} is retired; publish it again or roll back to it")
     if v["state"] == "stable":
         raise FailedPrecondition(f"{persona_id} v{version} is already stable")
     if canary_weight > 0:
@@ -74,12 +72,14 @@ def promote(reg: dict, persona_id: str, version: int, canary_weight: float = 0.0
         entry["previous_stable"].append(old)
     if entry["canary"] == version:
         entry["canary"], entry["canary_weight"] = None, 0
+    entry["previous_stable"] = [n for n in entry["previous_stable"] if n != version]
     entry["stable"] = version
     v["state"] = "stable"
 
 
 def rollback(reg: dict, persona_id: str) -> None:
-    """Restore the previous stable version; the current stable and any canary are retired.
+    """Restore the previous stable version; the current stable and any canary are retired (a canary is rolled back
+    with the release it was tested against).
 
     Raises:
         NotFound: unknown persona. FailedPrecondition: no previous stable version.

@@ -112,26 +112,63 @@ def check_adapter(adapter_dir: str | Path, *, base_model: str, max_rank: int = M
     if conf.get("modules_to_save"):
         raise PublishError(f"adapter {d} saves full-weight modules {conf['modules_to_save']} (modules_to_save); "
                            f"the server loads LoRA matrices only: train without modules_to_save")
-    with safe_open(str(d / "adapter_model.safetensors"), "pt") as f:
-        full = [k for k in f.keys() if "lora_" not in k]
+    try:
+        with safe_open(str(d / "adapter_model.safetensors"), "pt") as f:
+            keys = list(f.keys())
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in keys if "lora_A" in k}
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for a corrupt file
+        raise PublishError(f"{d / 'adapter_model.safetensors'} is not a readable safetensors file "
+                           f"({type(e).__name__}); save the adapter again") from None
+    full = [k for k in keys if "lora_" not in k]
     if full:
         raise PublishError(f"adapter {d} holds {len(full)} non-LoRA tensor(s) (e.g. {full[0]!r}); the server loads "
                            f"LoRA matrices only: train without modules_to_save or trainable embeddings")
+    actual = max((s[0] for s in shapes.values() if s), default=0)  # lora_A weights are [r, in_features]
+    if not shapes:
+        raise PublishError(f"adapter {d} holds no lora_A tensors; pass a PEFT LoRA adapter")
+    if actual != top:
+        raise PublishError(f"adapter {d} declares LoRA rank {top} in adapter_config.json but its tensors have rank "
+                           f"{actual}: the config does not match the weights; save the adapter again")
     return conf
 
 
 def read_registry(store: str | Path) -> dict:
-    """The store's registry (an empty one at revision 0 when the file does not exist yet)."""
+    """The store's registry (an empty one at revision 0 for a store that holds no version yet).
+
+    Raises:
+        RuntimeError: the file is not valid JSON, lacks an integer revision, has malformed entries, or is missing
+            while version directories exist (the states would be lost: restore it rather than start over).
+    """
     p = Path(store) / REGISTRY
     if not p.is_file():
+        if Path(store).is_dir() and any(_VERSION_RE.match(c.name) for d in Path(store).iterdir() if d.is_dir()
+                                        for c in d.iterdir()):
+            raise RuntimeError(f"{p} is missing but the store holds adapter versions; restore registry.json from "
+                               "a backup (starting a new one would lose every state and alias)")
         return {"revision": 0, "adapters": {}}
     try:
         reg = json.loads(p.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise RuntimeError(f"{p} is not valid JSON ({e}); restore it from a backup before publishing") from None
     if not isinstance(reg, dict) or not isinstance(reg.get("revision"), int):
         raise RuntimeError(f"{p} has no integer 'revision'; restore it from a backup before publishing")
+    adapters = reg.get("adapters", {})
+    bad = [] if isinstance(adapters, dict) else ["adapters"]
+    for pid, e in (adapters.items() if not bad else []):
+        if not isinstance(e, dict) or not isinstance(e.get("versions", {}), dict) or not all(
+                isinstance(v, dict) for v in e.get("versions", {}).values()):
+            bad.append(f"adapters.{pid}")
+    if bad:
+        raise RuntimeError(f"{p} has malformed entries ({', '.join(bad[:3])}); restore it from a backup")
     return reg
+
+
+def _current_revision(store: Path) -> int:
+    """The revision on disk now, for the compare-and-swap (0 when the file does not exist)."""
+    p = Path(store) / REGISTRY
+    if not p.is_file():
+        return 0
+    return read_registry(store).get("revision", 0)
 
 
 @contextmanager
@@ -247,7 +284,7 @@ def _publish_locked(store: Path, pdir: Path, persona_id: str, src: Path, conf: d
                             "target_modules": conf.get("target_modules"), "run_id": run_id,
                             "data_ids": list(data_ids), "eval_metrics": eval_metrics, "created": created}
                 atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
-                if read_registry(store).get("revision", 0) != rev:
+                if _current_revision(store) != rev:
                     shutil.rmtree(tmp, ignore_errors=True)
                     continue  # compare-and-swap failed (a writer outside the lock): retry
                 os.rename(tmp, final)
@@ -257,7 +294,7 @@ def _publish_locked(store: Path, pdir: Path, persona_id: str, src: Path, conf: d
                 entry = new.setdefault("adapters", {}).setdefault(
                     persona_id, {"versions": {}, "stable": None, "canary": None, "canary_weight": 0, "previous_stable": []})
                 entry["versions"][str(n)] = {"state": "staged", "name": name, "digest": digest, "created": created}
-                if read_registry(store).get("revision", 0) != rev:
+                if _current_revision(store) != rev:
                     shutil.rmtree(final, ignore_errors=True)
                     renamed = False
                     continue
@@ -272,12 +309,27 @@ def _publish_locked(store: Path, pdir: Path, persona_id: str, src: Path, conf: d
     raise RegistryConflict(f"{store / REGISTRY} changed during each of {attempts} attempts; publish again")
 
 
-def find_version(store: str | Path, persona_id: str, digest: str) -> dict | None:
-    """The registered version of ``persona_id`` whose adapter has ``digest`` (``{"version", "name", ...}``)."""
+def find_version(store: str | Path, persona_id: str, digest: str, adapter_dir: str | Path | None = None
+                 ) -> dict | None:
+    """The registered version of ``persona_id`` whose adapter has ``digest`` (``{"version", "name", ...}``).
+
+    With ``adapter_dir``, its ``adapter_config.json`` must also equal the stored version's (parsed JSON), so a
+    changed config (base model, alpha, targets) with the same weights is a new version, not a duplicate.
+    """
     entry = read_registry(store).get("adapters", {}).get(persona_id) or {}
     for k, v in entry.get("versions", {}).items():
-        if v.get("digest") == digest:
-            return {"version": int(k), **v}
+        if v.get("digest") != digest:
+            continue
+        if adapter_dir is not None:
+            try:
+                mine = json.loads((Path(adapter_dir) / "adapter_config.json").read_text(encoding="utf-8"))
+                theirs = json.loads((Path(store) / persona_id / f"v{k}" / "adapter_config.json").read_text(
+                    encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if mine != theirs:
+                continue
+        return {"version": int(k), **v}
     return None
 
 
@@ -297,7 +349,7 @@ def update_registry(store: str | Path, change: Callable[[dict], None], attempts:
             new = json.loads(json.dumps(reg))
             change(new)
             new["revision"] = rev + 1
-            if read_registry(store).get("revision", 0) != rev:
+            if _current_revision(store) != rev:
                 continue
             atomic_write_text(store / REGISTRY, json.dumps(new, indent=2, sort_keys=True) + "\n")
             return new
