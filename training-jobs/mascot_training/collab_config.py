@@ -14,12 +14,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mascot_training.config import (
-    DataConfig,
     GrpoOptimConfig,
     JudgeStageConfig,
-    LoraConfig,
     PairsConfig,
     PersonaRmConfig,
+    PublishTarget,
+    RunConfig,
     _S,
     common_problems,
     read_config,
@@ -125,31 +125,22 @@ class DirectorGateConfig(_S):
     max_valid_rate_drop: float = Field(0.1, ge=0.0, le=1.0)
 
 
-class DirectorPublishConfig(_S):
+class DirectorPublishConfig(PublishTarget):
     """Publish the director adapter as ``staged`` at ``<store>/director/v<N>`` (DESIGN.md section 5)."""
 
-    gateway: str = ""
-    store: str = ""
     gate: DirectorGateConfig = DirectorGateConfig()
 
 
-class CollaborativeConfig(_S):
-    """The whole phase 2 run.
+class CollaborativeConfig(RunConfig):
+    """The whole phase 2 run (``model`` is the base of director, speakers and user simulator).
 
     Raises:
         pydantic.ValidationError: unknown key or bad value (the field path is named).
     """
 
     run_id: str = Field("phase2", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
-    #: Base model of director, speakers and user simulator (directory or hub id); empty = the tiny random Qwen3.
-    model: str = ""
-    tiny_dir: Path = Path(".cache/tiny-qwen3")
-    mode: Literal["support", "meeting"] = "support"
-    personas: list[str] = Field(default_factory=list)
     #: Model window in tokens; the director chat alone is several hundred tokens.
     max_model_len: int = Field(2048, ge=512)
-    data: DataConfig = DataConfig()
-    lora: LoraConfig = LoraConfig()
     speakers: SpeakersConfig = SpeakersConfig()
     user: UserSimConfig = UserSimConfig()
     phase2: Phase2Config = Phase2Config()

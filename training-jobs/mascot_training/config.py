@@ -135,26 +135,27 @@ class GateConfig(_S):
     min_distinct_2: float = Field(0.2, ge=0.0, le=1.0)
 
 
-class PublishConfig(_S):
-    """Publish adapters as ``staged`` (DESIGN.md section 5)."""
+class PublishTarget(_S):
+    """Where a run publishes its adapters as ``staged`` (DESIGN.md section 5)."""
 
     #: Gateway address (host:port) of AdapterService, which must be able to read the run directory (a shared
     #: volume); the token comes from MASCOT_ADMIN_TOKEN. Empty writes straight into ``store``.
     gateway: str = ""
     #: Store root (any local path); empty = ``<out>/adapters``.
     store: str = ""
+
+
+class PublishConfig(PublishTarget):
+    """Publish persona adapters, after the gate that refuses collapsed replies."""
+
     gate: GateConfig = GateConfig()
 
 
-class PersonaAlignmentConfig(_S):
-    """The whole phase 1 run.
+class RunConfig(_S):
+    """What every training run names: its id, base model, mode, personas, window, data split and LoRA shape."""
 
-    Raises:
-        pydantic.ValidationError: unknown key or bad value (the field path is named).
-    """
-
-    run_id: str = Field("phase1", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
-    #: Base model of the speakers (directory or hub id); empty builds the tiny random Qwen3 at tiny_dir.
+    run_id: str = Field("run", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    #: Base model (directory or hub id); empty builds the tiny random Qwen3 at tiny_dir.
     model: str = ""
     tiny_dir: Path = Path(".cache/tiny-qwen3")
     mode: Literal["support", "meeting"] = "support"
@@ -163,6 +164,16 @@ class PersonaAlignmentConfig(_S):
     max_model_len: int = Field(2048, ge=128)
     data: DataConfig = DataConfig()
     lora: LoraConfig = LoraConfig()
+
+
+class PersonaAlignmentConfig(RunConfig):
+    """The whole phase 1 run.
+
+    Raises:
+        pydantic.ValidationError: unknown key or bad value (the field path is named).
+    """
+
+    run_id: str = Field("phase1", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
     sft: SftConfig = SftConfig()
     sample: SampleConfig = SampleConfig()
     judge: JudgeStageConfig = JudgeStageConfig()
