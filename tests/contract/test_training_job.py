@@ -1,4 +1,5 @@
-"""The training image and Job manifests (issues 4 and 5: the same image and command run as a Kubernetes Job).
+"""The images (services/Dockerfile, training-jobs/Dockerfile) and the training Job manifests (issues 4, 5 and 7:
+the same image and command run as a Kubernetes Job).
 No Docker engine or cluster exists here, so this checks what can be checked: the Dockerfile's bases are pinned, it
 runs as a non-root user and its entrypoint is our CLI; each Job validates strictly against the Kubernetes 1.33
 schema, runs the CLI command it names (it exists and accepts the flags), reads its config from a mounted ConfigMap
@@ -64,3 +65,25 @@ def test_job_manifest_is_valid_and_runs_our_command(path):
 
 def test_both_phases_have_a_job():
     assert {p.name for p in JOBS} == {"persona-alignment-job.yaml", "collaborative-job.yaml"}
+
+
+def test_service_dockerfile_has_pinned_non_root_gpu_and_cpu_targets():
+    text = (ROOT / "services" / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.M))
+    stages = {}
+    for block in re.split(r"^(?=FROM\s)", text, flags=re.M)[1:]:
+        m = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)", block)
+        image = re.sub(r"\$\{(\w+)\}", lambda v: args[v.group(1)], m.group(1))
+        assert ":" in image and not image.endswith(":latest"), f"{image} is not pinned"
+        stages[m.group(2)] = block
+    assert {"cpu", "gpu"} <= set(stages) and args["VLLM_IMAGE"].startswith("vllm/vllm-openai:v")
+    for target in ("cpu", "gpu"):
+        users = re.findall(r"^USER\s+(\S+)", stages[target], flags=re.M)
+        assert users and users[-1].split(":")[0] not in ("root", "0"), target
+        entry = re.search(r"^ENTRYPOINT\s+(\[.*\])", stages[target], flags=re.M)
+        assert entry and yaml.safe_load(entry.group(1)) == ["mascot", "serve"], target
+    for port in ("50051", "50061", "50062", "50063", "50064", "9464"):  # DESIGN.md section 3 ports
+        assert port in stages["cpu"] and port in stages["gpu"]
+    p = subprocess.run([sys.executable, "-m", "mascot.cli", "serve", "--help"], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == 0 and "--component" in p.stdout
