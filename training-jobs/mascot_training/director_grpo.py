@@ -233,24 +233,25 @@ def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefix
                          seed: int) -> dict[str, float]:
     """Shares of the director's first decision over ``prefixes`` × ``samples`` draws (unconstrained, one attempt):
     ``{persona_id: share, ..., "invalid": share}``; shares sum to 1 (persona ids in roster order, then invalid)."""
-    from mascot.director.directive import DirectiveError, check_cap, parse_directive
+    from mascot.director.directive import DirectiveError, check_cap
 
-    seqs, hists = [], []
+    firsts = []
     for p in prefixes:
-        ids = runner._encode(runner.director_text(Rollout(p, 0, 0)))
-        seqs += [ids] * samples
-        hists += [p.history] * samples
+        r = Rollout(p, 0, 0)
+        runner.start(r)
+        firsts += [r] * samples
     counts: collections.Counter = collections.Counter()
-    for k in range(0, len(seqs), 16):
-        gens = director.generate(seqs[k:k + 16], rollout_seed(seed, "distribution", k))
-        for g, h in zip(gens, hists[k:k + 16]):
-            stopped = bool(g) and g[-1] in director.stop_ids
+    for k in range(0, len(firsts), 16):
+        batch = firsts[k:k + 16]
+        gens = director.generate([r.prompt_ids for r in batch], rollout_seed(seed, "distribution", k))
+        for g, r in zip(gens, batch):
+            d = runner.parse_generated(g, director.stop_ids).directive
             try:
-                d = parse_directive(runner._decode(g[:-1] if stopped else g), runner.roster)
-                check_cap(d.persona_id, h, runner.s.max_consecutive_turns)
-                counts[d.persona_id] += 1
+                if d is not None:
+                    check_cap(d.persona_id, r.history, runner.s.max_consecutive_turns)
             except DirectiveError:
-                counts["invalid"] += 1
+                d = None
+            counts[d.persona_id if d is not None else "invalid"] += 1
     total = sum(counts.values()) or 1
     return {k: round(counts[k] / total, 4) for k in [c.id for c in runner.roster] + ["invalid"]}
 

@@ -171,8 +171,9 @@ def rollout_seed(*parts: object) -> int:
 
 @dataclass
 class DirectorOutput:
-    """One decision: ``text`` (raw), the parsed directive or the error, and the generated tokens (HF policy only;
-    the last is a stop token when ``stopped``)."""
+    """One decision: ``text`` (as the director's chat shows it later: the generated tokens decoded without their
+    stop token, or the serving rule's message), the parsed directive or the error, and the generated tokens
+    (policy only; the last is a stop token when ``stopped``)."""
 
     text: str
     directive: ParsedDirective | None
@@ -397,7 +398,7 @@ class RolloutRunner:
                     r.invalid = o.error or "invalid directive"
                     continue
                 speaking.append((r, d, o))
-            await asyncio.gather(*(self.speak(r, d, self._directive_text(o, d), step) for r, d, o in speaking))
+            await asyncio.gather(*(self.speak(r, d, o.text, step) for r, d, o in speaking))
             await asyncio.gather(*(self.maybe_user(r, step) for r, _, _ in speaking))
             for r, _, _ in speaking:
                 if step + 1 == n_turns:
@@ -408,13 +409,15 @@ class RolloutRunner:
             r.finished = True
         return rollouts
 
-    def _directive_text(self, o: DirectorOutput, d: ParsedDirective) -> str:
-        """What the director sees of this decision later: the generated text without its stop token (policy), or
-        the serving rule (:func:`directive_message`) for serving-director decisions."""
-        if o.token_ids:
-            ids = o.token_ids[:-1] if o.stopped else o.token_ids
-            return self._decode(ids)
-        return o.text
+    def parse_generated(self, ids: Sequence[int], stop_ids: Sequence[int]) -> DirectorOutput:
+        """A generated directive: ``text`` is its decoded tokens without the final stop token (what the director's
+        chat shows later), parsed against the roster (``directive`` None and ``error`` set when invalid)."""
+        stopped = bool(ids) and ids[-1] in stop_ids
+        text = self._decode(ids[:-1] if stopped else ids)
+        try:
+            return DirectorOutput(text, parse_directive(text, self.roster), "", list(ids), stopped)
+        except DirectiveError as e:
+            return DirectorOutput(text, None, str(e), list(ids), stopped)
 
     # -- directors -------------------------------------------------------------------------------------------
     def policy_decider(self, director: PolicyDirector, seed: int) -> DecideFn:
@@ -422,16 +425,7 @@ class RolloutRunner:
 
         async def decide(active: list[Rollout], step: int) -> list[DirectorOutput]:
             gens = director.generate([r.prompt_ids + r.completion_ids for r in active], rollout_seed(seed, step))
-            outs = []
-            for g in gens:
-                stopped = bool(g) and g[-1] in director.stop_ids
-                text = self._decode(g[:-1] if stopped else g)
-                try:
-                    d, err = parse_directive(text, self.roster), ""
-                except DirectiveError as e:
-                    d, err = None, str(e)
-                outs.append(DirectorOutput(text, d, err, list(g), stopped))
-            return outs
+            return [self.parse_generated(g, director.stop_ids) for g in gens]
 
         return decide
 

@@ -74,6 +74,25 @@ def fit_history(build: Callable[[list, list], list[dict[str, str]]], history: Se
     Raises:
         ValueError: the prompt does not fit even with every droppable item gone.
     """
+    h, c, _ = trim_history_context(history, context, lambda h, c: render(build(h, c)), count_tokens, budget_tokens,
+                                   protect_last_user)
+    return build(h, c)
+
+
+def trim_history_context(history: Sequence, context: Sequence, render: Callable[[list, list], str],
+                         count_tokens: Callable[[str], int], budget_tokens: int,
+                         protect_last_user: bool = True) -> tuple[list, list, bool]:
+    """Drop seed context, then history, oldest first, until ``count_tokens(render(history, context))`` fits.
+
+    The one trimming rule behind every prompt and reward-model input (:func:`fit_history`, the director chat,
+    :mod:`mascot.core.formatting`); with ``protect_last_user`` the latest user turn is never dropped.
+
+    Returns:
+        ``(kept_history, kept_context, truncated)``; ``truncated`` is True when anything was dropped.
+
+    Raises:
+        ValueError: the text does not fit even with every droppable item gone.
+    """
     items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
     last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1) \
         if protect_last_user else -1
@@ -81,6 +100,6 @@ def fit_history(build: Callable[[list, list], list[dict[str, str]]], history: Se
     def split(kept: Sequence[tuple[str, object]]) -> tuple[list, list]:
         return [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"]
 
-    kept = trim_oldest_first(items, lambda kept: render(build(*split(kept))), count_tokens, budget_tokens,
+    kept = trim_oldest_first(items, lambda kept: render(*split(kept)), count_tokens, budget_tokens,
                              protected=lambda i, it: i == last_user)
-    return build(*split(kept))
+    return (*split(kept), len(kept) < len(items))

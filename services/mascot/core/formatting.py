@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from mascot.core.context import trim_oldest_first
+from mascot.core.context import trim_history_context
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCard
 
@@ -90,13 +90,9 @@ def reward_text(card: PersonaCard, history: Sequence[HistoryTurn], reply: str, *
     names = {**(names or {}), card.id: card.name}
     if not count_tokens or budget_tokens <= 0:
         return _reward_layout(card, history, context, reply, names), False
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-
-    def render(kept: Sequence[tuple[str, object]]) -> str:
-        return _reward_layout(card, [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"], reply, names)
-
-    kept = trim_oldest_first(items, render, count_tokens, budget_tokens)
-    return render(kept), len(kept) < len(items)
+    h, c, cut = trim_history_context(history, context, lambda h, c: _reward_layout(card, h, c, reply, names),
+                                     count_tokens, budget_tokens, protect_last_user=False)
+    return _reward_layout(card, h, c, reply, names), cut
 
 
 def with_eos(text: str, eos_token: str | None) -> str:
@@ -164,10 +160,7 @@ def group_reward_model_text(tokenizer: Any, max_length: int, cards: Sequence[Per
     Raises:
         ValueError: the roster and the block alone do not fit.
     """
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-
-    def render(kept: Sequence[tuple[str, object]]) -> str:
-        return group_reward_text(cards, [v for k, v in kept if k == "h"], block, [v for k, v in kept if k == "c"])
-
-    kept = trim_oldest_first(items, render, lambda s: len(tokenizer(s)["input_ids"]), max_length - SPECIAL_TOKEN_ROOM)
-    return with_eos(render(kept), tokenizer.eos_token), len(kept) < len(items)
+    h, c, cut = trim_history_context(history, context, lambda h, c: group_reward_text(cards, h, block, c),
+                                     lambda s: len(tokenizer(s)["input_ids"]), max_length - SPECIAL_TOKEN_ROOM,
+                                     protect_last_user=False)
+    return with_eos(group_reward_text(cards, h, block, c), tokenizer.eos_token), cut

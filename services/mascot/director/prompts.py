@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from mascot.core.context import trim_oldest_first
+from mascot.core.context import fit_history
 from mascot.core.personas import PersonaCard
 from mascot.core.dialogue import HistoryTurn
 
@@ -108,15 +108,5 @@ def fit_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn], 
 
     The latest user turn is never dropped. Raises ValueError when even that does not fit.
     """
-    items: list[tuple[str, object]] = [("c", c) for c in context] + [("h", h) for h in history]
-    last_user = max((i for i, (k, h) in enumerate(items) if k == "h" and h.role == "user"), default=-1)
-
-    def render_items(kept: Sequence[tuple[str, object]]) -> str:
-        ctx = [v for k, v in kept if k == "c"]
-        hist = [v for k, v in kept if k == "h"]
-        return render(build_messages(roster, hist, ctx, max_consecutive, failed))
-
-    kept = trim_oldest_first(items, render_items, count_tokens, budget_tokens,
-                             protected=lambda i, it: i == last_user)
-    return build_messages(roster, [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"],
-                          max_consecutive, failed)
+    return fit_history(lambda h, c: build_messages(roster, h, c, max_consecutive, failed), history, context, render,
+                       count_tokens, budget_tokens)

@@ -10,11 +10,11 @@ from typing import Any, AsyncIterator
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.dialogue import HistoryTurn, directive_message, roster_from_ids
+from mascot.core.dialogue import HistoryTurn, roster_from_ids
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.store import IntegrityError, Store, text_digest
-from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, turn_to_proto
+from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, history_turn, turn_to_proto
 
 MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
 MODE_VALUES = {v: k for k, v in MODES.items()}
@@ -67,16 +67,6 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in conv.context],
                                 turns=[turn_to_proto(t, include_think) for t in turns], create_time=ts,
                                 adapter_versions=conv.adapter_versions)
-
-    def _history_turn(self, row: Any) -> HistoryTurn:
-        """A stored turn as the director and speakers see it (agent turns carry their directive message)."""
-        d = row.directive or {}
-        text = ""
-        if row.role == "agent" and d:
-            name = self.catalog.get(row.persona_id).name if row.persona_id in self.catalog.cards else row.persona_id
-            text = directive_message(name, d.get("action", ""), d.get("tone", ""), d.get("source", ""),
-                                     d.get("raw", ""))
-        return HistoryTurn(row.role, row.text, row.persona_id, text)
 
     def _acquire(self, conv_id: str, key: str) -> None:
         held = self._running.get(conv_id)
@@ -151,7 +141,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
         st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
                         adapter_versions=dict(conv.adapter_versions or {}),
-                        history=[self._history_turn(t) for t in turns],
+                        history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive) for t in turns],
                         context=[tuple(c) for c in conv.context], round_key=key,
                         seed=int(text_digest(conv.id + key)[:8], 16))
         done_before = sum(1 for r in replayed[1:] if r.role == "agent")
@@ -193,7 +183,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening)
             yield cpb.RunSelfPlayResponse(event=event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row))))
             st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
-                        adapter_versions=dict(conv.adapter_versions or {}),
+                            adapter_versions=dict(conv.adapter_versions or {}),
                             history=[HistoryTurn("user", opening)], context=[tuple(c) for c in conv.context],
                             round_key=key, seed=request.seed)
             reason = "completed"

@@ -76,6 +76,19 @@ def _rpc_error(e: grpc.aio.AioRpcError, what: str) -> ServiceError:
     return Unavailable(f"the {what} is unavailable ({code.name}); retry later")
 
 
+def history_turn(catalog: PersonaCatalog, role: str, text: str, persona_id: str = "",
+                 directive: dict | None = None) -> HistoryTurn:
+    """A turn as the director and speakers see it; an agent turn carries the director's message that chose it
+    (:func:`~mascot.core.dialogue.directive_message` of the stored directive dict: persona_id, action, tone,
+    source, raw)."""
+    text_d = ""
+    if role == "agent" and directive:
+        name = catalog.get(persona_id).name if persona_id in catalog.cards else persona_id
+        text_d = directive_message(name, directive.get("action", ""), directive.get("tone", ""),
+                                   directive.get("source", ""), directive.get("raw", ""))
+    return HistoryTurn(role, text, persona_id, text_d)
+
+
 @dataclass
 class RoundState:
     """Mutable state of one running round or self-play session."""
@@ -179,8 +192,7 @@ class TurnLoop:
                     role="agent", text=final.text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
                     think=final.think, latency_s=latency, first_token_s=first, director_s=director_s,
                     round_key=st.round_key), retries, fallbacks)
-                st.history.append(HistoryTurn("agent", final.text, pid, directive_message(
-                    self.catalog.get(pid).name, directive.action, directive.tone, d["source"], directive.raw)))
+                st.history.append(history_turn(self.catalog, "agent", final.text, pid, d))
                 st.agent_turns += 1
                 self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
                 self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)

@@ -39,14 +39,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mascot.core.files import atomic_write_text
+from mascot.core.personas import ID_RE  # one rule for persona ids (snake_case)
 
 REGISTRY = "registry.json"
 LOCK = "registry.lock"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 #: Serving limit of vLLM ``max_lora_rank``.
 MAX_RANK = 64
-ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_ID_RE = ID_RE
 _VERSION_RE = re.compile(r"^v([1-9][0-9]*)$")
 
 
@@ -239,7 +238,7 @@ def publish_adapter(store: str | Path, persona_id: str, adapter_dir: str | Path,
         OSError: the store is not writable.
         In every case no version directory is left and the registry is unchanged.
     """
-    if not _ID_RE.match(persona_id):
+    if not ID_RE.match(persona_id):
         raise PublishError(f"persona id {persona_id!r} must be snake_case (lower-case letters, digits, '_')")
     src = Path(adapter_dir)
     conf = check_adapter(src, base_model=base_model, max_rank=max_rank)

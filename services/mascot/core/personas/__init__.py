@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 SHIPPED_DIR = Path(__file__).parent
 SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml", SHIPPED_DIR / "baselines.yaml")
 Level = Literal["low", "mid", "high"]
-_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
 class Disposition(BaseModel):
@@ -55,7 +55,7 @@ class PersonaCard(BaseModel):
     @field_validator("id")
     @classmethod
     def _snake(cls, v: str) -> str:
-        if not _ID_RE.match(v):
+        if not ID_RE.match(v):
             raise ValueError("must be snake_case: lower-case letters, digits and '_', starting with a letter")
         return v
 
