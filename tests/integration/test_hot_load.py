@@ -4,6 +4,7 @@ adapter, promote / rollback / canary change only new conversations, and no reque
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from scipy.stats import binom
 
@@ -37,6 +38,13 @@ async def expected_reply(engine, adapter, turn, cfg):
 
 
 async def test_promote_canary_rollback_move_only_new_conversations(tmp_path, tiny_model_dir, monkeypatch):
+    await check_hot_load(tmp_path, tiny_model_dir, monkeypatch)
+
+
+async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, reference=None):
+    """Publish three versions, then promote, stream through a promote, roll back and canary; ``engine`` is the
+    serving engine (None: the stack builds a transformers engine), ``reference`` the engine expected outputs come
+    from (None: the serving engine itself); versions are loaded into the reference from the store."""
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", TOKEN)
     seeds = {1: 11, 2: 13, 3: 21}  # random LoRAs whose greedy replies are not empty on this prompt
     loras = {i: make_lora(tiny_model_dir, tmp_path / f"lora{i}", r=4, seed=seeds[i]) for i in (1, 2, 3)}
@@ -46,7 +54,15 @@ async def test_promote_canary_rollback_move_only_new_conversations(tmp_path, tin
                       director={"policy": "random"},
                       speaker={"temperature": 0.0, "max_tokens": 12},
                       adapters={"store": str(tmp_path / "store"), "poll_s": 0.2})
-    stack = await start_stack(cfg)
+    stack = await start_stack(cfg, engine=engine)
+    ref = reference or stack.engine
+
+    async def expected(name, turn):
+        if name not in ref.adapters():
+            n = name.split("--v")[1]
+            await ref.load_adapter(name, str(tmp_path / "store" / "anchor" / f"v{n}"))
+        return await expected_reply(ref, name, turn, cfg)
+
     ch = channel(stack.target("gateway"))
     admin, conv = adapter_pb2_grpc.AdapterServiceStub(ch), cpb_grpc.ConversationServiceStub(ch)
     try:
@@ -71,15 +87,24 @@ async def test_promote_canary_rollback_move_only_new_conversations(tmp_path, tin
         assert dict(a.adapter_versions) == {"anchor": "anchor--v1", "director": "base"}
         ta = await agent_turn(a)
         assert ta.adapter_version == "anchor--v1"
-        assert ta.text == await expected_reply(stack.engine, "anchor--v1", ta, cfg)
+        assert ta.text == await expected("anchor--v1", ta)
 
+        # a promote while a reply streams from the old version: that reply completes on v1
+        stream = conv.SendMessage(cpb.SendMessageRequest(conversation_id=a.id, text="hello there",
+                                                         idempotency_key="k-stream"))
+        events = [(await stream.read()).event]
         await admin.PromoteAdapter(apb.PromoteAdapterRequest(persona_id="anchor", version=2), metadata=AUTH)
+        while (e := await stream.read()) is not grpc.aio.EOF:
+            events.append(e.event)
+        streamed = [e.turn_completed.turn for e in events if e.HasField("turn_completed")
+                    and e.turn_completed.turn.persona_id == "anchor"]
+        assert streamed and streamed[0].adapter_version == "anchor--v1"
         b = await new_conversation()
         tb = await agent_turn(b)
         assert tb.adapter_version == "anchor--v2"
-        assert tb.text == await expected_reply(stack.engine, "anchor--v2", tb, cfg)
+        assert tb.text == await expected("anchor--v2", tb)
         # the adapters really differ, so the equalities are about the version used
-        assert await expected_reply(stack.engine, "anchor--v2", ta, cfg) != ta.text
+        assert await expected("anchor--v2", ta) != ta.text
         # the conversation started before the promote keeps v1
         ta2 = await agent_turn(a, key="k2")
         assert ta2.adapter_version == "anchor--v1"

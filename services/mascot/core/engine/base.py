@@ -2,8 +2,7 @@
 
 An engine turns a rendered prompt into text, optionally through a named LoRA adapter, with sampling
 parameters, optional structured output (a regex or a JSON schema) and streamed deltas. Engines:
-``transformers`` (PyTorch + PEFT, this module's sibling); ``vllm`` and ``openai`` join with the
-serving issue.
+``transformers`` (PyTorch + PEFT) and ``vllm`` (``AsyncLLM``), this module's siblings.
 """
 
 from __future__ import annotations
@@ -101,6 +100,7 @@ class GenerationResult:
         prompt_tokens: Tokens in the prompt.
         adapter: The adapter used, or ``"base"``.
         batch_size: Requests decoded in the same batch.
+        cached_tokens: Prompt tokens served from a prefix cache (vLLM prefix caching); 0 where there is none.
     """
 
     text: str
@@ -109,6 +109,7 @@ class GenerationResult:
     prompt_tokens: int
     adapter: str = BASE_ADAPTER
     batch_size: int = 1
+    cached_tokens: int = 0
 
 
 class PromptTooLong(ValueError):
@@ -146,6 +147,9 @@ class Engine(Protocol):
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter directory under ``name``."""
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` (raises :class:`UnknownAdapter` when it is not loaded)."""
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
         """Yield :class:`StreamDelta` items as text is generated, then one :class:`GenerationResult`.

@@ -195,6 +195,24 @@ class TransformersEngine:
         if self._metrics is not None:
             self._metrics.adapter_load_seconds.labels(persona=name.split("--")[0]).observe(time.perf_counter() - t0)
 
+    async def unload_adapter(self, name: str) -> None:
+        """Delete adapter ``name`` from the model (waits for the running batch).
+
+        Raises:
+            UnknownAdapter: ``name`` is not loaded.
+        """
+        if name not in self._adapters:
+            raise UnknownAdapter(name)
+        await asyncio.to_thread(self._unload_adapter_sync, name)
+
+    def _unload_adapter_sync(self, name: str) -> None:
+        with self._lock:
+            if len(self._adapters) == 1:  # the last one: back to the plain base model (PEFT cannot run adapterless)
+                self.model = self.model.unload()
+            else:
+                self.model.delete_adapter(name)
+            del self._adapters[name]
+
     def _grammar(self, structured: Any) -> Any:
         import xgrammar as xgr
 
@@ -207,7 +225,8 @@ class TransformersEngine:
             if key[0] == "regex":
                 self._grammar_cache[key] = self._grammar_compiler.compile_regex(structured.regex)
             else:
-                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(structured.json_schema, any_whitespace=False)
+                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(
+                    structured.json_schema, any_whitespace=False, separators=(",", ":"))  # vLLM's compact JSON
         return self._grammar_cache[key]
 
     # ---------------------------------------------------------------- public API
