@@ -35,6 +35,7 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/turn_overhead.py
 	$(BIN)/python bench/grpo_step.py --size full
+	$(BIN)/python bench/vllm_serving.py --size full
 
 clean:
 	rm -rf runs .pytest_cache

@@ -52,6 +52,7 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
         return VllmEngine(resolve_model(cfg.model, cfg.tiny_dir), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
                           max_batch_size=cfg.max_batch_size, adapters=cfg.adapters, max_loras=cfg.max_loras,
                           max_lora_rank=cfg.max_lora_rank, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          enforce_eager=cfg.enforce_eager, prefix_caching=cfg.prefix_caching, metrics=metrics,
+                          enforce_eager=cfg.enforce_eager, prefix_caching=cfg.prefix_caching,
+                          block_size=cfg.block_size, metrics=metrics,
                           component=component)
     raise ValueError(f"unknown engine kind {cfg.kind!r}; known: transformers, vllm")

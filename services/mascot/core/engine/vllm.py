@@ -112,6 +112,10 @@ class VllmEngine:
             cache; None picks 0.9 on a GPU and 0.1 on CPU.
         enforce_eager: Skip CUDA graphs / torch.compile; None picks True on CPU.
         prefix_caching: vLLM automatic prefix caching (a conversation's next turn reuses the KV of its history).
+        block_size: KV-cache block size in tokens, the granularity of prefix caching; None keeps vLLM's default
+            (16 on GPU, 128 on CPU; vLLM-CPU prefers multiples of 32).
+        load_format: vLLM ``load_format``; ``"dummy"`` initialises random weights from ``config.json`` alone
+            (``bench/gpu_check.py`` runs the Qwen3-8B shape that way without the weights).
         metrics: A :class:`mascot.core.metrics.Metrics`, or None.
         component: Label of ``mascot_engine_batch_size``.
     """
@@ -121,7 +125,8 @@ class VllmEngine:
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048, max_batch_size: int = 16,
                  adapters: dict[str, str] | None = None, max_loras: int = 4, max_lora_rank: int = 64,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool | None = None,
-                 prefix_caching: bool = True, metrics: Any = None, component: str = "engine") -> None:
+                 prefix_caching: bool = True, block_size: int | None = None, load_format: str = "auto",
+                 metrics: Any = None, component: str = "engine") -> None:
         self.model_id = model
         self.dtype = dtype
         self.max_context_tokens = max_model_len
@@ -131,6 +136,8 @@ class VllmEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
         self.prefix_caching = prefix_caching
+        self.block_size = block_size
+        self.load_format = load_format
         self._initial_adapters = dict(adapters or {})
         self._metrics = metrics
         self._component = component
@@ -193,7 +200,7 @@ class VllmEngine:
             max_num_seqs=self.max_batch_size,
             enforce_eager=on_cpu if self.enforce_eager is None else self.enforce_eager,
             gpu_memory_utilization=self.gpu_memory_utilization or (0.1 if on_cpu else 0.9),
-            enable_prefix_caching=self.prefix_caching,
+            enable_prefix_caching=self.prefix_caching, block_size=self.block_size, load_format=self.load_format,
             # on CPU one more slot for the identity LoRA, so max_loras real adapters still fit in a batch
             enable_lora=True, max_loras=self.max_loras + on_cpu, max_cpu_loras=4 * self.max_loras + on_cpu,
             max_lora_rank=self.max_lora_rank, disable_log_stats=True,
