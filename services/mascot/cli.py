@@ -1,6 +1,7 @@
-"""``mascot`` command line (typer + rich): serve, chat, run, eval, train, models.
+"""``mascot`` command line (typer + rich): serve, serve-model, chat, run, eval, train, models.
 
-Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import).
+Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import). The one exception,
+``serve-model --grpc-port/--http-port``, is safe because that command imports kserve with ``sys.argv`` cleared.
 """
 
 from __future__ import annotations
@@ -118,6 +119,46 @@ def serve(
         await stack.stop(5)
 
     asyncio.run(main())
+
+
+@app.command("serve-model")
+def serve_model(
+    component: str = typer.Argument(..., help="Model service to run: director, speaker, judge or reward."),
+    grpc_port: int = typer.Option(..., "--grpc-port", min=0, max=65535,
+                                  help="gRPC port: our service + Open Inference Protocol + health (0: a free one)."),
+    http_port: int = typer.Option(..., "--http-port", min=0, max=65535,
+                                  help="KServe REST port: /v2 health and inference, /metrics (0: a free one)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+    model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    host: Optional[str] = typer.Option(None, "--host", help="Bind address of both ports (default server.host, "
+                                       "127.0.0.1; 0.0.0.0 in a container)."),
+) -> None:
+    """Run one model service under the one-port KServe ModelServer (mascot.core.modelserver); prints
+    {"component", "grpc_port", "http_port"} as one JSON line once bound; SIGTERM stops it."""
+    from mascot.stack import MODEL_COMPONENTS
+
+    if component not in MODEL_COMPONENTS:
+        console.print(f"[red]unknown model component {component!r}[/red]; choose from {', '.join(MODEL_COMPONENTS)}")
+        raise typer.Exit(2)
+    cfg = _config(config, **{"engine.model": model, "server.host": host})
+    _quiet()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import: --config would abbreviate its
+    try:                                     # --configure_logging, --model its --model_name (STACK.md section 8)
+        from mascot.core.modelserver import OnePortModelServer
+    finally:
+        sys.argv = argv
+
+    def started(server: Any) -> None:
+        print(json.dumps({"component": component, "grpc_port": server.grpc_port, "http_port": server.http_port}),
+              flush=True)
+
+    server = OnePortModelServer(component, cfg, grpc_port=grpc_port, http_port=http_port)
+    try:
+        server.start(on_started=started)
+    except (RuntimeError, OSError) as e:
+        console.print(f"[red]{component} stopped:[/red] {e}")
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
@@ -22,6 +22,8 @@ COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
 #: What ``mascot serve`` runs by default (the dialogue path); judge and reward join on request.
 DEFAULT_COMPONENTS = ("gateway", "director", "speaker")
 ENGINE_COMPONENTS = {"director", "speaker", "judge"}
+#: The model services (DESIGN.md section 1): each runs alone under KServe (``mascot serve-model``) or in the stack.
+MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
 
 
 @dataclass
@@ -55,15 +57,7 @@ class Stack:
         for name in COMPONENTS:
             if name in self.servers:
                 await self.servers[name].stop(grace)
-        closed = set()
-        for j in self.judges.values():
-            close = getattr(j.backend, "close", None)
-            if close is not None and id(j.backend) not in closed:
-                closed.add(id(j.backend))
-                await close()
-        caches = {id(j.cache): j.cache for j in self.judges.values() if j.cache is not None}
-        for c in caches.values():
-            c.close()
+        await close_judges(self.judges)
         for ch in self.channels:
             await ch.close()
         if self.engine is not None and self.own_engine:
@@ -101,9 +95,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
     stack = Stack(cfg=cfg, metrics=metrics)
     srv = cfg.server
     try:
-        needs_engine = bool(ENGINE_COMPONENTS & set(components)) and (
-            {"director", "speaker"} & set(components) or any(j.kind == "local" for j in cfg.judge.judges))
-        if needs_engine:
+        if needs_engine(cfg, components):
             if engine is None:
                 from mascot.core.engine import build_engine
 
@@ -116,52 +108,21 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
         if engine is not None:
             from mascot.core.adapters.reconcile import AdapterResolver
 
-            resolver = AdapterResolver(engine, cfg.adapters.store or None, metrics)
+            resolver = AdapterResolver(engine, cfg.adapters.store or None, metrics, config=cfg.adapters)
             if cfg.adapters.store:  # serve only after the registry's stable/canary versions are loaded
                 failed = await resolver.reconcile_once()
                 if failed:
                     log.warning("adapters that failed to load at start: %s", failed)
                 stack.tasks.append(asyncio.create_task(resolver.run(cfg.adapters.poll_s)))
-        if "director" in components:
-            from mascot.director.servicer import DirectorServicer
-
-            stack.servers["director"] = await build_server("director", metrics, [(
-                director_pb2_grpc.add_DirectorServiceServicer_to_server,
-                DirectorServicer(engine, catalog, cfg.director, metrics, resolver),
-                "mascot.api.director.v1.DirectorService")],
-                host=srv.host, port=srv.director_port, max_message_bytes=srv.max_message_bytes)
-        if "speaker" in components:
-            from mascot.speaker.servicer import SpeakerServicer
-
-            stack.servers["speaker"] = await build_server("speaker", metrics, [(
-                speaker_pb2_grpc.add_SpeakerServiceServicer_to_server,
-                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics, resolver),
-                "mascot.api.speaker.v1.SpeakerService")],
-                host=srv.host, port=srv.speaker_port, max_message_bytes=srv.max_message_bytes)
-        if "judge" in components:
-            from mascot.api.judge.v1 import judge_pb2_grpc
-            from mascot.core.engine import resolve_model
-            from mascot.judge.servicer import JudgeServicer, build_judges
-
-            model_name = cfg.engine.model or Path(resolve_model("", cfg.engine.tiny_dir)).name
-            stack.judges = build_judges(cfg.judge, engine, model_name, metrics)
-            stack.servers["judge"] = await build_server("judge", metrics, [(
-                judge_pb2_grpc.add_JudgeServiceServicer_to_server,
-                JudgeServicer(stack.judges, catalog, cfg.judge.max_batch), "mascot.api.judge.v1.JudgeService")],
-                host=srv.host, port=srv.judge_port, max_message_bytes=srv.max_message_bytes)
-        if "reward" in components:
-            from mascot.api.reward.v1 import reward_pb2_grpc
-            from mascot.reward.scorer import RewardScorer, resolve_reward_model
-            from mascot.reward.servicer import RewardServicer
-
-            rcfg = cfg.reward
-            model_dir = await asyncio.to_thread(resolve_reward_model, rcfg.model, rcfg.tiny_dir)
-            scorer = await asyncio.to_thread(RewardScorer, model_dir, rcfg.max_length, rcfg.batch_size,
-                                             rcfg.padding_side)
-            stack.servers["reward"] = await build_server("reward", metrics, [(
-                reward_pb2_grpc.add_RewardServiceServicer_to_server,
-                RewardServicer(scorer, catalog, rcfg.max_batch, metrics), "mascot.api.reward.v1.RewardService")],
-                host=srv.host, port=srv.reward_port, max_message_bytes=srv.max_message_bytes)
+        for name in MODEL_COMPONENTS:
+            if name in components:
+                service = await component_service(name, cfg, engine=engine, catalog=catalog, metrics=metrics,
+                                                  resolver=resolver)
+                if name == "judge":
+                    stack.judges = service[1].judges
+                stack.servers[name] = await build_server(name, metrics, [service], host=srv.host,
+                                                         port=getattr(srv, f"{name}_port"),
+                                                         max_message_bytes=srv.max_message_bytes)
         if "gateway" in components:
             from mascot.gateway.servicer import ConversationServicer
             from mascot.gateway.store import Store
@@ -191,6 +152,85 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
     return stack
 
 
+def needs_engine(cfg: MascotConfig, components: tuple[str, ...] | set[str]) -> bool:
+    """True when ``components`` need a generation engine: the director or speaker, or a judge with a local judge."""
+    comps = set(components)
+    return bool({"director", "speaker"} & comps or ("judge" in comps and any(j.kind == "local"
+                                                                            for j in cfg.judge.judges)))
+
+
+async def component_service(component: str, cfg: MascotConfig, *, engine: Any, catalog: Any, metrics: Metrics,
+                            resolver: Any = None) -> tuple[Callable, Any, str]:
+    """The servicer of one model component, built as every server of it serves it (the stack's ``build_server``
+    and :mod:`mascot.core.modelserver`).
+
+    Args:
+        component: ``director``, ``speaker``, ``judge`` or ``reward``.
+        cfg: Effective configuration.
+        engine: The started engine (director, speaker, local judges); None for reward or a judge of remote judges.
+        catalog: :class:`~mascot.core.personas.PersonaCatalog`.
+        metrics: Metrics the servicer records on.
+        resolver: :class:`~mascot.core.adapters.reconcile.AdapterResolver` for pinned adapter versions (director,
+            speaker).
+
+    Returns:
+        ``(add_XServiceServicer_to_server, servicer, full service name)``. A judge servicer's ``judges`` hold
+        backends and a cache to close (:func:`close_judges`).
+
+    Raises:
+        ValueError: an unknown component, or a judge configuration that cannot be built.
+        OSError: the reward model cannot be read.
+    """
+    if component == "director":
+        from mascot.api.director.v1 import director_pb2_grpc
+        from mascot.director.servicer import DirectorServicer
+
+        return (director_pb2_grpc.add_DirectorServiceServicer_to_server,
+                DirectorServicer(engine, catalog, cfg.director, metrics, resolver),
+                "mascot.api.director.v1.DirectorService")
+    if component == "speaker":
+        from mascot.api.speaker.v1 import speaker_pb2_grpc
+        from mascot.speaker.servicer import SpeakerServicer
+
+        return (speaker_pb2_grpc.add_SpeakerServiceServicer_to_server,
+                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics, resolver),
+                "mascot.api.speaker.v1.SpeakerService")
+    if component == "judge":
+        from mascot.api.judge.v1 import judge_pb2_grpc
+        from mascot.core.engine import resolve_model
+        from mascot.judge.servicer import JudgeServicer, build_judges
+
+        model_name = cfg.engine.model or Path(resolve_model("", cfg.engine.tiny_dir)).name
+        judges = build_judges(cfg.judge, engine, model_name, metrics)
+        return (judge_pb2_grpc.add_JudgeServiceServicer_to_server,
+                JudgeServicer(judges, catalog, cfg.judge.max_batch), "mascot.api.judge.v1.JudgeService")
+    if component == "reward":
+        from mascot.api.reward.v1 import reward_pb2_grpc
+        from mascot.reward.scorer import RewardScorer, resolve_reward_model
+        from mascot.reward.servicer import RewardServicer
+
+        rcfg = cfg.reward
+        model_dir = await asyncio.to_thread(resolve_reward_model, rcfg.model, rcfg.tiny_dir)
+        scorer = await asyncio.to_thread(RewardScorer, model_dir, rcfg.max_length, rcfg.batch_size,
+                                         rcfg.padding_side)
+        return (reward_pb2_grpc.add_RewardServiceServicer_to_server,
+                RewardServicer(scorer, catalog, rcfg.max_batch, metrics), "mascot.api.reward.v1.RewardService")
+    raise ValueError(f"unknown model component {component!r}; choose from {MODEL_COMPONENTS}")
+
+
+async def close_judges(judges: dict) -> None:
+    """Close the backends (each once) and the caches of judges built by :func:`component_service`."""
+    closed = set()
+    for j in judges.values():
+        close = getattr(j.backend, "close", None)
+        if close is not None and id(j.backend) not in closed:
+            closed.add(id(j.backend))
+            await close()
+    caches = {id(j.cache): j.cache for j in judges.values() if j.cache is not None}
+    for c in caches.values():
+        c.close()
+
+
 def _adapter_service(cfg: MascotConfig) -> tuple:
     """AdapterService on ``adapters.store`` (the gateway is the registry's only writer, DESIGN.md section 5)."""
     from mascot.api.adapter.v1 import adapter_pb2_grpc
@@ -209,4 +249,5 @@ def _adapter_service(cfg: MascotConfig) -> tuple:
                     a.admin_token_env)
     known = set(PersonaCatalog.load(cfg.personas.extra_files).cards) | {"director"}
     return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
-            AdapterServicer(a.store, base, token, a.max_rank, known), "mascot.api.adapter.v1.AdapterService")
+            AdapterServicer(a.store, base, token, a.max_rank, known, config=a),
+            "mascot.api.adapter.v1.AdapterService")

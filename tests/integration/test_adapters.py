@@ -310,3 +310,63 @@ async def test_a_broken_or_missing_registry_stops_writes_not_chat(admin, loras):
     (store / "registry.json").write_text(good)
     assert (await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=AUTH)).revision == 1
     assert not (store / "anchor" / "v2").exists()
+
+
+async def test_retired_versions_unload_when_unused_and_load_again_on_first_use(engine, tiny_model_dir, loras,
+                                                                              tmp_path):
+    """Issue 6 item 4 (part): a version no longer served is unloaded once unused for ``retired_unload_s``; a
+    conversation pinned to it loads it again on its next turn (ensure). The clock is injected; no sleeps."""
+    from mascot.core.adapters import registry as rg
+    from mascot.core.adapters import store as st
+    from mascot.core.adapters.reconcile import AdapterResolver
+    from mascot.core.config import AdaptersConfig
+    from mascot.core.engine import GenerationRequest, SamplingParams
+    from mascot.core.metrics import Metrics
+
+    pid = "retiree"  # a persona id no other test loads into the session engine
+    names = [f"{pid}--v{i}" for i in (1, 2, 3)]
+    store = st.open_store(tmp_path / "store")
+    for key in ("v1", "v2", "v3"):
+        store.publish(pid, loras[key], base_model=str(tiny_model_dir), run_id="r", data_ids=[], eval_metrics={})
+    store.update(lambda r: rg.promote(r, pid, 1))
+    now, metrics = [1000.0], Metrics()
+    res = AdapterResolver(engine, store, metrics, config=AdaptersConfig(retired_unload_s=30), clock=lambda: now[0])
+
+    def info(name, state):
+        return metrics.registry.get_sample_value("mascot_adapter_info", {
+            "persona": pid, "adapter_version": name, "state": state})
+
+    req = GenerationRequest(engine.render_chat([{"role": "user", "content": "hello there"}]),
+                            SamplingParams(max_tokens=8), adapter=names[0])
+    try:
+        assert await res.reconcile_once() == {}
+        assert names[0] in engine.adapters() and info(names[0], "stable") == 1
+        before = (await engine.generate(req)).token_ids
+        store.update(lambda r: rg.promote(r, pid, 2))  # v1 retired
+        now[0] = 1010.0
+        assert await res.ensure(names[0], pid) == names[0]  # a conversation pinned to v1 takes a turn at 1010
+        assert await res.reconcile_once(now=1039.0) == {}  # unused for 29 s: stays
+        assert {names[0], names[1]} <= set(engine.adapters())
+        assert info(names[0], "retired") == 1 and info(names[0], "stable") is None  # the old state's series is gone
+        await res.reconcile_once(now=1040.0)  # unused for 30 s: unloaded
+        assert names[0] not in engine.adapters() and names[1] in engine.adapters()
+        assert info(names[0], "retired") == 0 and info(names[1], "stable") == 1
+        now[0] = 1050.0
+        assert await res.ensure(names[0], pid) == names[0]  # the pinned conversation's next turn loads it again
+        assert (await engine.generate(req)).token_ids == before
+        await res.reconcile_once(now=1079.0)
+        assert names[0] in engine.adapters()
+        # a canary replaced by a newer one is staged again: not served to new conversations, unloaded the same way
+        store.update(lambda r: rg.promote(r, pid, 3, 0.5))
+        await res.reconcile_once(now=1080.0)
+        assert names[0] not in engine.adapters() and names[2] in engine.adapters()
+        store.update(lambda r: rg.promote(r, pid, 1, 0.5))  # v1 (retired) becomes the canary, v3 staged again
+        await res.reconcile_once(now=1090.0)  # v1 loads as canary; v3, loaded at 1080, stays for now
+        assert {names[0], names[2]} <= set(engine.adapters()) and info(names[0], "canary") == 1
+        await res.reconcile_once(now=1110.0)
+        assert names[0] in engine.adapters() and names[2] not in engine.adapters()
+        assert info(names[2], "staged") == 0 and info(names[0], "canary") == 1
+    finally:
+        for name in names:
+            if name in engine.adapters():
+                await engine.unload_adapter(name)

@@ -379,3 +379,19 @@ async def test_director_sees_its_own_earlier_directives(tmp_path):
     assert "<|assistant|>nonsense" not in later
     await client.ch.close()
     await stack.stop(0)
+
+
+async def test_health_check_and_watch_answer_on_every_server(live):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    for name in ("gateway", "director", "speaker"):
+        ch = channel(live.stack.target(name))
+        try:
+            stub = health_pb2_grpc.HealthStub(ch)
+            req = health_pb2.HealthCheckRequest(service="")
+            assert (await stub.Check(req)).status == health_pb2.HealthCheckResponse.SERVING
+            watch = stub.Watch(req)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING  # INTERNAL before the fix
+            watch.cancel()
+        finally:
+            await ch.close()

@@ -83,3 +83,39 @@ def test_a_retired_version_can_be_promoted_again():
     e = reg["adapters"]["anchor"]
     assert (e["stable"], e["previous_stable"]) == (1, [2])
     assert [v["state"] for v in e["versions"].values()] == ["stable", "retired"]
+
+
+def test_store_uris_resolve_to_one_filesystem_and_root(tmp_path):
+    """DESIGN.md section 5: a local directory, file://, pvc:// (KServe: the claim is mounted at the PVC root and the
+    URI's path is below it) and s3:// (no request is made to open it)."""
+    from mascot.core.adapters import store as st
+
+    assert st.open_store(tmp_path / "a").root == str(tmp_path / "a")
+    assert st.open_store(f"file://{tmp_path}/b").root == str(tmp_path / "b")
+    pvc = st.open_store("pvc://adapter-claim/runs/store", pvc_root=str(tmp_path / "mnt"))
+    assert (pvc.root, pvc.local) == (str(tmp_path / "mnt" / "runs" / "store"), True)
+    assert st.open_store("pvc://c/x").root == "/mnt/pvc/x"
+    s = st.open_store("s3://my-bucket/a//b/", s3_endpoint_url="http://127.0.0.1:9")
+    assert (s.local, s.root) == (False, "my-bucket/a/b")
+    assert s.display("registry.json") == "s3://my-bucket/a/b/registry.json"
+    for bad, msg in [("gs://b/x", "unsupported scheme"), ("pvc://Bad_Claim/x", "not a PersistentVolumeClaim"),
+                     ("pvc://c/../../etc", "leaves the claim's mount"), ("s3:///x", "not an S3 bucket"),
+                     ("s3://bucket/../x", "not allowed"), ("file://relative/x", "absolute path"), ("", "no adapter store")]:
+        with pytest.raises(ValueError, match=msg):
+            st.open_store(bad)
+
+
+def test_adapters_config_store_uri_and_unload_delay():
+    from pydantic import ValidationError
+
+    from mascot.core.config import AdaptersConfig
+
+    for ok in ("", "/data/adapters", "rel/dir", "file:///data", "pvc://claim/x", "s3://bucket/p"):
+        assert AdaptersConfig(store=ok).store == ok
+    for bad, msg in [("gs://b/x", "unsupported scheme"), ("s3://", "names no bucket"), ("pvc:///x", "names no claim")]:
+        with pytest.raises(ValidationError, match=msg):
+            AdaptersConfig(store=bad)
+    cfg = AdaptersConfig()
+    assert (cfg.retired_unload_s, cfg.pvc_root, cfg.s3_endpoint_url, cfg.cache_dir) == (600, "/mnt/pvc", "", "")
+    with pytest.raises(ValidationError):
+        AdaptersConfig(retired_unload_s=-1)

@@ -50,6 +50,8 @@ class EngineConfig(_Section):
     enforce_eager: bool | None = None
     #: vllm: automatic prefix caching.
     prefix_caching: bool = True
+    #: vllm: KV-cache block size in tokens (prefix-caching granularity); empty = vLLM's default (16 GPU, 128 CPU).
+    block_size: int | None = Field(None, ge=1, le=1024)
 
 
 class DialogueConfig(_Section):
@@ -190,10 +192,24 @@ class RewardConfig(_Section):
 
 class AdaptersConfig(_Section):
     """The adapter store and the admin plane (DESIGN.md section 5). Secrets never live here: the admin token comes
-    from the environment variable ``admin_token_env`` or the mounted file ``admin_token_file``."""
+    from the environment variable ``admin_token_env`` or the mounted file ``admin_token_file``; S3 credentials from
+    the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile or
+    web identity)."""
 
-    #: Store root (a local directory or mounted volume); empty disables AdapterService on the gateway.
+    #: Store root: a local directory (a path or ``file:///abs/path``), ``pvc://<claim>/<path>`` (resolved to
+    #: ``<pvc_root>/<path>``, KServe's convention) or ``s3://<bucket>/<prefix>``; empty disables AdapterService on
+    #: the gateway and adapter loading in model services.
     store: str = ""
+    #: Where the claim of a ``pvc://`` store is mounted (KServe's storage initializer uses ``/mnt/pvc``).
+    pvc_root: str = "/mnt/pvc"
+    #: S3 endpoint URL (MinIO, Ceph, ...); empty = ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, else AWS.
+    s3_endpoint_url: str = ""
+    #: Local download cache of model services for versions of a remote (S3) store; empty =
+    #: ``$XDG_CACHE_HOME/mascot/adapters`` (``~/.cache/mascot/adapters``). Local and PVC stores load in place.
+    cache_dir: str = ""
+    #: Model services unload a loaded version that is retired (or staged again) once no conversation has used it
+    #: for this many seconds; a conversation pinned to it later loads it again.
+    retired_unload_s: float = Field(600.0, ge=0)
     #: The serving base model adapters must name (``base_model_name_or_path``); empty = ``engine.model``.
     base_model: str = ""
     #: Serving limit on the LoRA rank (vLLM ``max_lora_rank``).
@@ -202,6 +218,19 @@ class AdaptersConfig(_Section):
     admin_token_file: str = ""
     #: How often model services re-read the registry and load new stable/canary versions, in seconds.
     poll_s: float = Field(5.0, gt=0, le=3600)
+
+    @field_validator("store")
+    @classmethod
+    def _store_uri(cls, v: str) -> str:
+        import re
+
+        m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", v.strip())
+        if m and m.group(1).lower() not in ("file", "pvc", "s3"):
+            raise ValueError(f"unsupported scheme {m.group(1)!r}: use a local path, file:///path, "
+                             "pvc://<claim>/<path> or s3://<bucket>/<prefix>")
+        if m and m.group(1).lower() in ("pvc", "s3") and not m.group(2).split("/")[0]:
+            raise ValueError(f"{v!r} names no {'claim' if m.group(1).lower() == 'pvc' else 'bucket'}")
+        return v
 
 
 class MascotConfig(BaseSettings):

@@ -41,8 +41,10 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
-        if handler is None:
-            return None
+        if handler is None or details.method.startswith("/grpc."):
+            # gRPC's own services (health, reflection) pass through: health Watch writes with context.write(), which a
+            # wrapping async generator would break (INTERNAL), and they are not part of the RPC metrics
+            return handler
         rpc = details.method.rsplit("/", 1)[-1]
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(self._wrap_unary(handler.unary_unary, rpc),

@@ -1,10 +1,12 @@
 """AdapterService: the admin plane of the adapter registry, hosted by the gateway (DESIGN.md sections 1 and 5).
 
-The gateway is the only writer of ``<store>/registry.json``. Every call needs ``authorization: Bearer <token>``
-metadata with the admin token (from the environment variable or mounted file named in ``adapters``); the token is
-compared in constant time and never logged. Writes go through :func:`mascot.core.adapters.store.update_registry`
-(lock + compare-and-swap on the revision), so two writers never lose an update and a refused transition writes
-nothing.
+The gateway is the only writer of ``<store>/registry.json``; the store is any URI
+:func:`mascot.core.adapters.store.open_store` takes (a local directory, ``pvc://<claim>/<path>``,
+``s3://<bucket>/<prefix>``). Every call needs ``authorization: Bearer <token>`` metadata with the admin token (from the
+environment variable or mounted file named in ``adapters``); the token is compared in constant time and never
+logged. Writes go through :meth:`mascot.core.adapters.store.AdapterStore.update` (lock + compare-and-swap on the
+registry), so two writers never lose an update and a refused transition writes nothing. Store trouble (unreadable
+registry, lock held too long, a registry that kept changing, I/O or S3 errors) is UNAVAILABLE with the reason.
 """
 
 from __future__ import annotations
@@ -49,19 +51,25 @@ def persona_to_proto(persona_id: str, entry: dict) -> pb.PersonaAdapters:
 
 
 class AdapterServicer(pb_grpc.AdapterServiceServicer):
-    """Serves AdapterService on a local store.
+    """Serves AdapterService on an adapter store.
 
     Args:
-        store: Store root directory.
+        store: Store URI or path (local, ``file://``, ``pvc://``, ``s3://``) or an opened
+            :class:`~mascot.core.adapters.store.AdapterStore`.
         base_model: The serving base model adapters must name.
         token: The admin token; "" refuses every call (the admin plane is not configured).
         max_rank: Serving limit on the LoRA rank.
         known_ids: Persona ids that may own adapters (the catalog's plus "director"); None accepts any snake_case id.
+        config: Optional ``AdaptersConfig`` supplying ``pvc_root`` and ``s3_endpoint_url`` for opening ``store``.
+
+    Raises:
+        ValueError: ``store`` is not a supported URI.
     """
 
-    def __init__(self, store: str | Path, base_model: str, token: str, max_rank: int = st.MAX_RANK,
-                 known_ids: set[str] | None = None) -> None:
-        self.store, self.base_model, self.token, self.max_rank = Path(store), base_model, token, max_rank
+    def __init__(self, store: str | Path | st.AdapterStore, base_model: str, token: str, max_rank: int = st.MAX_RANK,
+                 known_ids: set[str] | None = None, *, config: Any = None) -> None:
+        self.store = st.open_store(store, config=config)
+        self.base_model, self.token, self.max_rank = base_model, token, max_rank
         self.known_ids = known_ids
 
     def _auth(self, context: Any) -> None:
@@ -93,15 +101,16 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
             raise Unavailable(f"the registry is busy ({e}); retry") from None
         except RuntimeError as e:  # unreadable or malformed registry.json
             raise Unavailable(str(e)) from None
-        except OSError as e:
-            raise Unavailable(f"the adapter store {self.store} cannot be written or read ({e.strerror or e}); "
-                              "fix its permissions or mount") from None
+        except st.backend_errors() as e:  # OSError, or a botocore error s3fs passed through
+            why = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0][:300]
+            raise Unavailable(f"the adapter store {self.store.display()} cannot be written or read ({why}); "
+                              "fix its permissions, mount or S3 endpoint/credentials") from None
 
     async def _update(self, change: Any) -> dict:
-        return await self._store_call(st.update_registry, self.store, change)
+        return await self._store_call(self.store.update, change)
 
     async def _read(self) -> dict:
-        return await self._store_call(st.read_registry, self.store)
+        return await self._store_call(self.store.read_registry)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Any) -> pb.ListAdaptersResponse:
         self._auth(context)
@@ -129,14 +138,14 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         except st.PublishError as e:
             raise InvalidArgument(str(e)) from None
         digest = await self._store_call(st.file_digest, src / "adapter_model.safetensors")
-        prior = await self._store_call(st.find_version, self.store, pid, digest, src)
+        prior = await self._store_call(self.store.find_version, pid, digest, src)
         if prior is not None:
             reg = await self._read()
             v = persona_to_proto(pid, reg["adapters"][pid])
             return pb.PublishAdapterResponse(version=next(x for x in v.versions if x.version == prior["version"]),
                                              already_published=True, revision=reg.get("revision", 0))
         try:
-            res = await self._store_call(st.publish_adapter, self.store, pid, src, base_model=self.base_model,
+            res = await self._store_call(self.store.publish, pid, src, base_model=self.base_model,
                                          run_id=request.run_id, data_ids=list(request.data_ids),
                                          eval_metrics=metrics, max_rank=self.max_rank)
         except st.PublishError as e:

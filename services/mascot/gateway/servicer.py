@@ -95,7 +95,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         if self.cfg.adapters.store:  # pin this conversation's versions now; promotes later do not move it
             from mascot.core.adapters.reconcile import pin_versions
 
-            pinned = await asyncio.to_thread(pin_versions, self.cfg.adapters.store, [*ids, "director"], conv_id)
+            pinned = await asyncio.to_thread(pin_versions, self.cfg.adapters.store, [*ids, "director"], conv_id,
+                                           self.cfg.adapters)
         conv = await asyncio.to_thread(self.store.create_conversation, conv_id, mode, ids, request.source_id, ctx,
                                        pinned)
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))

@@ -1,43 +1,62 @@
 """Model services follow the adapter registry (DESIGN.md section 5): load versions under their own names, pin
-conversations to versions.
+conversations to versions, unload versions nobody uses any more.
 
 :class:`AdapterResolver` (one per engine) loads every ``stable`` and ``canary`` version of the registry
-(:meth:`reconcile_once`, polled by :meth:`run`) under its name ``<persona>--v<N>``, never over another name, so a
-conversation that started on a version keeps it after a promote; a pinned version that is not loaded yet is loaded
-on first use (:meth:`ensure`). Retired versions stay loaded (a conversation may still be pinned to one); unloading
-them is left to a later change. :func:`pin_versions` picks the versions of a new conversation (stable, or the
-canary for its weighted share, :func:`mascot.core.adapters.registry.choose_version`).
+(:meth:`~AdapterResolver.reconcile_once`, polled by :meth:`~AdapterResolver.run`) under its name ``<persona>--v<N>``,
+never over another name, so a conversation that started on a version keeps it after a promote; a pinned version
+that is not loaded is loaded on first use (:meth:`~AdapterResolver.ensure`). Engines load from local files: a local
+or PVC store is read in place, a remote (S3) one is downloaded to ``adapters.cache_dir`` first; either way the weights
+must hash to the digest the registry holds (:meth:`mascot.core.adapters.store.AdapterStore.local_version`).
+
+A loaded version that is no longer served to new conversations (``retired``, or ``staged`` again after a newer
+canary replaced it) is unloaded once no :meth:`~AdapterResolver.ensure` has resolved it for
+``adapters.retired_unload_s`` seconds; a conversation still pinned to it loads it again on its next turn.
+:func:`pin_versions` picks the versions of a new conversation (stable, or the canary for its weighted share,
+:func:`mascot.core.adapters.registry.choose_version`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
+from mascot.core.engine.base import UnknownAdapter
 from mascot.core.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 BASE = "base"
 NAME_RE = re.compile(r"^(?P<persona>[a-z][a-z0-9_]{0,62})--v(?P<n>[1-9][0-9]*)$")
 SERVING_STATES = ("stable", "canary")
+#: Default of ``adapters.retired_unload_s``.
+RETIRED_UNLOAD_S = 600.0
 
 
-def pin_versions(store: str | Path, persona_ids: Iterable[str], conversation_key: str) -> dict[str, str]:
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/mascot/adapters`` (``~/.cache/mascot/adapters`` when unset): where versions of a remote store
+    are downloaded when ``adapters.cache_dir`` is empty."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mascot" / "adapters"
+
+
+def pin_versions(store: str | Path | st.AdapterStore, persona_ids: Iterable[str], conversation_key: str,
+                 config: Any = None) -> dict[str, str]:
     """``{persona_id: "<persona>--v<N>" | "base"}`` for a new conversation: the stable version, or the canary for a
     ``canary_weight`` share of conversation keys; ``"base"`` when the persona has neither.
 
-    An unreadable registry pins nothing (``{}``: the services' own choice) and logs a warning, so chat keeps working
-    while an operator restores it; the admin plane reports the problem.
+    Blocking (call it in a worker thread). ``config`` (an ``AdaptersConfig``) supplies the PVC root and S3 endpoint
+    when ``store`` is a URI. An unreadable registry or store pins nothing (``{}``: the services' own choice) and logs a
+    warning, so chat keeps working while an operator restores it; the admin plane reports the problem.
     """
     try:
-        reg = st.read_registry(store)
-    except (RuntimeError, OSError) as e:
+        reg = st.open_store(store, config=config).read_registry()
+    except (RuntimeError, ValueError, *st.backend_errors()) as e:
         log.warning("adapter registry unreadable; conversation not pinned: %s", e)
         return {}
     out = {}
@@ -49,43 +68,93 @@ def pin_versions(store: str | Path, persona_ids: Iterable[str], conversation_key
 
 
 class AdapterResolver:
-    """Loads registry versions into one engine and resolves pinned versions.
+    """Loads registry versions into one engine, resolves pinned versions, unloads unused retired ones.
 
     Args:
-        engine: The generation engine (``adapters()``, ``load_adapter(name, path)``).
-        store: Store root, or None (then only already loaded adapters resolve).
+        engine: The generation engine (``adapters()``, ``load_adapter(name, path)``, ``unload_adapter(name)``).
+        store: Store URI / path / :class:`~mascot.core.adapters.store.AdapterStore`, or None (then only already
+            loaded adapters resolve).
         metrics: Optional :class:`~mascot.core.metrics.Metrics` (``mascot_adapter_info``, load seconds, failures).
+        config: Optional ``AdaptersConfig``: ``pvc_root`` and ``s3_endpoint_url`` (opening ``store``), ``cache_dir``
+            and ``retired_unload_s``; defaults when None.
+        clock: Monotonic seconds (injected by tests); the time of each use and of :meth:`reconcile_once`.
+
+    Attributes:
+        failures: ``{name: "ErrorType: first line"}`` of the last failed load of each version (cleared on success).
+        last_used: ``{name: clock seconds}`` of the last :meth:`ensure` (or load) of each loaded version.
     """
 
-    def __init__(self, engine: Any, store: str | Path | None, metrics: Any = None) -> None:
-        self.engine, self.store, self.metrics = engine, Path(store) if store else None, metrics
+    def __init__(self, engine: Any, store: str | Path | st.AdapterStore | None, metrics: Any = None, *,
+                 config: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine, self.metrics, self.clock = engine, metrics, clock
+        self.store = st.open_store(store, config=config) if store else None
+        self.cache_dir = Path(getattr(config, "cache_dir", "") or default_cache_dir())
+        unload_s = getattr(config, "retired_unload_s", None)
+        self.retired_unload_s = float(RETIRED_UNLOAD_S if unload_s is None else unload_s)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._paths: dict[str, Path] = {}
+        self._info: dict[str, tuple[str, str]] = {}  # name -> (persona, state) last reported
         self.failures: dict[str, str] = {}
+        self.last_used: dict[str, float] = {}
 
-    async def _load(self, name: str, persona: str, version: str) -> None:
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _load(self, name: str, persona: str, version: str, digest: str, now: float | None = None) -> None:
+        """Fetch (digest-checked) and load one version unless it is loaded; ``now`` (default ``clock()``) is recorded
+        as its last use.
+
+        Raises:
+            Whatever the fetch or the engine raised (recorded in :attr:`failures` and the failure counter first).
+        """
+        async with self._lock(name):
             if name in self.engine.adapters():
                 return
-            path = self.store / persona / f"v{version}"
             t0 = time.perf_counter()
             try:
+                path = await asyncio.to_thread(self.store.local_version, persona, version, digest, self.cache_dir)
                 await self.engine.load_adapter(name, str(path))
             except Exception as e:  # noqa: BLE001 - any load failure is counted and reported, others still load
                 self.failures[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                log.warning("adapter %s failed to load from %s: %s", name, path, self.failures[name])
+                log.warning("adapter %s failed to load from %s: %s", name, self.store.display(persona, f"v{version}"),
+                            self.failures[name])
                 if self.metrics is not None:
                     self.metrics.adapter_load_failures.labels(type(e).__name__).inc()
                 raise
+            took = time.perf_counter() - t0
             self.failures.pop(name, None)
-            log.info("loaded adapter %s from %s in %.2f s", name, path, time.perf_counter() - t0)
+            self._paths[name] = path
+            self.last_used[name] = self.clock() if now is None else now
+            if self.metrics is not None:
+                self.metrics.adapter_load_seconds.labels(persona).observe(took)
+            log.info("loaded adapter %s from %s in %.2f s", name, path, took)
+
+    async def _unload(self, name: str, now: float) -> bool:
+        """Unload ``name`` if it is still idle at ``now`` (an :meth:`ensure` may have used it meanwhile); a downloaded
+        copy is removed from the cache. Returns True when it was unloaded."""
+        async with self._lock(name):
+            if now - self.last_used.get(name, now) < self.retired_unload_s or name not in self.engine.adapters():
+                return False
+            try:
+                await self.engine.unload_adapter(name)
+            except UnknownAdapter:  # unloaded by someone else meanwhile
+                pass
+            self.last_used.pop(name, None)
+            path = self._paths.pop(name, None)
+            if path is not None and self.cache_dir in path.parents:
+                await asyncio.to_thread(shutil.rmtree, path, True)
+            log.info("unloaded adapter %s (not served and unused for %.0f s)", name, self.retired_unload_s)
+            return True
 
     async def ensure(self, name: str, persona_id: str) -> str | None:
         """The engine adapter for a pinned ``name`` of ``persona_id`` (loaded now if needed); None for ``"base"``.
 
+        Marks the version used now (:attr:`last_used`), which keeps a retired version loaded.
+
         Raises:
             InvalidArgument: the name is malformed, belongs to another persona, or is not in the registry.
-            Unavailable: it could not be loaded, or no store is configured to load it from.
+            Unavailable: it could not be loaded (store down, digest mismatch, engine error), the registry is
+                unreadable, or no store is configured to load it from.
         """
         if name == BASE:
             return None
@@ -94,42 +163,76 @@ class AdapterResolver:
             raise InvalidArgument(f"adapter_version {name[:80]!r} is not a version of {persona_id} "
                                   f"('{persona_id}--v<N>' or 'base')")
         if name in self.engine.adapters():
+            self.last_used[name] = self.clock()
             return name
         if self.store is None:
             raise Unavailable(f"adapter {name} is not loaded and this service has no adapter store configured")
-        entry = st.read_registry(self.store).get("adapters", {}).get(persona_id) or {}
-        if m["n"] not in entry.get("versions", {}):
-            raise InvalidArgument(f"adapter_version {name} is not in the registry")
         try:
-            await self._load(name, persona_id, m["n"])
+            reg = await asyncio.to_thread(self.store.read_registry)
+        except (RuntimeError, *st.backend_errors()) as e:
+            raise Unavailable(f"adapter {name} is not loaded and the adapter registry is unreadable ({e}); "
+                              "retry later") from None
+        v = (reg.get("adapters", {}).get(persona_id) or {}).get("versions", {}).get(m["n"])
+        if v is None:
+            raise InvalidArgument(f"adapter_version {name} is not in the registry")
+        self.last_used[name] = self.clock()
+        try:
+            await self._load(name, persona_id, m["n"], v.get("digest", ""))
         except Exception:  # noqa: BLE001
             raise Unavailable(f"adapter {name} could not be loaded ({self.failures.get(name, 'error')}); "
                               "retry later") from None
+        self.last_used[name] = self.clock()
         return name
 
-    async def reconcile_once(self) -> dict[str, str]:
-        """Load every stable and canary version that is not loaded; returns ``{name: error}`` of failed loads."""
+    async def reconcile_once(self, now: float | None = None) -> dict[str, str]:
+        """Follow the registry once: load every stable and canary version that is not loaded; unload every loaded
+        version in another state (retired, staged) unused for ``retired_unload_s`` seconds; set
+        ``mascot_adapter_info{persona, adapter_version, state}`` to 1 when loaded, else 0 (the series of a version's
+        previous state is removed).
+
+        Args:
+            now: The time on :attr:`clock`'s scale (default: ``clock()``); tests pass it instead of sleeping.
+
+        Returns:
+            ``{name: error}`` of failed loads (``{"registry": reason}`` when the registry cannot be read).
+        """
         if self.store is None:
             return {}
+        now = self.clock() if now is None else now
         try:
-            reg = await asyncio.to_thread(st.read_registry, self.store)
-        except RuntimeError as e:
+            reg = await asyncio.to_thread(self.store.read_registry)
+        except (RuntimeError, *st.backend_errors()) as e:
             log.warning("adapter registry unreadable: %s", e)
             return {"registry": str(e)}
         failed = {}
-        loaded = set(self.engine.adapters())
         for pid, entry in sorted(reg.get("adapters", {}).items()):
             for n, v in sorted(entry.get("versions", {}).items(), key=lambda kv: int(kv[0])):
-                name = v.get("name") or f"{pid}--v{n}"
-                if v.get("state") in SERVING_STATES and name not in loaded:
+                name, state = v.get("name") or f"{pid}--v{n}", v.get("state", "")
+                loaded = name in self.engine.adapters()
+                if state in SERVING_STATES and not loaded:
                     try:
-                        await self._load(name, pid, n)
+                        await self._load(name, pid, n, v.get("digest", ""), now)
                     except Exception:  # noqa: BLE001 - reported below; the other versions still load
                         failed[name] = self.failures.get(name, "error")
-                if self.metrics is not None:
-                    self.metrics.adapter_info.labels(pid, name, v.get("state", "")).set(
-                        1 if name in self.engine.adapters() else 0)
+                elif state not in SERVING_STATES and loaded:
+                    self.last_used.setdefault(name, now)  # loaded by someone else: idle from now on
+                    if now - self.last_used[name] >= self.retired_unload_s:
+                        await self._unload(name, now)
+                self._report(pid, name, state)
         return failed
+
+    def _report(self, persona: str, name: str, state: str) -> None:
+        if self.metrics is None:
+            return
+        gauge = self.metrics.adapter_info
+        old = self._info.get(name)
+        if old is not None and old != (persona, state):
+            try:
+                gauge.remove(old[0], name, old[1])
+            except KeyError:
+                pass
+        self._info[name] = (persona, state)
+        gauge.labels(persona, name, state).set(1 if name in self.engine.adapters() else 0)
 
     async def run(self, poll_s: float) -> None:
         """Reconcile every ``poll_s`` seconds until cancelled."""

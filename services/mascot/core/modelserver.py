@@ -1,0 +1,557 @@
+"""The one-port KServe ModelServer of the model services (DESIGN.md section 1, STACK.md section 8).
+
+:class:`OnePortModelServer` runs ONE component (``director``, ``speaker``, ``judge`` or ``reward``) as a
+``kserve.ModelServer`` (kserve 0.21.0, pinned exactly: ``_serve``/``stop`` and RESTServer internals are re-checked on
+every upgrade):
+
+- gRPC port: our service (the servicer :func:`mascot.stack.component_service` builds, the same code as
+  ``mascot serve``), KServe's Open Inference Protocol ``inference.GRPCInferenceService``, ``grpc.health.v1.Health``
+  (SERVING only when ready) and reflection. Our service and ModelInfer pass the boundary interceptor (status codes,
+  ``mascot_rpc_*`` metrics, access log).
+- HTTP port: KServe's REST (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/<component>/ready``,
+  ``/v2/models/<component>/infer``, ...) and ``/metrics`` (our ``mascot_*`` series plus KServe's own).
+
+Readiness: the component is ready once its engine has started (director, speaker, local judges), its model is
+loaded (reward) and :meth:`~mascot.core.adapters.reconcile.AdapterResolver.reconcile_once` reports no failure for
+the stable/canary versions the adapter registry names; the reconcile is retried every ``adapters.poll_s`` seconds.
+Until then our RPCs answer UNAVAILABLE saying what is missing, ModelInfer answers UNAVAILABLE (REST 503), KServe
+readiness is false and gRPC health NOT_SERVING. Once ready the service stays ready and keeps following the registry
+(hot-loads); a version that fails to load later is retried, logged and counted
+(``mascot_adapter_load_failures_total``), and a conversation pinned to it gets UNAVAILABLE, while the service keeps
+serving every other version (a bad promote must not take every replica out of rotation).
+
+Open Inference Protocol contract (model name = the component)::
+
+    request:  inputs  = [{"name": "request",  "datatype": "BYTES", "shape": [1], "data": [<UTF-8 JSON>]}]
+              <JSON>  = {"method": "<RPC name, e.g. NextDirective>",
+                         "request": <the native request message as protobuf JSON (google.protobuf.json_format)>}
+    response: outputs = [{"name": "response", "datatype": "BYTES", "shape": [1], "data": [<UTF-8 JSON>]}]
+              <JSON>  = the native response message as protobuf JSON (json_format.MessageToJson: lowerCamelCase
+                        names, default values omitted), or for a server-streaming RPC (GenerateReply) a JSON list of
+                        every streamed message in order.
+
+The OIP call runs the same servicer method as the native call, so greedy results are identical. Errors: input that
+is not one BYTES tensor ``request`` holding that JSON, an unknown method, or a request JSON that does not parse into
+the RPC's request message -> INVALID_ARGUMENT (REST 400); the servicer's own errors keep their codes (REST: 400,
+404, 503, ...); not ready -> UNAVAILABLE (REST 503).
+
+Importing this module imports ``kserve.model_server``, which parses ``sys.argv`` at import: a command line imports it
+with ``sys.argv`` cleared (``mascot serve-model`` does), or its ``--config`` would be read as kserve's
+``--configure_logging`` and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import signal
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from google.protobuf import json_format, message_factory
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from kserve import Model, ModelServer
+from kserve.errors import InvalidInput, ModelNotReady, ServerNotLive, ServerNotReady
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+from kserve.protocol.rest.server import RESTServer
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from mascot.core.config import MascotConfig
+from mascot.core.errors import ServiceError, Unavailable
+from mascot.core.interceptors import BoundaryInterceptor
+from mascot.core.metrics import Metrics
+
+log = logging.getLogger(__name__)
+OIP_INPUT, OIP_OUTPUT = "request", "response"
+V2_SERVICE = "inference.GRPCInferenceService"
+#: component -> (generated module, service): the gRPC surface is known before the servicer is built.
+SERVICES = {"director": ("mascot.api.director.v1.director_pb2", "DirectorService"),
+            "speaker": ("mascot.api.speaker.v1.speaker_pb2", "SpeakerService"),
+            "judge": ("mascot.api.judge.v1.judge_pb2", "JudgeService"),
+            "reward": ("mascot.api.reward.v1.reward_pb2", "RewardService")}
+#: ServiceError code -> REST status of the OIP endpoint (the google.rpc HTTP mapping).
+HTTP_STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.FAILED_PRECONDITION: 400,
+               grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.UNAUTHENTICATED: 401,
+               grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+               grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 504}
+
+
+@dataclass(frozen=True)
+class Rpc:
+    """One RPC of a component's service: its name, request/response classes and whether it streams responses."""
+
+    name: str
+    request: type
+    response: type
+    streaming: bool
+
+
+class ComponentRuntime:
+    """One model component, brought up in the background and gated until ready.
+
+    Args:
+        component: ``director``, ``speaker``, ``judge`` or ``reward``.
+        cfg: Effective configuration (``engine``, ``adapters.store``/``poll_s`` and the component's section).
+        metrics: Metrics the servicer, engine and resolver record on.
+        engine: An already started engine to share (tests); None builds and starts one from ``cfg.engine`` when the
+            component needs it (and closes it in :meth:`close`).
+
+    Raises:
+        ValueError: an unknown component.
+    """
+
+    def __init__(self, component: str, cfg: MascotConfig, metrics: Metrics, *, engine: Any = None) -> None:
+        if component not in SERVICES:
+            raise ValueError(f"unknown model component {component!r}; choose from {', '.join(SERVICES)}")
+        module, short = SERVICES[component]
+        self.component, self.cfg, self.metrics = component, cfg, metrics
+        self.engine, self._own_engine = engine, engine is None
+        self.resolver: Any = None
+        self.servicer: Any = None
+        self.judges: dict = {}
+        self.ready = False
+        self.missing = "the service is starting"
+        self._changed = asyncio.Condition()
+        self.descriptor = importlib.import_module(module).DESCRIPTOR.services_by_name[short]
+        self.service_name: str = self.descriptor.full_name
+        self.add_to_server: Callable = getattr(importlib.import_module(module + "_grpc"),
+                                               f"add_{short}Servicer_to_server")
+        self.rpcs = {m.name: Rpc(m.name, message_factory.GetMessageClass(m.input_type),
+                                 message_factory.GetMessageClass(m.output_type), m.server_streaming)
+                     for m in self.descriptor.methods}
+
+    async def set_state(self, ready: bool, missing: str) -> None:
+        async with self._changed:
+            self.ready, self.missing = ready, missing
+            self._changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[["ComponentRuntime"], bool]) -> None:
+        """Return once ``predicate(self)`` holds; re-checked at every readiness change (tests, embedders)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: predicate(self))
+
+    def require(self) -> Any:
+        """The servicer, once ready.
+
+        Raises:
+            Unavailable: not ready yet; the message says what is missing.
+        """
+        if not self.ready:
+            raise Unavailable(f"{self.component} is not ready: {self.missing}; retry later")
+        return self.servicer
+
+    def gate(self) -> Any:
+        """A servicer object for ``add_XServicer_to_server``: every RPC checks :meth:`require`, then runs the real
+        servicer's method (unary or server-streaming)."""
+        gate = type(f"Gated{self.descriptor.name}", (), {})()
+        for rpc in self.rpcs.values():
+            if rpc.streaming:
+                async def method(request: Any, context: Any, _n: str = rpc.name) -> Any:
+                    async for item in getattr(self.require(), _n)(request, context):
+                        yield item
+            else:
+                async def method(request: Any, context: Any, _n: str = rpc.name) -> Any:  # type: ignore[misc]
+                    return await getattr(self.require(), _n)(request, context)
+            setattr(gate, rpc.name, method)
+        return gate
+
+    async def bring_up(self, on_ready: Callable[[], Any]) -> None:
+        """Start the engine, build the servicer, reconcile adapters until none fails, call ``on_ready``, then follow
+        the registry until cancelled.
+
+        Raises:
+            Exception: the engine or model cannot start (e.g. OSError for a missing model); the server stops.
+        """
+        from mascot.core.personas import PersonaCatalog
+        from mascot.stack import component_service, needs_engine
+
+        cfg, store = self.cfg, self.cfg.adapters.store
+        if needs_engine(cfg, (self.component,)):
+            if self.engine is None:
+                from mascot.core.engine import build_engine
+
+                await self.set_state(False, "the engine is starting")
+                self.engine = build_engine(cfg.engine, self.metrics, component=self.component)
+                await self.engine.start()  # close() closes it even when start-up is cancelled half-way
+            from mascot.core.adapters.reconcile import AdapterResolver
+
+            self.resolver = AdapterResolver(self.engine, store or None, self.metrics, config=self.cfg.adapters)
+        await self.set_state(False, f"the {self.component} model is loading")
+        catalog = PersonaCatalog.load(cfg.personas.extra_files)
+        _, servicer, name = await component_service(self.component, cfg, engine=self.engine, catalog=catalog,
+                                                    metrics=self.metrics, resolver=self.resolver)
+        assert name == self.service_name, (name, self.service_name)
+        self.servicer, self.judges = servicer, getattr(servicer, "judges", {}) if self.component == "judge" else {}
+        follow = self.resolver is not None and bool(store)
+        while follow:
+            failed = await self.resolver.reconcile_once()
+            if not failed:
+                break
+            await self.set_state(False, "adapter versions the registry requires are not loaded (" + "; ".join(
+                f"{n}: {e}" for n, e in sorted(failed.items())) + f"); retrying every {cfg.adapters.poll_s:g} s")
+            log.warning("%s not ready: %s", self.component, self.missing)
+            await asyncio.sleep(cfg.adapters.poll_s)
+        await self.set_state(True, "")
+        log.info("%s ready", self.component)
+        await on_ready()
+        if follow:
+            await self.resolver.run(cfg.adapters.poll_s)
+
+    async def close(self) -> None:
+        """Close judges' backends and caches and the engine this runtime started."""
+        from mascot.stack import close_judges
+
+        await self.set_state(False, "the service is stopping")
+        await close_judges(self.judges)
+        if self.engine is not None and self._own_engine:
+            try:
+                await self.engine.close()
+            except Exception:  # noqa: BLE001 - an engine whose start was cancelled may not close cleanly
+                log.exception("closing the %s engine failed", self.component)
+
+
+class _OipContext:
+    """The ``context`` a servicer method gets on the OIP path (our servicers read nothing from it)."""
+
+    def __init__(self, headers: dict[str, str] | None) -> None:
+        self._metadata = tuple((k.lower(), v) for k, v in (headers or {}).items())
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    def time_remaining(self) -> None:
+        return None
+
+    def set_trailing_metadata(self, _metadata: Any) -> None:
+        return None
+
+
+class ComponentModel(Model):
+    """The KServe model of a component (name = the component); :meth:`predict` serves the OIP contract of the module
+    docstring through the same servicer as the native RPCs.
+
+    Args:
+        runtime: The component's :class:`ComponentRuntime`.
+    """
+
+    def __init__(self, runtime: ComponentRuntime) -> None:
+        super().__init__(runtime.component)
+        self.runtime = runtime
+        self.ready = True  # registered with KServe; real readiness is healthy()
+
+    async def healthy(self) -> bool:
+        """KServe model readiness: True once the component is ready."""
+        return self.runtime.ready
+
+    def load(self) -> bool:
+        """KServe calls this before each request while not healthy: no side effect, bring-up runs on its own."""
+        return self.runtime.ready
+
+    def get_input_types(self) -> list[dict]:
+        return [{"name": OIP_INPUT, "datatype": "BYTES", "shape": [1]}]
+
+    def get_output_types(self) -> list[dict]:
+        return [{"name": OIP_OUTPUT, "datatype": "BYTES", "shape": [1]}]
+
+    def decode(self, payload: Any) -> tuple[Rpc, Any]:
+        """``(rpc, native request message)`` from an OIP request.
+
+        Raises:
+            InvalidInput: not one BYTES input ``request`` holding ``{"method", "request"}`` JSON, an unknown
+                method, or a request that does not parse into the method's request message.
+        """
+        shape = f'one BYTES input "{OIP_INPUT}" holding {{"method": ..., "request": ...}} JSON'
+        if not isinstance(payload, InferRequest) or len(payload.inputs) != 1 or payload.inputs[0].name != OIP_INPUT \
+                or payload.inputs[0].datatype != "BYTES":
+            raise InvalidInput(f"{self.name} expects an Open Inference Protocol v2 request with {shape}")
+        inp = payload.inputs[0]
+        data = list(inp.data) if inp.data else inp.as_numpy().ravel().tolist()
+        if len(data) != 1:
+            raise InvalidInput(f'input "{OIP_INPUT}" must hold exactly one element, got {len(data)}')
+        raw = data[0]
+        try:
+            doc = json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
+        except (ValueError, UnicodeDecodeError, TypeError) as e:
+            raise InvalidInput(f'input "{OIP_INPUT}" is not UTF-8 JSON ({e}); send {shape}') from None
+        if not isinstance(doc, dict) or set(doc) - {"method", "request"} or not isinstance(doc.get("method"), str):
+            raise InvalidInput(f'input "{OIP_INPUT}" must be a JSON object {{"method": "<RPC name>", '
+                               f'"request": {{...}}}}')
+        rpc = self.runtime.rpcs.get(doc["method"])
+        if rpc is None:
+            raise InvalidInput(f"unknown method {doc['method'][:80]!r}; {self.runtime.service_name} has "
+                               f"{', '.join(self.runtime.rpcs)}")
+        if not isinstance(doc.get("request", {}), dict):
+            raise InvalidInput(f'"request" must be a JSON object ({rpc.request.DESCRIPTOR.full_name} as protobuf JSON)')
+        try:
+            message = json_format.ParseDict(doc.get("request", {}), rpc.request())
+        except json_format.ParseError as e:
+            raise InvalidInput(f'"request" is not a {rpc.request.DESCRIPTOR.full_name} in protobuf JSON: '
+                               f"{str(e)[:300]}") from None
+        return rpc, message
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> InferResponse:
+        """Run one RPC given as OIP (module docstring).
+
+        Raises:
+            ModelNotReady: not ready (UNAVAILABLE / 503), with what is missing.
+            InvalidInput: see :meth:`decode` (INVALID_ARGUMENT / 400).
+            ServiceError: the servicer's own error (its code; REST status from ``HTTP_STATUS``).
+        """
+        if not self.runtime.ready:
+            raise ModelNotReady(self.name, self.runtime.missing)
+        rpc, request = self.decode(payload)
+        method = getattr(self.runtime.require(), rpc.name)
+        ctx = _OipContext(headers)
+        if rpc.streaming:
+            doc = "[" + ",".join([json_format.MessageToJson(m, indent=None) async for m in method(request, ctx)]) + "]"
+        else:
+            doc = json_format.MessageToJson(await method(request, ctx), indent=None)
+        return InferResponse(response_id=payload.id or str(uuid.uuid4()), model_name=self.name,
+                             infer_outputs=[InferOutput(name=OIP_OUTPUT, shape=[1], datatype="BYTES", data=[doc])])
+
+
+class _ReadinessDataPlane(DataPlane):
+    """KServe's data plane whose server readiness (``/v2/health/ready``, ServerReady) is every model's readiness
+    (stock KServe answers True as soon as the server runs)."""
+
+    async def ready(self) -> bool:
+        models = self.model_registry.get_models()
+        return bool(models) and all([await m.healthy() for m in models.values()])
+
+
+class _Only(grpc.aio.ServerInterceptor):
+    """Apply ``inner`` only to methods of the named services (health and reflection stay untouched)."""
+
+    def __init__(self, inner: grpc.aio.ServerInterceptor, services: tuple[str, ...]) -> None:
+        self._inner, self._prefixes = inner, tuple(f"/{s}/" for s in services)
+
+    async def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        if details.method.startswith(self._prefixes):
+            return await self._inner.intercept_service(continuation, details)
+        return await continuation(details)
+
+
+class _OipStatus(ExceptionToStatusInterceptor):
+    """KServe's exception -> status mapping of ModelInfer, plus our ServiceError with its own code and message, and
+    the not-ready errors KServe 0.21 itself fails on (it reads a ``reason`` they do not have)."""
+
+    async def handle_exception(self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str) -> Any:
+        if isinstance(ex, ServiceError):
+            await context.abort(ex.code, ex.message)
+        if isinstance(ex, (ModelNotReady, ServerNotReady, ServerNotLive)):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(ex))
+        await super().handle_exception(ex, request_or_iterator, context, method_name)
+
+
+async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    return JSONResponse(status_code=HTTP_STATUS.get(exc.code, 500), content={"error": exc.message})
+
+
+class OnePortModelServer(ModelServer):
+    """A ``kserve.ModelServer`` serving one component on one gRPC port plus KServe's HTTP port (module docstring).
+
+    Args:
+        component: ``director``, ``speaker``, ``judge`` or ``reward``.
+        cfg: Effective configuration.
+        grpc_port: gRPC port; 0 picks a free one (read :attr:`grpc_port` after :meth:`start_async`).
+        http_port: KServe REST port; 0 picks a free one (read :attr:`http_port`).
+        host: Bind address of both ports; default ``cfg.server.host`` (127.0.0.1; 0.0.0.0 in a container).
+        engine: An already started engine to share (tests); None builds one.
+        metrics: Metrics to record on; a fresh registry by default.
+        grace_s: Seconds in-flight calls get at shutdown.
+
+    Raises:
+        ValueError: an unknown component.
+    """
+
+    def __init__(self, component: str, cfg: MascotConfig, *, grpc_port: int, http_port: int, host: str | None = None,
+                 engine: Any = None, metrics: Metrics | None = None, grace_s: float = 5.0) -> None:
+        super().__init__(http_port=http_port, grpc_port=grpc_port, enable_grpc=False, workers=1,
+                         enable_docs_url=False, grace_period=max(1, int(grace_s)))
+        self.dataplane = _ReadinessDataPlane(model_registry=self.registered_models)
+        self.cfg, self.host, self.grace_s = cfg, host or cfg.server.host, grace_s
+        self.metrics = metrics or Metrics()
+        self.runtime = ComponentRuntime(component, cfg, self.metrics, engine=engine)
+        self.model = ComponentModel(self.runtime)
+        self._grpc: grpc.aio.Server | None = None
+        self._health: Any = None
+        self._uvicorn: Any = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping: asyncio.Task | None = None
+        self._stopped: asyncio.Event | None = None
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------------------------------------ start
+    async def start_async(self, models: list | None = None) -> None:
+        """Register ``models`` (default: the component's), bind and start gRPC and REST, and begin bring-up in the
+        background. Returns once both ports accept connections (not ready yet).
+
+        Raises:
+            OSError / RuntimeError: a port could not be bound.
+        """
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        self._register_and_check_atleast_one_model_is_ready(models or [self.model])
+        try:
+            await self._start_grpc()
+            await self._start_rest()
+        except BaseException:
+            if self._grpc is not None:
+                await self._grpc.stop(0)
+            raise
+        self._tasks.append(asyncio.create_task(self._bring_up(), name=f"{self.runtime.component}-bring-up"))
+        log.info("%s serving: gRPC %s:%d, HTTP %s:%d (not ready until started)", self.runtime.component, self.host,
+                 self.grpc_port, self.host, self.http_port)
+
+    async def _start_grpc(self) -> None:
+        rt, size = self.runtime, self.cfg.server.max_message_bytes
+        ours = (rt.service_name, V2_SERVICE)
+        server = grpc.aio.server(
+            interceptors=[_Only(BoundaryInterceptor(rt.component, self.metrics), ours),
+                          _Only(_OipStatus(), (V2_SERVICE,))],
+            options=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)])
+        v2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self.dataplane, self.model_repository_extension), server)
+        rt.add_to_server(rt.gate(), server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        bound = server.add_insecure_port(f"{self.host}:{self.grpc_port}")
+        if bound == 0:
+            raise RuntimeError(f"could not bind gRPC {self.host}:{self.grpc_port}; is the port in use?")
+        await self._set_serving(False)
+        await server.start()
+        self._grpc, self.grpc_port = server, bound
+
+    async def _start_rest(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.http_port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(128)
+        sock.setblocking(False)
+        self.http_port = sock.getsockname()[1]
+        rest = RESTServer("kserve.model_server:app", self.dataplane, self.model_repository_extension, self.http_port,
+                          workers=1, grace_period=self.grace_period, event_loop="asyncio")
+        # A fresh app per server: KServe's create_application() adds routes to one module-level app, so a second
+        # server in a process would answer from the first one's data plane.
+        app = FastAPI(title="KServe ModelServer", docs_url=None, redoc_url=None)
+        rest._add_middlewares(app)
+        app.add_api_route("/metrics", self._metrics_endpoint, methods=["GET"])  # before KServe's own /metrics
+        rest._register_endpoints(app)
+        rest._add_exception_handlers(app)
+        app.add_exception_handler(ServiceError, _service_error)
+        rest.config.app = app
+        self._rest_server, self._uvicorn = rest, rest._server
+        self._uvicorn.capture_signals = contextlib.nullcontext  # signals are ours (stop()), not uvicorn's
+        task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]), name="kserve-rest")
+        task.add_done_callback(self._rest_ended)
+        self._tasks.append(task)
+
+    def _rest_ended(self, task: asyncio.Task) -> None:
+        if self._stopping is None:  # REST died on its own: without health endpoints the pod must not live on
+            self.failure = (task.exception() if not task.cancelled() else None) or RuntimeError("REST server ended")
+            log.error("the KServe REST server ended unexpectedly: %s", self.failure)
+            self.stop(None)
+
+    async def _metrics_endpoint(self, _request: Request) -> Response:
+        """``mascot_*`` series (this server's registry) followed by KServe's and the process's (the default one)."""
+        body = generate_latest(self.metrics.registry)
+        if self.metrics.registry is not REGISTRY:
+            body += generate_latest(REGISTRY)
+        return Response(content=body, headers={"content-type": CONTENT_TYPE_LATEST})
+
+    async def _set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", self.runtime.service_name, V2_SERVICE):
+            await self._health.set(name, status)
+
+    async def _bring_up(self) -> None:
+        try:
+            await self.runtime.bring_up(lambda: self._set_serving(True))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a component that cannot start stops the server (liveness restarts)
+            log.exception("%s could not start", self.runtime.component)
+            self.failure = e
+            await self.runtime.set_state(False, f"start-up failed ({type(e).__name__})")
+            self.stop(None)
+
+    # ------------------------------------------------------------------------------------------------ run/stop
+    def start(self, models: list | None = None, on_started: Callable[["OnePortModelServer"], None] | None = None
+              ) -> None:
+        """Serve until SIGTERM/SIGINT (the blocking entry point of ``mascot serve-model``).
+
+        Args:
+            models: KServe models to register; default the component's.
+            on_started: Called once both ports are bound (e.g. to print them).
+
+        Raises:
+            RuntimeError: the component could not start (its cause chained).
+        """
+        asyncio.run(self._serve(models, on_started))
+        if self.failure is not None:
+            raise RuntimeError(f"{self.runtime.component} could not start: {self.failure}") from self.failure
+
+    async def _serve(self, models: list | None = None, on_started: Callable | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop, sig)
+        await self.start_async(models)
+        if on_started is not None:
+            on_started(self)
+        await self.wait_stopped()
+
+    def stop(self, sig: int | None = None) -> None:
+        """Begin shutdown (signal handler; idempotent): NOT_SERVING, then gRPC and REST stop with ``grace_s`` for
+        in-flight calls, bring-up is cancelled and the engine closed. Must run on the server's event loop."""
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        if self._stopping is None:
+            log.info("stopping %s (signal %s)", self.runtime.component, sig)
+            self._stopping = asyncio.get_running_loop().create_task(self._shutdown())
+
+    async def shutdown(self) -> None:
+        """Stop and wait until everything is closed (tests and embedders)."""
+        self.stop(None)
+        await self.wait_stopped()
+
+    async def wait_stopped(self) -> None:
+        """Wait until a shutdown begun by :meth:`stop` has finished."""
+        await self._stopped.wait()
+
+    async def _shutdown(self) -> None:
+        try:
+            if self._health is not None:
+                await self._set_serving(False)
+            if self._uvicorn is not None:
+                self._uvicorn.should_exit = True
+            if self._grpc is not None:
+                await self._grpc.stop(self.grace_s)
+            for t in self._tasks:
+                if t.get_name() != "kserve-rest":
+                    t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.runtime.close()
+            for name in list(self.registered_models.get_models()):
+                self.registered_models.unload(name)
+        finally:
+            self._stopped.set()
