@@ -113,8 +113,10 @@ def publish(persona: str = typer.Argument(..., help="Persona id (snake_case) or 
 def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1),
             canary: Optional[float] = typer.Option(
                 None, "--canary", help="Make it the canary with this share of new conversations (0 < W < 1)."),
+            skip_eval_gate: bool = typer.Option(False, "--skip-eval-gate",
+                                                help="Promote without the gateway's evaluation gate (override)."),
             target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
-    """Make a version stable (or the canary with --canary W)."""
+    """Make a version stable (or the canary with --canary W); the gateway's evaluation gate runs first if enabled."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
 
     if canary is not None and not 0.0 < canary < 1.0:
@@ -122,8 +124,12 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
                       "version stable[/red]")
         raise typer.Exit(2)
     canary = canary or 0.0
-    r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(persona_id=persona, version=version,
-                                                                             canary_weight=canary))
+    r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(
+        persona_id=persona, version=version, canary_weight=canary, skip_eval_gate=skip_eval_gate))
+    g = r.eval_gate
+    if g.ran:
+        console.print(f"evaluation gate passed: {g.candidate} {g.candidate_score:.3f} vs {g.baseline} "
+                      f"{g.baseline_score:.3f} on {g.situations} situations")
     _show([r.persona])
 
 

@@ -142,7 +142,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                          ConversationServicer(stack.store, catalog, loop, cfg, metrics),
                          "mascot.api.conversation.v1.ConversationService")]
             if cfg.adapters.store:
-                services.append(_adapter_service(cfg))
+                gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
+                services.append(_adapter_service(cfg, gate))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes)
@@ -231,7 +232,45 @@ async def close_judges(judges: dict) -> None:
         c.close()
 
 
-def _adapter_service(cfg: MascotConfig) -> tuple:
+def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -> Any:
+    """The evaluation gate of PromoteAdapter bound to the speaker, the judge and the held-out situations; None when
+    ``adapters.promote_gate.enabled`` is off.
+
+    Raises:
+        ValueError: the gate is enabled without a judge (none in this process and no ``judge_target``) or without
+            readable situations.
+    """
+    pg = cfg.adapters.promote_gate
+    if not pg.enabled:
+        return None
+    from mascot.api.judge.v1 import judge_pb2_grpc
+    from mascot.gateway.promote_gate import evaluate_promotion, read_gate_situations
+
+    target = stack.target("judge") if "judge" in stack.servers else pg.judge_target
+    if not target:
+        raise ValueError("adapters.promote_gate.enabled needs a judge: run the judge component in the gateway's "
+                         "process or set adapters.promote_gate.judge_target")
+    if not pg.situations:
+        raise ValueError("adapters.promote_gate.enabled needs adapters.promote_gate.situations (a JSONL file)")
+    try:
+        situations = read_gate_situations(pg.situations, pg.limit)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"adapters.promote_gate.situations: {e}") from None
+    if not situations:
+        raise ValueError(f"adapters.promote_gate.situations {pg.situations} holds no situations")
+    jch = channel(target, cfg.server.max_message_bytes)
+    stack.channels.append(jch)
+    judge = judge_pb2_grpc.JudgeServiceStub(jch)
+
+    async def gate(persona_id: str, candidate: str, baseline: str) -> Any:
+        return await evaluate_promotion(speaker, judge, catalog, persona_id, candidate, baseline, situations,
+                                        max_drop=pg.max_drop, judge_name=pg.judge, max_tokens=pg.max_tokens,
+                                        timeout_s=pg.timeout_s)
+
+    return gate
+
+
+def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
     """AdapterService on ``adapters.store`` (the gateway is the registry's only writer, DESIGN.md section 5)."""
     from mascot.api.adapter.v1 import adapter_pb2_grpc
     from mascot.core.engine import resolve_model
@@ -249,5 +288,5 @@ def _adapter_service(cfg: MascotConfig) -> tuple:
                     a.admin_token_env)
     known = set(PersonaCatalog.load(cfg.personas.extra_files).cards) | {"director"}
     return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
-            AdapterServicer(a.store, base, token, a.max_rank, known, config=a),
+            AdapterServicer(a.store, base, token, a.max_rank, known, config=a, gate=gate),
             "mascot.api.adapter.v1.AdapterService")

@@ -190,6 +190,27 @@ class RewardConfig(_Section):
     padding_side: Literal["left", "right"] = "right"
 
 
+class PromoteGateConfig(_Section):
+    """The evaluation gate of PromoteAdapter (``mascot.gateway.promote_gate``): a persona version is scored against
+    the stable one with the judge on held-out situations and promoted only when not worse by more than ``max_drop``."""
+
+    enabled: bool = False
+    #: Held-out situations, EmpatheticDialogues-style JSONL (``id``, ``situation``, ``first_utterance``).
+    situations: str = ""
+    #: How many of them (the first ``limit``).
+    limit: int = Field(16, ge=1, le=1000)
+    #: How far the candidate's mean judge score (1-5) may fall below the baseline's.
+    max_drop: float = Field(0.0, ge=0.0, le=4.0)
+    #: Judge name in the JudgeService (empty: its default).
+    judge: str = ""
+    #: ``host:port`` of the JudgeService; empty = the judge running in the gateway's process.
+    judge_target: str = ""
+    #: Reply length of each version, in tokens.
+    max_tokens: int = Field(96, ge=1, le=4096)
+    #: Deadline of each speaker or judge call, in seconds.
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+
+
 class AdaptersConfig(_Section):
     """The adapter store and the admin plane (DESIGN.md section 5). Secrets never live here: the admin token comes
     from the environment variable ``admin_token_env`` or the mounted file ``admin_token_file``; S3 credentials from
@@ -218,6 +239,8 @@ class AdaptersConfig(_Section):
     admin_token_file: str = ""
     #: How often model services re-read the registry and load new stable/canary versions, in seconds.
     poll_s: float = Field(5.0, gt=0, le=3600)
+    #: The evaluation gate of PromoteAdapter (off by default).
+    promote_gate: PromoteGateConfig = PromoteGateConfig()
 
     @field_validator("store")
     @classmethod

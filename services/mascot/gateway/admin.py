@@ -12,6 +12,7 @@ registry, lock held too long, a registry that kept changing, I/O or S3 errors) i
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import os
@@ -22,7 +23,7 @@ from mascot.api.adapter.v1 import adapter_pb2 as pb
 from mascot.api.adapter.v1 import adapter_pb2_grpc as pb_grpc
 from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
-from mascot.core.errors import InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
+from mascot.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 
 STATE_VALUES = {"staged": pb.ADAPTER_STATE_STAGED, "canary": pb.ADAPTER_STATE_CANARY,
                 "stable": pb.ADAPTER_STATE_STABLE, "retired": pb.ADAPTER_STATE_RETIRED}
@@ -61,14 +62,18 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         max_rank: Serving limit on the LoRA rank.
         known_ids: Persona ids that may own adapters (the catalog's plus "director"); None accepts any snake_case id.
         config: Optional ``AdaptersConfig`` supplying ``pvc_root`` and ``s3_endpoint_url`` for opening ``store``.
+        gate: Optional evaluation gate of PromoteAdapter, ``async (persona_id, candidate, baseline) -> GateResult``
+            (:func:`mascot.gateway.promote_gate.evaluate_promotion` bound to the speaker, judge and situations);
+            it runs for persona versions, not for the director's.
 
     Raises:
         ValueError: ``store`` is not a supported URI.
     """
 
     def __init__(self, store: str | Path | st.AdapterStore, base_model: str, token: str, max_rank: int = st.MAX_RANK,
-                 known_ids: set[str] | None = None, *, config: Any = None) -> None:
+                 known_ids: set[str] | None = None, *, config: Any = None, gate: Any = None) -> None:
         self.store = st.open_store(store, config=config)
+        self.gate = gate
         self.base_model, self.token, self.max_rank = base_model, token, max_rank
         self.known_ids = known_ids
 
@@ -160,9 +165,36 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         pid = self._persona_id(request.persona_id)
         if request.version < 1:
             raise InvalidArgument(f"version must be >= 1, got {request.version}")
+        gate = pb.EvalGateResult()
+        if self.gate is not None and not request.skip_eval_gate and pid != "director":
+            gate = await self._run_gate(pid, request.version, request.canary_weight)
         new = await self._update(lambda reg: rg.promote(reg, pid, request.version, request.canary_weight))
         return pb.PromoteAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
-                                         revision=new["revision"])
+                                         revision=new["revision"], eval_gate=gate)
+
+    async def _run_gate(self, pid: str, version: int, canary_weight: float) -> pb.EvalGateResult:
+        """Check the promote on a copy of the registry (so a request that would fail anyway fails before the
+        judge runs), then score the version against the stable one (or the base model).
+
+        Raises:
+            FailedPrecondition: the gate refused the version (the message gives both scores).
+            The errors of :func:`mascot.core.adapters.registry.promote` and of the gate itself.
+        """
+        reg = await self._store_call(self.store.read_registry)
+        trial = copy.deepcopy(reg)
+        rg.promote(trial, pid, version, canary_weight)
+        stable = reg["adapters"][pid].get("stable")
+        baseline = f"{pid}--v{stable}" if stable else "base"
+        r = await self.gate(pid, f"{pid}--v{version}", baseline)
+        result = pb.EvalGateResult(ran=True, candidate=r.candidate, baseline=r.baseline,
+                                   candidate_score=r.candidate_score, baseline_score=r.baseline_score,
+                                   situations=r.situations, passed=r.passed)
+        if not r.passed:
+            raise FailedPrecondition(
+                f"evaluation gate refused {r.candidate}: mean judge score {r.candidate_score:.3f} vs "
+                f"{r.baseline_score:.3f} for {r.baseline} on {r.situations} held-out situations (allowed drop "
+                "adapters.promote_gate.max_drop); retrain, or promote with skip_eval_gate (--skip-eval-gate)")
+        return result
 
     async def RollbackAdapter(self, request: pb.RollbackAdapterRequest, context: Any) -> pb.RollbackAdapterResponse:
         self._auth(context)

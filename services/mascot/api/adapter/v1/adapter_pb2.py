@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#mascot/api/adapter/v1/adapter.proto\x12\x15mascot.api.adapter.v1\"\x88\x01\n\x0e\x41\x64\x61pterVersion\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.mascot.api.adapter.v1.AdapterState\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x05 \x01(\t\"\xae\x01\n\x0fPersonaAdapters\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.mascot.api.adapter.v1.AdapterVersion\x12\x0e\n\x06stable\x18\x03 \x01(\x05\x12\x0e\n\x06\x63\x61nary\x18\x04 \x01(\x05\x12\x15\n\rcanary_weight\x18\x05 \x01(\x01\x12\x17\n\x0fprevious_stable\x18\x06 \x03(\x05\")\n\x13ListAdaptersRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\"b\n\x14ListAdaptersResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x38\n\x08personas\x18\x02 \x03(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\"}\n\x15PublishAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x13\n\x0bsource_path\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61ta_ids\x18\x04 \x03(\t\x12\x19\n\x11\x65val_metrics_json\x18\x05 \x01(\t\"}\n\x16PublishAdapterResponse\x12\x36\n\x07version\x18\x01 \x01(\x0b\x32%.mascot.api.adapter.v1.AdapterVersion\x12\x19\n\x11\x61lready_published\x18\x02 \x01(\x08\x12\x10\n\x08revision\x18\x03 \x01(\x03\"S\n\x15PromoteAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\x15\n\rcanary_weight\x18\x03 \x01(\x01\"c\n\x16PromoteAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03\",\n\x16RollbackAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\"d\n\x17RollbackAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03\";\n\x14RetireAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"b\n\x15RetireAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03*\x96\x01\n\x0c\x41\x64\x61pterState\x12\x1d\n\x19\x41\x44\x41PTER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x44\x41PTER_STATE_STAGED\x10\x01\x12\x18\n\x14\x41\x44\x41PTER_STATE_CANARY\x10\x02\x12\x18\n\x14\x41\x44\x41PTER_STATE_STABLE\x10\x03\x12\x19\n\x15\x41\x44\x41PTER_STATE_RETIRED\x10\x04\x32\xb5\x04\n\x0e\x41\x64\x61pterService\x12g\n\x0cListAdapters\x12*.mascot.api.adapter.v1.ListAdaptersRequest\x1a+.mascot.api.adapter.v1.ListAdaptersResponse\x12m\n\x0ePublishAdapter\x12,.mascot.api.adapter.v1.PublishAdapterRequest\x1a-.mascot.api.adapter.v1.PublishAdapterResponse\x12m\n\x0ePromoteAdapter\x12,.mascot.api.adapter.v1.PromoteAdapterRequest\x1a-.mascot.api.adapter.v1.PromoteAdapterResponse\x12p\n\x0fRollbackAdapter\x12-.mascot.api.adapter.v1.RollbackAdapterRequest\x1a..mascot.api.adapter.v1.RollbackAdapterResponse\x12j\n\rRetireAdapter\x12+.mascot.api.adapter.v1.RetireAdapterRequest\x1a,.mascot.api.adapter.v1.RetireAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#mascot/api/adapter/v1/adapter.proto\x12\x15mascot.api.adapter.v1\"\x88\x01\n\x0e\x41\x64\x61pterVersion\x12\x0f\n\x07version\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.mascot.api.adapter.v1.AdapterState\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12\x13\n\x0b\x63reate_time\x18\x05 \x01(\t\"\xae\x01\n\x0fPersonaAdapters\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.mascot.api.adapter.v1.AdapterVersion\x12\x0e\n\x06stable\x18\x03 \x01(\x05\x12\x0e\n\x06\x63\x61nary\x18\x04 \x01(\x05\x12\x15\n\rcanary_weight\x18\x05 \x01(\x01\x12\x17\n\x0fprevious_stable\x18\x06 \x03(\x05\")\n\x13ListAdaptersRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\"b\n\x14ListAdaptersResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x38\n\x08personas\x18\x02 \x03(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\"}\n\x15PublishAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x13\n\x0bsource_path\x18\x02 \x01(\t\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x10\n\x08\x64\x61ta_ids\x18\x04 \x03(\t\x12\x19\n\x11\x65val_metrics_json\x18\x05 \x01(\t\"}\n\x16PublishAdapterResponse\x12\x36\n\x07version\x18\x01 \x01(\x0b\x32%.mascot.api.adapter.v1.AdapterVersion\x12\x19\n\x11\x61lready_published\x18\x02 \x01(\x08\x12\x10\n\x08revision\x18\x03 \x01(\x03\"k\n\x15PromoteAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\x15\n\rcanary_weight\x18\x03 \x01(\x01\x12\x16\n\x0eskip_eval_gate\x18\x04 \x01(\x08\"\x97\x01\n\x0e\x45valGateResult\x12\x0b\n\x03ran\x18\x01 \x01(\x08\x12\x11\n\tcandidate\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61seline\x18\x03 \x01(\t\x12\x17\n\x0f\x63\x61ndidate_score\x18\x04 \x01(\x01\x12\x16\n\x0e\x62\x61seline_score\x18\x05 \x01(\x01\x12\x12\n\nsituations\x18\x06 \x01(\x05\x12\x0e\n\x06passed\x18\x07 \x01(\x08\"\x9d\x01\n\x16PromoteAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x38\n\teval_gate\x18\x03 \x01(\x0b\x32%.mascot.api.adapter.v1.EvalGateResult\",\n\x16RollbackAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\"d\n\x17RollbackAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03\";\n\x14RetireAdapterRequest\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"b\n\x15RetireAdapterResponse\x12\x37\n\x07persona\x18\x01 \x01(\x0b\x32&.mascot.api.adapter.v1.PersonaAdapters\x12\x10\n\x08revision\x18\x02 \x01(\x03*\x96\x01\n\x0c\x41\x64\x61pterState\x12\x1d\n\x19\x41\x44\x41PTER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41\x44\x41PTER_STATE_STAGED\x10\x01\x12\x18\n\x14\x41\x44\x41PTER_STATE_CANARY\x10\x02\x12\x18\n\x14\x41\x44\x41PTER_STATE_STABLE\x10\x03\x12\x19\n\x15\x41\x44\x41PTER_STATE_RETIRED\x10\x04\x32\xb5\x04\n\x0e\x41\x64\x61pterService\x12g\n\x0cListAdapters\x12*.mascot.api.adapter.v1.ListAdaptersRequest\x1a+.mascot.api.adapter.v1.ListAdaptersResponse\x12m\n\x0ePublishAdapter\x12,.mascot.api.adapter.v1.PublishAdapterRequest\x1a-.mascot.api.adapter.v1.PublishAdapterResponse\x12m\n\x0ePromoteAdapter\x12,.mascot.api.adapter.v1.PromoteAdapterRequest\x1a-.mascot.api.adapter.v1.PromoteAdapterResponse\x12p\n\x0fRollbackAdapter\x12-.mascot.api.adapter.v1.RollbackAdapterRequest\x1a..mascot.api.adapter.v1.RollbackAdapterResponse\x12j\n\rRetireAdapter\x12+.mascot.api.adapter.v1.RetireAdapterRequest\x1a,.mascot.api.adapter.v1.RetireAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mascot.api.adapter.v1.adapter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADAPTERSTATE']._serialized_start=1271
-  _globals['_ADAPTERSTATE']._serialized_end=1421
+  _globals['_ADAPTERSTATE']._serialized_start=1508
+  _globals['_ADAPTERSTATE']._serialized_end=1658
   _globals['_ADAPTERVERSION']._serialized_start=63
   _globals['_ADAPTERVERSION']._serialized_end=199
   _globals['_PERSONAADAPTERS']._serialized_start=202
@@ -46,17 +46,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHADAPTERRESPONSE']._serialized_start=648
   _globals['_PUBLISHADAPTERRESPONSE']._serialized_end=773
   _globals['_PROMOTEADAPTERREQUEST']._serialized_start=775
-  _globals['_PROMOTEADAPTERREQUEST']._serialized_end=858
-  _globals['_PROMOTEADAPTERRESPONSE']._serialized_start=860
-  _globals['_PROMOTEADAPTERRESPONSE']._serialized_end=959
-  _globals['_ROLLBACKADAPTERREQUEST']._serialized_start=961
-  _globals['_ROLLBACKADAPTERREQUEST']._serialized_end=1005
-  _globals['_ROLLBACKADAPTERRESPONSE']._serialized_start=1007
-  _globals['_ROLLBACKADAPTERRESPONSE']._serialized_end=1107
-  _globals['_RETIREADAPTERREQUEST']._serialized_start=1109
-  _globals['_RETIREADAPTERREQUEST']._serialized_end=1168
-  _globals['_RETIREADAPTERRESPONSE']._serialized_start=1170
-  _globals['_RETIREADAPTERRESPONSE']._serialized_end=1268
-  _globals['_ADAPTERSERVICE']._serialized_start=1424
-  _globals['_ADAPTERSERVICE']._serialized_end=1989
+  _globals['_PROMOTEADAPTERREQUEST']._serialized_end=882
+  _globals['_EVALGATERESULT']._serialized_start=885
+  _globals['_EVALGATERESULT']._serialized_end=1036
+  _globals['_PROMOTEADAPTERRESPONSE']._serialized_start=1039
+  _globals['_PROMOTEADAPTERRESPONSE']._serialized_end=1196
+  _globals['_ROLLBACKADAPTERREQUEST']._serialized_start=1198
+  _globals['_ROLLBACKADAPTERREQUEST']._serialized_end=1242
+  _globals['_ROLLBACKADAPTERRESPONSE']._serialized_start=1244
+  _globals['_ROLLBACKADAPTERRESPONSE']._serialized_end=1344
+  _globals['_RETIREADAPTERREQUEST']._serialized_start=1346
+  _globals['_RETIREADAPTERREQUEST']._serialized_end=1405
+  _globals['_RETIREADAPTERRESPONSE']._serialized_start=1407
+  _globals['_RETIREADAPTERRESPONSE']._serialized_end=1505
+  _globals['_ADAPTERSERVICE']._serialized_start=1661
+  _globals['_ADAPTERSERVICE']._serialized_end=2226
 # @@protoc_insertion_point(module_scope)

@@ -89,22 +89,44 @@ class PublishAdapterResponse(_message.Message):
     def __init__(self, version: _Optional[_Union[AdapterVersion, _Mapping]] = ..., already_published: _Optional[bool] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class PromoteAdapterRequest(_message.Message):
-    __slots__ = ("persona_id", "version", "canary_weight")
+    __slots__ = ("persona_id", "version", "canary_weight", "skip_eval_gate")
     PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_EVAL_GATE_FIELD_NUMBER: _ClassVar[int]
     persona_id: str
     version: int
     canary_weight: float
-    def __init__(self, persona_id: _Optional[str] = ..., version: _Optional[int] = ..., canary_weight: _Optional[float] = ...) -> None: ...
+    skip_eval_gate: bool
+    def __init__(self, persona_id: _Optional[str] = ..., version: _Optional[int] = ..., canary_weight: _Optional[float] = ..., skip_eval_gate: _Optional[bool] = ...) -> None: ...
+
+class EvalGateResult(_message.Message):
+    __slots__ = ("ran", "candidate", "baseline", "candidate_score", "baseline_score", "situations", "passed")
+    RAN_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SITUATIONS_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    ran: bool
+    candidate: str
+    baseline: str
+    candidate_score: float
+    baseline_score: float
+    situations: int
+    passed: bool
+    def __init__(self, ran: _Optional[bool] = ..., candidate: _Optional[str] = ..., baseline: _Optional[str] = ..., candidate_score: _Optional[float] = ..., baseline_score: _Optional[float] = ..., situations: _Optional[int] = ..., passed: _Optional[bool] = ...) -> None: ...
 
 class PromoteAdapterResponse(_message.Message):
-    __slots__ = ("persona", "revision")
+    __slots__ = ("persona", "revision", "eval_gate")
     PERSONA_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_GATE_FIELD_NUMBER: _ClassVar[int]
     persona: PersonaAdapters
     revision: int
-    def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+    eval_gate: EvalGateResult
+    def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ..., eval_gate: _Optional[_Union[EvalGateResult, _Mapping]] = ...) -> None: ...
 
 class RollbackAdapterRequest(_message.Message):
     __slots__ = ("persona_id",)

@@ -92,8 +92,9 @@ class AdapterServiceServicer:
         """PromoteAdapter makes a staged or canary version the stable one (the previous stable is retired and kept for
         rollback), or, with canary_weight in (0, 1), the canary that takes that share of new conversations.
         Errors: INVALID_ARGUMENT (canary_weight outside [0, 1)), NOT_FOUND (unknown persona or version),
-        FAILED_PRECONDITION (the version is retired, or already stable), UNAUTHENTICATED, PERMISSION_DENIED,
-        UNAVAILABLE.
+        FAILED_PRECONDITION (the version is retired, or already stable, or the evaluation gate refused it: the
+        message gives both scores), UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE (also: the speaker or judge
+        the gate needs failed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
