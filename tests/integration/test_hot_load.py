@@ -124,6 +124,15 @@ async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, ref
         got = stack.metrics.registry.get_sample_value("mascot_adapter_info", {
             "persona": "anchor", "adapter_version": "anchor--v3", "state": "canary"})
         assert got == 1.0
+        # per-version series: v1 served 4 turns (a, the streamed one, a again, c), v2 one (b); tokens counted per
+        # version by the speaker
+        reg = stack.metrics.registry
+        for version, turns in (("anchor--v1", 4), ("anchor--v2", 1)):
+            assert reg.get_sample_value("mascot_turn_duration_seconds_count",
+                                        {"persona": "anchor", "adapter_version": version}) == turns
+            assert reg.get_sample_value("mascot_generated_tokens_total", {
+                "component": "speaker", "persona": "anchor", "adapter_version": version}) > 0
+        assert reg.get_sample_value("mascot_adapter_load_seconds_count", {"persona": "anchor"}) == 3  # v1, v2, v3 once each
     finally:
         await ch.close()
         await stack.stop(0)

@@ -184,7 +184,6 @@ class TransformersEngine:
             raise ValueError(f"adapter {name!r} is already loaded; publish a new version under a new name")
         if not Path(path, "adapter_config.json").is_file():
             raise ValueError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
-        t0 = time.perf_counter()
         with self._lock:
             if isinstance(self.model, PeftModel):
                 self.model.load_adapter(path, adapter_name=name)
@@ -192,8 +191,6 @@ class TransformersEngine:
                 self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
             self.model.eval()
             self._adapters[name] = path
-        if self._metrics is not None:
-            self._metrics.adapter_load_seconds.labels(persona=name.split("--")[0]).observe(time.perf_counter() - t0)
 
     async def unload_adapter(self, name: str) -> None:
         """Delete adapter ``name`` from the model (waits for the running batch).

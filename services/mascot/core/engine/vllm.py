@@ -31,7 +31,6 @@ import contextlib
 import itertools
 import logging
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -272,14 +271,11 @@ class VllmEngine:
         if not Path(path, "adapter_config.json").is_file():
             raise ValueError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
         request = LoRARequest(name, next(self._lora_ids), str(Path(path).resolve()))
-        t0 = time.perf_counter()
         try:
             await self._on_engine_loop(self._llm.add_lora(request))
         except Exception as e:  # noqa: BLE001 - vLLM wraps worker errors; give the caller one clear type
             raise ValueError(f"vLLM could not load adapter {name} from {path}: {e}") from e
         self._adapters[name] = request
-        if self._metrics is not None:
-            self._metrics.adapter_load_seconds.labels(persona=name.split("--")[0]).observe(time.perf_counter() - t0)
 
     async def unload_adapter(self, name: str) -> None:
         """Remove adapter ``name`` from the engine; later requests naming it get :class:`UnknownAdapter`.
