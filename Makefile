@@ -7,8 +7,13 @@ STAMP := $(VENV)/.setup-stamp
 PIP := $(BIN)/pip -q --disable-pip-version-check
 SHARED ?= ../shared
 BUF_VERSION ?= 1.75.0
+# checkov (the Helm chart scan, tests/contract/test_helm_checkov.py) pins packages that clash with the main set, so it
+# gets its own virtual environment (STACK.md section 13).
+CHECKOV_VERSION ?= 3.3.30
+CHECKOV_VENV := .venv-checkov
+CHECKOV_STAMP := $(CHECKOV_VENV)/.setup-stamp-$(CHECKOV_VERSION)
 
-.PHONY: setup demo test protos lint bench clean
+.PHONY: setup system-deps demo test protos lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +23,26 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -c "import torch, sys; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('torch', torch.__version__)"
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(CHECKOV_STAMP):
+	test -x $(CHECKOV_VENV)/bin/python || $(PY) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip -q --disable-pip-version-check install "checkov==$(CHECKOV_VERSION)"
+	$(CHECKOV_VENV)/bin/checkov --version
+	touch $(CHECKOV_STAMP)
+
+# Debian packages the tests run: PostgreSQL server binaries (tests/integration/test_postgres.py) and promtool
+# (tests/contract/test_helm_monitoring.py, package `prometheus`; only the binary is used). Installed when running as
+# root with apt-get (CI, containers); otherwise the missing ones are named (tests skip outside CI, fail under CI=true).
+system-deps:
+	@missing=""; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "make setup: install the Debian package(s)$$missing (needs root) for the PostgreSQL / promtool tests"; fi; \
+	fi
+
+setup: $(STAMP) $(CHECKOV_STAMP) system-deps
 
 demo: setup
 	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 20 --out runs/demo

@@ -1,0 +1,307 @@
+{{/* Names, labels, images and the pieces shared by the gateway, the model services, the hooks and the Jobs. */}}
+
+{{- define "mascot.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-mascot, or the release name when it already contains the chart name; at most 40 characters so that
+     "<fullname>-<component>-predictor" stays a valid 63-character DNS label. */}}
+{{- define "mascot.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "mascot.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "gateway"). */}}
+{{- define "mascot.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mascot.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* All labels of one component's objects: (dict "ctx" $ "component" "gateway"). */}}
+{{- define "mascot.labels" -}}
+{{ include "mascot.selectorLabels" . }}
+helm.sh/chart: {{ include "mascot.chart" .ctx }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: mascot
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The service image: (dict "ctx" $ "gpu" true|false). GPU: repository:tag (or @digest); CPU: repository:cpuTag. */}}
+{{- define "mascot.image" -}}
+{{- $img := .ctx.Values.image }}
+{{- $tag := default .ctx.Chart.AppVersion $img.tag }}
+{{- if .gpu }}
+{{- if $img.digest }}{{ printf "%s@%s" $img.repository $img.digest }}{{ else }}{{ printf "%s:%s" $img.repository $tag }}{{ end }}
+{{- else }}
+{{- if $img.cpuDigest }}{{ printf "%s@%s" $img.repository $img.cpuDigest }}{{ else }}{{ printf "%s:%s" $img.repository (default (printf "%s-cpu" $tag) $img.cpuTag) }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "mascot.trainingImage" -}}
+{{- $img := .Values.trainingImage }}
+{{- if $img.digest }}{{ printf "%s@%s" $img.repository $img.digest }}{{ else }}{{ printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) }}{{ end }}
+{{- end }}
+
+{{- define "mascot.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The model components in a fixed order. */}}
+{{- define "mascot.modelComponents" -}}
+director speaker judge reward
+{{- end }}
+
+{{/* Host of a model service: the Service KServe creates for the predictor (<isvc>-predictor) or ours. */}}
+{{- define "mascot.modelHost" -}}
+{{- if .ctx.Values.kserve.enabled }}
+{{- printf "%s-%s-predictor" (include "mascot.fullname" .ctx) .component }}
+{{- else }}
+{{- printf "%s-%s" (include "mascot.fullname" .ctx) .component }}
+{{- end }}
+{{- end }}
+
+{{/* host:port of a model service's gRPC port. */}}
+{{- define "mascot.modelTarget" -}}
+{{- printf "%s:%d" (include "mascot.modelHost" .) (int (index .ctx.Values .component).grpcPort) }}
+{{- end }}
+
+{{- define "mascot.gatewayTarget" -}}
+{{- printf "%s-gateway:%d" (include "mascot.fullname" .) (int .Values.gateway.port) }}
+{{- end }}
+
+{{/* Parsed adapter store: {"scheme": "pvc"|"s3"|"", "claim": "<claim>"}. */}}
+{{- define "mascot.adapterStore" -}}
+{{- $uri := .Values.adapters.store }}
+{{- if hasPrefix "pvc://" $uri }}
+{{- $rest := trimPrefix "pvc://" $uri }}
+{{- dict "scheme" "pvc" "claim" (first (splitList "/" $rest)) | toJson }}
+{{- else if hasPrefix "s3://" $uri }}
+{{- dict "scheme" "s3" "claim" "" | toJson }}
+{{- else }}
+{{- dict "scheme" "" "claim" "" | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* Storage URI of a model component ("" = none). */}}
+{{- define "mascot.storageUri" -}}
+{{- $c := index .ctx.Values .component }}
+{{- if eq .component "reward" }}{{ $c.storageUri }}{{ else }}{{ default .ctx.Values.model.storageUri $c.storageUri }}{{ end }}
+{{- end }}
+
+{{/* The MascotConfig YAML of one component: chart-derived keys < .Values.config < <component>.config.
+     (dict "ctx" $ "component" "gateway"|"director"|...). */}}
+{{- define "mascot.componentConfig" -}}
+{{- $ctx := .ctx }}
+{{- $v := $ctx.Values }}
+{{- $comp := .component }}
+{{- $cfg := dict "server" (dict "host" "0.0.0.0") }}
+{{- $personas := dict }}
+{{- if $v.personas.sets }}
+{{- $files := list }}
+{{- range $name, $_ := $v.personas.sets }}
+{{- $files = append $files (printf "/etc/mascot/personas/%s" $name) }}
+{{- end }}
+{{- $_ := set $personas "extra_files" $files }}
+{{- end }}
+{{- with $v.personas.activeSupport }}{{ $_ := set $personas "active_support" . }}{{ end }}
+{{- with $v.personas.activeMeeting }}{{ $_ := set $personas "active_meeting" . }}{{ end }}
+{{- if $personas }}{{ $_ := set $cfg "personas" $personas }}{{ end }}
+{{- $adapters := dict }}
+{{- if $v.adapters.store }}
+{{- $_ := set $adapters "store" $v.adapters.store }}
+{{- $_ := set $adapters "pvc_root" $v.adapters.pvcMountPath }}
+{{- with $v.adapters.s3.endpointUrl }}{{ $_ := set $adapters "s3_endpoint_url" . }}{{ end }}
+{{- end }}
+{{- with $v.model.name }}{{ $_ := set $adapters "base_model" . }}{{ end }}
+{{- if and (eq $comp "gateway") $v.adminToken.existingSecret }}
+{{- $_ := set $adapters "admin_token_file" "/etc/mascot/admin-token/token" }}
+{{- end }}
+{{- if $adapters }}{{ $_ := set $cfg "adapters" $adapters }}{{ end }}
+{{- if eq $comp "gateway" }}
+{{- $_ := set $cfg.server "gateway_port" (int $v.gateway.port) }}
+{{- $_ := set $cfg.server "metrics_port" (int $v.gateway.metricsPort) }}
+{{- $_ := set $cfg.server "director_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "director")) }}
+{{- $_ := set $cfg.server "speaker_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "speaker")) }}
+{{- if eq $v.store.type "sqlite" }}
+{{- $_ := set $cfg "store" (dict "url" (printf "sqlite:///%s/mascot.db" $v.store.sqlite.mountPath)) }}
+{{- end }}
+{{- else }}
+{{- $c := index $v $comp }}
+{{- $model := ternary "/mnt/models" "" (ne (include "mascot.storageUri" (dict "ctx" $ctx "component" $comp)) "") }}
+{{- if eq $comp "reward" }}
+{{- if $model }}{{ $_ := set $cfg "reward" (dict "model" $model) }}{{ end }}
+{{- else }}
+{{- $engine := dict }}
+{{- if $c.gpu.enabled }}
+{{- $engine = dict "kind" "vllm" "dtype" "bfloat16" }}
+{{- end }}
+{{- if $model }}{{ $_ := set $engine "model" $model }}{{ end }}
+{{- if $engine }}{{ $_ := set $cfg "engine" $engine }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $own := (index $v $comp).config | default dict }}
+{{- $merged := mustMergeOverwrite $cfg (deepCopy ($v.config | default dict)) (deepCopy $own) }}
+{{- toYaml $merged }}
+{{- end }}
+
+{{/* Writable scratch volumes of every pod (read-only root filesystem). */}}
+{{- define "mascot.scratchVolumes" -}}
+- name: home
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.homeSizeLimit }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.tmpSizeLimit }}
+{{- end }}
+
+{{- define "mascot.scratchMounts" -}}
+- name: home
+  mountPath: /home/mascot
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{/* Environment shared by every mascot container. */}}
+{{- define "mascot.baseEnv" -}}
+- name: HOME
+  value: /home/mascot
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end }}
+
+{{/* S3 credentials of the adapter store: a Secret holding an AWS shared credentials file (key "credentials"),
+     mounted as a file and named by AWS_SHARED_CREDENTIALS_FILE (the standard AWS chain), never as env values. */}}
+{{- define "mascot.s3Enabled" -}}
+{{- $store := include "mascot.adapterStore" . | fromJson }}
+{{- if and (eq $store.scheme "s3") .Values.adapters.s3.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "mascot.s3Env" -}}
+{{- if include "mascot.s3Enabled" . }}
+- name: AWS_SHARED_CREDENTIALS_FILE
+  value: /etc/mascot/aws/credentials
+{{- end }}
+{{- end }}
+
+{{/* Config, personas, TLS and adapter-store volumes: (dict "ctx" $ "component" c "readOnlyStore" bool). */}}
+{{- define "mascot.commonVolumes" -}}
+{{- $v := .ctx.Values }}
+- name: config
+  configMap:
+    name: {{ include "mascot.fullname" .ctx }}-config
+    items:
+      - key: {{ .component }}.yaml
+        path: {{ .component }}.yaml
+- name: personas
+  configMap:
+    name: {{ include "mascot.fullname" .ctx }}-personas
+{{- if $v.tls.existingSecret }}
+- name: tls
+  secret:
+    secretName: {{ $v.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if include "mascot.s3Enabled" .ctx }}
+- name: aws-credentials
+  secret:
+    secretName: {{ $v.adapters.s3.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: credentials
+        path: credentials
+{{- end }}
+{{- $store := include "mascot.adapterStore" .ctx | fromJson }}
+{{- if eq $store.scheme "pvc" }}
+- name: adapter-store
+  persistentVolumeClaim:
+    claimName: {{ $store.claim }}
+    readOnly: {{ .readOnlyStore }}
+{{- end }}
+{{- end }}
+
+{{- define "mascot.commonMounts" -}}
+{{- $v := .ctx.Values }}
+- name: config
+  mountPath: /etc/mascot/config
+  readOnly: true
+- name: personas
+  mountPath: /etc/mascot/personas
+  readOnly: true
+{{- if $v.tls.existingSecret }}
+- name: tls
+  mountPath: {{ $v.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if include "mascot.s3Enabled" .ctx }}
+- name: aws-credentials
+  mountPath: /etc/mascot/aws
+  readOnly: true
+{{- end }}
+{{- $store := include "mascot.adapterStore" .ctx | fromJson }}
+{{- if eq $store.scheme "pvc" }}
+- name: adapter-store
+  mountPath: {{ $v.adapters.pvcMountPath }}
+  readOnly: {{ .readOnlyStore }}
+{{- end }}
+{{- end }}
+
+{{/* The GPU scheduling of a workload: (dict "ctx" $ "spec" <component or training values>). */}}
+{{- define "mascot.scheduling" -}}
+{{- $v := .ctx.Values }}
+{{- $s := .spec }}
+{{- $gpu := false }}
+{{- if $s.gpu }}{{ $gpu = $s.gpu.enabled }}{{ end }}
+{{- $nodeSelector := $s.nodeSelector | default (ternary $v.gpu.nodeSelector dict $gpu) }}
+{{- $tolerations := $s.tolerations | default (ternary $v.gpu.tolerations list $gpu) }}
+{{- with $nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $s.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Container resources, plus the GPU count as request and limit when the workload uses GPUs. */}}
+{{- define "mascot.resources" -}}
+{{- $v := .ctx.Values }}
+{{- $s := .spec }}
+{{- $res := deepCopy ($s.resources | default dict) }}
+{{- if and $s.gpu $s.gpu.enabled }}
+{{- $limits := $res.limits | default dict }}
+{{- $requests := $res.requests | default dict }}
+{{- $_ := set $limits $v.gpu.resourceName (toString $s.gpu.count) }}
+{{- $_ := set $requests $v.gpu.resourceName (toString $s.gpu.count) }}
+{{- $_ := set $res "limits" $limits }}
+{{- $_ := set $res "requests" $requests }}
+{{- end }}
+{{- toYaml $res }}
+{{- end }}

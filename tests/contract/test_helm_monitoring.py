@@ -1,0 +1,186 @@
+"""The chart's monitoring (issue 7): every metric named in the PrometheusRule and the Grafana dashboard exists in
+mascot.core.metrics (the DESIGN.md section 4 catalog; counters end in _total, histograms are read through
+_bucket/_sum/_count), the rules pass `promtool check rules` and the unit tests of tests/contract/promtool/ (Debian's
+`prometheus` package), the dashboard queries parse, and the ServiceMonitors scrape the ports that serve /metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import need
+from tests.contract.conftest import CHART, NAMESPACE, RELEASE, render
+
+PROMTOOL_TESTS = Path(__file__).parent / "promtool"
+ALERTS = {  # alert -> the catalog metrics its expression must read
+    "MascotRpcErrorRatioHigh": {"mascot_rpc_requests_total"},
+    "MascotDirectorFallbackRatioHigh": {"mascot_director_decisions_total"},
+    "MascotRewardFailures": {"mascot_reward_failures_total"},
+    "MascotAdapterLoadFailures": {"mascot_adapter_load_failures_total"},
+    "MascotTurnLatencyP95High": {"mascot_turn_duration_seconds_bucket"},
+    "MascotSafetyEventsHigh": {"mascot_safety_events_total"},
+}
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
+            "Inf", "NaN", "inf", "nan"}
+GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1d", "$__interval": "1m", "$namespace": ".*"}
+
+
+def catalog_series() -> dict[str, str]:
+    """Series name -> family of every metric of :class:`mascot.core.metrics.Metrics`, as Prometheus stores them."""
+    from mascot.core.metrics import Metrics
+
+    out = {}
+    for fam in Metrics().registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}[fam.type]
+        out.update({fam.name + s: fam.name for s in suffixes})
+    return out
+
+
+def metric_names(expr: str) -> list[str]:
+    """The metric names a PromQL expression selects: identifiers that are not functions, keywords, label names
+    (in matchers or grouping clauses), strings or durations."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    e = re.sub(r"\{[^}]*\}", "", e)
+    e = re.sub(r"\[[^\]]*\]", "", e)
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+    names = []
+    for m in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", e):
+        if e[m.end():].lstrip().startswith("(") or m.group(0) in KEYWORDS:
+            continue
+        names.append(m.group(0))
+    return names
+
+
+def test_metric_name_parser():
+    assert metric_names('sum by (a, b) (rate(x_total{code=~"A|B", le="+Inf"}[5m])) / on (a) y > bool 0.5') == [
+        "x_total", "y"]
+    assert metric_names("histogram_quantile(0.95, sum by (le) (rate(h_bucket[5m]))) > 10") == ["h_bucket"]
+
+
+@pytest.fixture(scope="session")
+def full():
+    return render(yaml.safe_load((CHART / "ci" / "full.yaml").read_text()))
+
+
+def _rules(full) -> dict:
+    (rule,) = full.of_kind("PrometheusRule")
+    return {"groups": rule["spec"]["groups"]}
+
+
+def _dashboard(full) -> dict:
+    cm = full.one("ConfigMap", "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(cm["data"]["mascot.json"])
+
+
+def _dashboard_exprs(dashboard: dict) -> list[str]:
+    panels = []
+    for p in dashboard["panels"]:
+        panels += [p, *p.get("panels", [])]
+    return [t["expr"] for p in panels for t in p.get("targets", [])]
+
+
+def test_alerts_read_only_catalog_metrics(full):
+    catalog = catalog_series()
+    rules = [r for g in _rules(full)["groups"] for r in g["rules"]]
+    assert {r["alert"] for r in rules} == set(ALERTS)
+    for r in rules:
+        names = metric_names(r["expr"])
+        unknown = [n for n in names if n not in catalog]
+        assert names and not unknown, f"{r['alert']}: {unknown} not in mascot.core.metrics"
+        assert ALERTS[r["alert"]] <= set(names), r["alert"]
+        assert f'namespace="{NAMESPACE}"' in r["expr"], "scoped to the release namespace"
+        assert r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
+
+
+def test_dashboard_reads_only_catalog_metrics_and_shows_all_of_them(full):
+    catalog = catalog_series()
+    exprs = _dashboard_exprs(_dashboard(full))
+    used = set()
+    for expr in exprs:
+        names = metric_names(expr)
+        unknown = [n for n in names if n not in catalog]
+        assert names and not unknown, f"{expr}: {unknown} not in mascot.core.metrics"
+        used |= {catalog[n] for n in names}
+    assert used == set(catalog.values()), f"catalog metrics without a panel: {set(catalog.values()) - used}"
+
+
+def test_dashboard_file_is_the_configmap_content(full):
+    assert _dashboard(full) == json.loads((CHART / "dashboards" / "mascot.json").read_text())
+    off = render({"monitoring": {"dashboard": {"enabled": False}}})
+    assert not [c for c in off.of_kind("ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_service_monitors_scrape_the_ports_that_serve_metrics(full):
+    gw_sm, models_sm = full.one("ServiceMonitor", "-gateway"), full.one("ServiceMonitor", "-models")
+    svc = full.one("Service", "-gateway")
+    assert gw_sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert gw_sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert gw_sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # model services: /metrics on KServe's HTTP port (mascot.core.modelserver), on the Services KServe creates
+    (expr,) = models_sm["spec"]["selector"]["matchExpressions"]
+    assert expr["key"] == "serving.kserve.io/inferenceservice"
+    assert sorted(expr["values"]) == sorted(i["metadata"]["name"] for i in full.of_kind("InferenceService"))
+    (ep,) = models_sm["spec"]["endpoints"]
+    assert (ep["port"], ep["path"]) == ("http", "/metrics")
+    for isvc in full.of_kind("InferenceService"):
+        (c,) = isvc["spec"]["predictor"]["containers"]
+        assert c["ports"][0]["name"] == "http" and c["args"][c["args"].index("--rest-port") + 1] == str(
+            c["ports"][0]["containerPort"])
+    # without KServe: our own Services, same port name
+    cpu = render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""}})
+    sm = cpu.one("ServiceMonitor", "-models")
+    svc = cpu.one("Service", "-speaker")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert "speaker" in sm["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert "http" in {p["name"] for p in svc["spec"]["ports"]}
+    assert gw_sm["metadata"]["namespace"] == NAMESPACE and RELEASE in gw_sm["metadata"]["name"]
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    need(path is not None, "promtool not found: apt-get install prometheus (.ci/run installs it)")
+    return path
+
+
+def test_promtool_check_rules_passes(full, tmp_path):
+    promtool = _promtool()
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rules(full), sort_keys=False))
+    p = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and f"SUCCESS: {len(ALERTS)} rules found" in p.stdout, p.stdout + p.stderr
+
+
+def test_dashboard_queries_parse_as_promql(full, tmp_path):
+    promtool = _promtool()
+    rules = []
+    for i, expr in enumerate(_dashboard_exprs(_dashboard(full))):
+        for var, value in GRAFANA_VARS.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, expr
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    p = subprocess.run([promtool, "check", "rules", str(tmp_path / "dashboard.yaml")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_promtool_unit_tests_fire_and_stay_silent_as_expected(full, tmp_path):
+    promtool = _promtool()
+    test_file = PROMTOOL_TESTS / "mascot_alerts_test.yaml"
+    spec = yaml.safe_load(test_file.read_text())
+    assert spec["rule_files"] == ["mascot-rules.yaml"]
+    cases = [c for t in spec["tests"] for c in t["alert_rule_test"]]
+    assert {c["alertname"] for c in cases if c["exp_alerts"]} == set(ALERTS), "each alert fires in a case"
+    assert {c["alertname"] for c in cases if not c["exp_alerts"]} == set(ALERTS), "each alert stays silent in one"
+    shutil.copy(test_file, tmp_path / test_file.name)
+    (tmp_path / "mascot-rules.yaml").write_text(yaml.safe_dump(_rules(full), sort_keys=False))
+    p = subprocess.run([promtool, "test", "rules", test_file.name], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
