@@ -1,7 +1,7 @@
 """``mascot`` command line (typer + rich): serve, serve-model, chat, run, eval, train, models.
 
-Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import). The one exception,
-``serve-model --grpc-port/--http-port``, is safe because that command imports kserve with ``sys.argv`` cleared.
+Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import; DESIGN.md section 2):
+``serve-model`` takes ``--port`` (gRPC) and ``--rest-port``, and also imports kserve with ``sys.argv`` cleared.
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ def serve(
 @app.command("serve-model")
 def serve_model(
     component: str = typer.Argument(..., help="Model service to run: director, speaker, judge or reward."),
-    grpc_port: int = typer.Option(..., "--grpc-port", min=0, max=65535,
+    grpc_port: int = typer.Option(..., "--port", min=0, max=65535,
                                   help="gRPC port: our service + Open Inference Protocol + health (0: a free one)."),
-    http_port: int = typer.Option(..., "--http-port", min=0, max=65535,
+    http_port: int = typer.Option(..., "--rest-port", min=0, max=65535,
                                   help="KServe REST port: /v2 health and inference, /metrics (0: a free one)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),

@@ -276,8 +276,8 @@ def test_serve_model_cli_answers_then_stops_on_sigterm(tmp_path, tiny_model_dir)
     conf.write_text(json.dumps({"engine": {"model": str(tiny_model_dir)},
                                 "director": {**FAST_DIRECTOR, "constrained": False}}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "mascot.cli", "serve-model", "director", "--grpc-port", str(gport),
-                             "--http-port", str(hport), "--config", str(conf)], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "mascot.cli", "serve-model", "director", "--port", str(gport),
+                             "--rest-port", str(hport), "--config", str(conf)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         async def talk():

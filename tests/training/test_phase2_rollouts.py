@@ -300,7 +300,7 @@ async def test_rollouts_stage_counts_role_flips(tok, tmp_path, shared_data, tiny
 
 
 def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_data):
-    """source = judge: (s - 1) / 4 of the local judge's collective mean (the tiny judge answers 3 -> 0.5)."""
+    """source = judge: (s - 1) / 4 of the local judge's collective mean, per block."""
     from types import SimpleNamespace
 
     from mascot.core.engine.transformers import TransformersEngine
@@ -315,8 +315,13 @@ def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_da
                                 model=str(tiny_model_dir), tiny_dir=tiny_model_dir)
         judges = _judges(specs, eng, "sqlite://")
         fn = judge_group_reward_fn(judges, ROSTER, loop, timeout_s=120)
+        from mascot_training.group_rm import judge_blocks
+
         block = [HistoryTurn("agent", "You did your best.", "anchor"), HistoryTurn("user", "Thanks.")]
-        assert fn([(PREFIX, block), (PREFIX, block[:1])]) == [0.5, 0.5]
+        items = [(PREFIX, block), (PREFIX, block[:1])]
+        means, _ = loop.call(judge_blocks(judges, ROSTER, items), timeout=120)  # the collective means, 1-5
+        assert all(m is not None and 1 <= m <= 5 for m in means)
+        assert fn(items) == [pytest.approx((m - 1) / 4) for m in means]
     finally:
         loop.call(eng.close())
         loop.close()
