@@ -256,6 +256,36 @@ class AdaptersConfig(_Section):
         return v
 
 
+class SafetyConfig(_Section):
+    """The gateway's safety gate (README "Safety"). It is always on: every user message is checked before the
+    director runs, in live chat and in self-play, and replies of a flagged conversation are screened."""
+
+    #: Locale of the fixed safety template: ``en`` ships; others come from ``templates_file``.
+    locale: str = Field("en", pattern=r"^[a-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})?$")
+    #: Crisis resource lines shown after the template's generic emergency line (e.g. your country's crisis line);
+    #: empty = the locale template's own lines (``en``: 988 in the US, Samaritans 116 123 in the UK and Ireland).
+    resources: list[str] = Field(default_factory=list, max_length=12)
+    #: Optional YAML file of more templates: ``{locale: {acknowledge, emergency, resources, encourage, follow_up}}``.
+    templates_file: Path | None = None
+    #: Persona that delivers safety turns in support mode (if the conversation's roster lacks it: the roster's first).
+    support_persona: str = "anchor"
+    #: Persona that delivers safety turns in meeting mode (the neutral, low-key voice of the meeting set).
+    meeting_persona: str = "minutes_scribe"
+    #: Optional model detector added to the rules: ``none`` or ``minilm`` (the bundled all-MiniLM-L6-v2 encoder,
+    #: nearest-prototype similarity; loaded offline at start).
+    classifier: Literal["none", "minilm"] = "none"
+    #: Cosine similarity to a risk prototype at or above which the classifier flags a message.
+    classifier_threshold: float = Field(0.55, gt=0.0, le=1.0)
+
+    @field_validator("resources")
+    @classmethod
+    def _lines(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if not line.strip() or len(line) > 300 or "\n" in line:
+                raise ValueError("each resource line must be one non-empty line of at most 300 characters")
+        return v
+
+
 class MascotConfig(BaseSettings):
     """Effective configuration of every component (embedded mode shares one).
 
@@ -277,6 +307,7 @@ class MascotConfig(BaseSettings):
     judge: JudgeConfig = JudgeConfig()
     reward: RewardConfig = RewardConfig()
     adapters: AdaptersConfig = AdaptersConfig()
+    safety: SafetyConfig = SafetyConfig()
 
     @model_validator(mode="after")
     def _rank_limits_agree(self) -> "MascotConfig":

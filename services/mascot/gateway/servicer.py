@@ -66,7 +66,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                 source_id=conv.source_id,
                                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in conv.context],
                                 turns=[turn_to_proto(t, include_think) for t in turns], create_time=ts,
-                                adapter_versions=conv.adapter_versions)
+                                adapter_versions=conv.adapter_versions, safety_flagged=bool(conv.safety_flagged),
+                                safety_categories=list(conv.safety_categories or []))
 
     def _acquire(self, conv_id: str, key: str) -> None:
         held = self._running.get(conv_id)
@@ -115,9 +116,13 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self._running.pop(conv.id, None)
 
     async def _round(self, conv: Any, turns: list, key: str, text: str, context: Any) -> AsyncIterator[Any]:
+        """The round of one user message. The safety gate runs first: a risky message is stored with its safety
+        events (and the conversation flagged) in one transaction, answered by one safety turn, and the round ends
+        with reason ``safety``. A retry resumes from what was stored, the gate's decision included."""
         deadline = context.time_remaining if context is not None else None
         rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
         replayed: list = []
+        safety_round = False
         if rnd is not None:
             if rnd.text_sha256 != text_digest(text):
                 raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
@@ -132,31 +137,44 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                 yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
                                                                reason=REASONS.get(rnd.reason, 0)))
                 return
-            turns = (await asyncio.to_thread(self.store.get_conversation, conv.id))[1]
+            conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id)
+            safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
         else:
+            detection = await self.loop.detect(text)
             try:
-                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text)
+                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text,
+                                                      detection.events() if detection else [])
             except IntegrityError:
                 raise Unavailable("this message is being stored by another request; retry") from None
+            if detection is not None:
+                self.loop.count_safety(detection.categories)
+                safety_round = True
             turns = [*turns, user_row]
             yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
         st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
                         adapter_versions=dict(conv.adapter_versions or {}),
                         history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive) for t in turns],
                         context=[tuple(c) for c in conv.context], round_key=key,
-                        seed=int(text_digest(conv.id + key)[:8], 16))
+                        seed=int(text_digest(conv.id + key)[:8], 16),
+                        safety_categories=set(conv.safety_categories or []))
         done_before = sum(1 for r in replayed[1:] if r.role == "agent")
         st.agent_turns = done_before
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
         try:
             reason = "completed"
-            async for item in self.loop.agent_turns(st, self.cfg.dialogue.agent_turns_per_round - done_before,
-                                                    deadline):
-                if isinstance(item, str):
-                    reason = item
-                else:
-                    yield item
+            if safety_round:  # the round ends with its safety turn (stored already when this is a retry)
+                reason = "safety"
+                if done_before == 0:
+                    async for item in self.loop.safety_turn(st):
+                        yield item
+            else:
+                async for item in self.loop.agent_turns(st, self.cfg.dialogue.agent_turns_per_round - done_before,
+                                                        deadline):
+                    if isinstance(item, str):
+                        reason = item
+                    else:
+                        yield item
             await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
@@ -181,18 +199,28 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
         try:
-            _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening)
+            detection = await self.loop.detect(opening)
+            _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening,
+                                                  detection.events() if detection else [])
+            if detection is not None:
+                self.loop.count_safety(detection.categories)
             yield cpb.RunSelfPlayResponse(event=event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row))))
             st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
                             adapter_versions=dict(conv.adapter_versions or {}),
                             history=[HistoryTurn("user", opening)], context=[tuple(c) for c in conv.context],
-                            round_key=key, seed=request.seed)
+                            round_key=key, seed=request.seed,
+                            safety_categories=set(detection.categories) if detection else set())
             reason = "completed"
-            async for item in self.loop.self_play(st, request.user, n, p, context.time_remaining):
-                if isinstance(item, str):
-                    reason = item
-                else:
+            if detection is not None:  # a risky opening: one safety turn, and self-play ends
+                reason = "safety"
+                async for item in self.loop.safety_turn(st):
                     yield cpb.RunSelfPlayResponse(event=item)
+            else:
+                async for item in self.loop.self_play(st, request.user, n, p, context.time_remaining):
+                    if isinstance(item, str):
+                        reason = item
+                    else:
+                        yield cpb.RunSelfPlayResponse(event=item)
             await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield cpb.RunSelfPlayResponse(event=event(round_completed=cpb.RoundCompleted(

@@ -3,6 +3,8 @@
 Any SQLAlchemy URL works (SQLite file by default, PostgreSQL by URL). A turn is committed before its
 event is sent, so an acknowledged turn survives SIGKILL of the gateway. Rounds are keyed by
 (conversation, idempotency key) so that a retried message is answered from what was stored.
+Safety events (README "Safety") are stored in the same transaction as the turn they concern, and the
+conversation's safety flag with them; they hold rule names and categories, never user text.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class ConversationRow(Base):
     director_retries: Mapped[int] = mapped_column(Integer, default=0)
     director_fallbacks: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: Set by the safety gate on the first risky user message; never cleared (migration 0002).
+    safety_flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Risk categories detected so far, in first-detected order.
+    safety_categories: Mapped[list] = mapped_column(JSON, default=list)
 
 
 class TurnRow(Base):
@@ -76,6 +82,33 @@ class RoundRow(Base):
     user_turn_idx: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(32), default="")
     agent_turns: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class SafetyEventRow(Base):
+    """One safety gate action: ``kind`` ``user_risk`` (a user message at ``turn_idx`` showed risk of ``category``)
+    or ``reply_screened`` (the agent reply at ``turn_idx`` was replaced; ``category`` names the screen)."""
+
+    __tablename__ = "safety_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    turn_idx: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    category: Mapped[str] = mapped_column(String(32))
+    #: Names of the rules (or ``classifier``) that fired, comma-separated; never user text.
+    rules: Mapped[str] = mapped_column(String(256), default="")
+    #: ``rules``, ``classifier``, or ``rules+classifier``.
+    detector: Mapped[str] = mapped_column(String(32), default="rules")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+@dataclass(frozen=True)
+class SafetyEvent:
+    """A safety event to store with a turn (see :class:`SafetyEventRow`)."""
+
+    kind: str
+    category: str
+    rules: str = ""
+    detector: str = "rules"
 
 
 @dataclass
@@ -169,7 +202,7 @@ class Store:
             conv = s.get(ConversationRow, conv_id)
             if conv is None:
                 return False
-            for model in (TurnRow, RoundRow, ConversationRow):
+            for model in (SafetyEventRow, TurnRow, RoundRow, ConversationRow):
                 col = model.id if model is ConversationRow else model.conversation_id
                 s.execute(delete(model).where(col == conv_id))
         return True
@@ -179,10 +212,40 @@ class Store:
         with self.session() as s:
             return int(s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id)))
 
+    # safety
+    @staticmethod
+    def _add_safety_events(s: Session, conv_id: str, turn_idx: int, events: tuple[SafetyEvent, ...] | list) -> None:
+        """Add event rows; a ``user_risk`` event also sets the conversation's flag and adds its category."""
+        if not events:
+            return
+        now = _now()
+        for e in events:
+            s.add(SafetyEventRow(conversation_id=conv_id, turn_idx=turn_idx, kind=e.kind, category=e.category,
+                                 rules=e.rules[:256], detector=e.detector, created_at=now))
+        risk = [e.category for e in events if e.kind == "user_risk"]
+        if risk:
+            conv = s.get(ConversationRow, conv_id)
+            conv.safety_flagged = True
+            conv.safety_categories = list(dict.fromkeys([*(conv.safety_categories or []), *risk]))
+
+    def safety_events(self, conv_id: str) -> list[SafetyEventRow]:
+        """The conversation's safety events in the order stored."""
+        with self.session() as s:
+            return list(s.scalars(select(SafetyEventRow).where(SafetyEventRow.conversation_id == conv_id)
+                                  .order_by(SafetyEventRow.id)))
+
+    def has_user_risk(self, conv_id: str, turn_idx: int) -> bool:
+        """True when the user turn at ``turn_idx`` has a ``user_risk`` event (its round is a safety round)."""
+        with self.session() as s:
+            return bool(s.scalar(select(func.count()).select_from(SafetyEventRow).where(
+                SafetyEventRow.conversation_id == conv_id, SafetyEventRow.turn_idx == turn_idx,
+                SafetyEventRow.kind == "user_risk")))
+
     # turns
     def append_turn(self, conv_id: str, turn: NewTurn, director_retries: int = 0,
-                    director_fallbacks: int = 0) -> TurnRow:
-        """Append a turn at the next index (and add director counters) in one committed transaction."""
+                    director_fallbacks: int = 0, safety_events: tuple[SafetyEvent, ...] | list = ()) -> TurnRow:
+        """Append a turn at the next index (and add director counters and the turn's safety events) in one
+        committed transaction."""
         with self.session() as s, s.begin():
             n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
             row = TurnRow(conversation_id=conv_id, idx=int(n), round_key=turn.round_key, role=turn.role,
@@ -194,6 +257,7 @@ class Store:
                 conv = s.get(ConversationRow, conv_id)
                 conv.director_retries += director_retries
                 conv.director_fallbacks += director_fallbacks
+            self._add_safety_events(s, conv_id, int(n), safety_events)
         return row
 
     def add_director_counts(self, conv_id: str, retries: int, fallbacks: int) -> None:
@@ -211,8 +275,9 @@ class Store:
         with self.session() as s:
             return s.get(RoundRow, (conv_id, key))
 
-    def start_round(self, conv_id: str, key: str, text: str) -> tuple[RoundRow, TurnRow]:
-        """Store the user's turn and a ``running`` round in one transaction.
+    def start_round(self, conv_id: str, key: str, text: str, safety_events: tuple[SafetyEvent, ...] | list = ()
+                    ) -> tuple[RoundRow, TurnRow]:
+        """Store the user's turn, a ``running`` round and the message's safety events in one transaction.
 
         Raises:
             IntegrityError: a round with this key already exists (a concurrent duplicate).
@@ -224,6 +289,7 @@ class Store:
             rnd = RoundRow(conversation_id=conv_id, idempotency_key=key, text_sha256=text_digest(text),
                            state="running", user_turn_idx=int(n))
             s.add_all([turn, rnd])
+            self._add_safety_events(s, conv_id, int(n), safety_events)
         return rnd, turn
 
     def finish_round(self, conv_id: str, key: str, reason: str, agent_turns: int) -> None:
@@ -239,5 +305,5 @@ class Store:
                                                         TurnRow.round_key == key).order_by(TurnRow.idx)))
 
 
-__all__ = ["Store", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "IntegrityError", "text_digest",
-           "run_migrations"]
+__all__ = ["Store", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent",
+           "IntegrityError", "text_digest", "run_migrations"]

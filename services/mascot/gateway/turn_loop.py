@@ -4,6 +4,10 @@ Each agent turn: NextDirective on the director service, then GenerateReply on th
 its deltas forwarded as events. An empty visible reply is retried once; then the turn goes to another
 persona (a ``fallback`` directive naming it); if that reply is empty too, the round ends. Every turn is
 committed to the store before its TurnCompleted event is yielded.
+
+The safety gate (:mod:`mascot.gateway.safety`, README "Safety") sits ahead of the director: a risky user message
+is answered by :meth:`TurnLoop.safety_turn` and the round ends. In a flagged conversation each reply is generated
+in full, screened, and only then sent (one delta): a screened reply is replaced by the template's follow-up line.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, directive_message, fallback_persona, history_to_proto
 from mascot.core.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
 from mascot.core.personas import PersonaCatalog
-from mascot.gateway.store import NewTurn, Store, TurnRow
+from mascot.gateway.safety import Detection, SafetyGate
+from mascot.gateway.store import NewTurn, SafetyEvent, Store, TurnRow
 
 SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
                 dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety",
@@ -103,6 +108,8 @@ class RoundState:
     agent_turns: int = 0
     #: ``{persona_id | "director": adapter version}`` the conversation is pinned to ("" entries: service's choice).
     adapter_versions: dict = field(default_factory=dict)
+    #: Risk categories the conversation is flagged with; non-empty turns on reply screening.
+    safety_categories: set = field(default_factory=set)
 
 
 class TurnLoop:
@@ -116,20 +123,57 @@ class TurnLoop:
         cfg: :class:`~mascot.core.config.MascotConfig`.
         metrics: :class:`~mascot.core.metrics.Metrics`.
         time_remaining: Callable returning seconds left of the caller's deadline, or None.
+        safety: The :class:`~mascot.gateway.safety.SafetyGate`; built from ``cfg.safety`` when not given.
+
+    Raises:
+        ValueError: a bad ``safety`` config (see :class:`~mascot.gateway.safety.SafetyGate`).
     """
 
     def __init__(self, store: Store, catalog: PersonaCatalog, director: Any, speaker: Any, cfg: Any,
-                 metrics: Any) -> None:
+                 metrics: Any, safety: SafetyGate | None = None) -> None:
         self.store, self.catalog, self.director, self.speaker = store, catalog, director, speaker
         self.cfg, self.metrics = cfg, metrics
+        self.safety = safety if safety is not None else SafetyGate(cfg.safety, catalog)
+
+    # ------------------------------------------------------------------ safety gate
+    async def detect(self, text: str) -> Detection | None:
+        """Risk in a user message (the classifier, when configured, runs in a worker thread)."""
+        if self.safety.slow:
+            return await asyncio.to_thread(self.safety.detect, text)
+        return self.safety.detect(text)
+
+    def count_safety(self, categories: Any) -> None:
+        """Count stored safety events in ``mascot_safety_events_total{category}`` (after they are committed)."""
+        for c in categories:
+            self.metrics.safety_events.labels(category=c).inc()
+
+    async def safety_turn(self, st: RoundState) -> AsyncIterator[Any]:
+        """Yield the events of one safety turn: the fixed template, delivered by the mode's safety persona, stored
+        with ``safety`` true and directive source ``safety`` (no director or speaker call)."""
+        t0 = time.perf_counter()
+        pid = self.safety.persona_for(st.mode, [c.id for c in st.roster])
+        d = self.safety.directive(pid)
+        index = len(st.history)
+        yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=dpb.Directive(
+            persona_id=pid, action=d["action"], tone=d["tone"], source=dpb.DIRECTIVE_SOURCE_SAFETY, raw="")))
+        text = self.safety.safety_text()
+        yield event(turn_delta=cpb.TurnDelta(index=index, text=text))
+        row = await self._store(st.conv_id, NewTurn(role="agent", text=text, persona_id=pid, directive=d,
+                                                    safety=True, latency_s=time.perf_counter() - t0,
+                                                    round_key=st.round_key))
+        st.history.append(history_turn(self.catalog, "agent", text, pid, d))
+        st.agent_turns += 1
+        yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
 
     def _timeout(self, time_remaining: Callable[[], float | None] | None) -> float:
         t = self.cfg.server.call_timeout_s
         left = time_remaining() if time_remaining else None
         return min(t, left) if left is not None else t
 
-    async def _store(self, conv_id: str, turn: NewTurn, retries: int = 0, fallbacks: int = 0) -> TurnRow:
-        return await asyncio.to_thread(self.store.append_turn, conv_id, turn, retries, fallbacks)
+    async def _store(self, conv_id: str, turn: NewTurn, retries: int = 0, fallbacks: int = 0,
+                     safety_events: list[SafetyEvent] | None = None) -> TurnRow:
+        return await asyncio.to_thread(self.store.append_turn, conv_id, turn, retries, fallbacks,
+                                       safety_events or [])
 
     async def _speak(self, st: RoundState, index: int, request: spb.GenerateReplyRequest,
                      deadline: Callable[[], float | None] | None) -> AsyncIterator[Any]:
@@ -165,6 +209,7 @@ class TurnLoop:
         fallbacks = 1 if resp.directive.source == dpb.DIRECTIVE_SOURCE_FALLBACK else 0
         directive = resp.directive
         index = len(st.history)
+        screening = bool(st.safety_categories)  # a flagged conversation: no reply text leaves before screening
         tried: list[str] = []
         for attempt in range(3):
             pid = directive.persona_id
@@ -179,7 +224,7 @@ class TurnLoop:
                 async for item in self._speak(st, index, req, deadline):
                     if isinstance(item, spb.ReplyFinal):
                         final = item
-                    else:
+                    elif not screening:
                         yield item
                 if final.text.strip():
                     break
@@ -188,11 +233,20 @@ class TurnLoop:
                 first = final.first_token.ToTimedelta().total_seconds()
                 d = {"persona_id": pid, "action": directive.action, "tone": directive.tone,
                      "source": SOURCE_NAMES.get(directive.source, "model"), "raw": directive.raw}
+                text, screened = final.text, None
+                if screening:
+                    screened = self.safety.screen(text, st.safety_categories)
+                    if screened is not None:
+                        text = self.safety.follow_up_text()
+                    yield event(turn_delta=cpb.TurnDelta(index=index, text=text))
+                events = [SafetyEvent("reply_screened", screened.category, screened.rule)] if screened else []
                 row = await self._store(st.conv_id, NewTurn(
-                    role="agent", text=final.text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
-                    think=final.think, latency_s=latency, first_token_s=first, director_s=director_s,
-                    round_key=st.round_key), retries, fallbacks)
-                st.history.append(history_turn(self.catalog, "agent", final.text, pid, d))
+                    role="agent", text=text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
+                    think=final.think, safety=screened is not None, latency_s=latency, first_token_s=first,
+                    director_s=director_s, round_key=st.round_key), retries, fallbacks, events)
+                if screened is not None:
+                    self.count_safety([screened.category])
+                st.history.append(history_turn(self.catalog, "agent", text, pid, d))
                 st.agent_turns += 1
                 self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
                 self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
@@ -214,7 +268,9 @@ class TurnLoop:
 
     async def user_turn(self, st: RoundState, user: dpb.UserSimulation,
                         deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
-        """Yield the events of one simulated-user turn (nothing is stored when its reply is empty)."""
+        """Yield the events of one simulated-user turn (nothing is stored when its reply is empty). The message goes
+        through the safety gate like a live one; on risk its events are stored with it and the last item is the
+        :class:`~mascot.gateway.safety.Detection`."""
         t0 = time.perf_counter()
         index = len(st.history)
         yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_USER))
@@ -228,12 +284,17 @@ class TurnLoop:
             else:
                 yield item
         if final is not None and final.text.strip():
+            detection = await self.detect(final.text)
             row = await self._store(st.conv_id, NewTurn(
                 role="user", text=final.text, think=final.think, adapter_version=final.adapter_version,
                 latency_s=time.perf_counter() - t0, first_token_s=final.first_token.ToTimedelta().total_seconds(),
-                round_key=st.round_key))
+                round_key=st.round_key), safety_events=detection.events() if detection else None)
             st.history.append(HistoryTurn("user", final.text))
             yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
+            if detection is not None:
+                self.count_safety(detection.categories)
+                st.safety_categories.update(detection.categories)
+                yield detection
 
     async def agent_turns(self, st: RoundState, n: int, deadline: Callable[[], float | None] | None = None
                           ) -> AsyncIterator[Any]:
@@ -253,7 +314,9 @@ class TurnLoop:
     async def self_play(self, st: RoundState, user: dpb.UserSimulation, agent_turns: int, user_speak_prob: float,
                         deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
         """Self-play after the opening user turn: ``agent_turns`` agent turns, the simulated user speaking after
-        each (but the last) with probability ``user_speak_prob`` (seeded Bernoulli draws). Last item: end reason."""
+        each (but the last) with probability ``user_speak_prob`` (seeded Bernoulli draws). Last item: end reason.
+
+        A simulated-user message with risk is answered by a safety turn and self-play ends (reason ``safety``)."""
         rng = random.Random(st.seed)
         for k in range(agent_turns):
             ok = False
@@ -266,6 +329,15 @@ class TurnLoop:
                 yield "empty_replies"
                 return
             if k < agent_turns - 1 and rng.random() < user_speak_prob:
+                flagged = False
                 async for item in self.user_turn(st, user, deadline):
-                    yield item
+                    if isinstance(item, Detection):
+                        flagged = True
+                    else:
+                        yield item
+                if flagged:
+                    async for item in self.safety_turn(st):
+                        yield item
+                    yield "safety"
+                    return
         yield "completed"

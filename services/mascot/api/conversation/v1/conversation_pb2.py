@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from mascot.api.dialogue.v1 import dialogue_pb2 as mascot_dot_api_dot_dialogue_dot_v1_dot_dialogue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-mascot/api/conversation/v1/conversation.proto\x12\x1amascot.api.conversation.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%mascot/api/dialogue/v1/dialogue.proto\"\x9c\x03\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\x04mode\x18\x02 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\x12\x13\n\x0bpersona_ids\x18\x03 \x03(\t\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x39\n\x07\x63ontext\x18\x05 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12+\n\x05turns\x18\x06 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12W\n\x10\x61\x64\x61pter_versions\x18\x08 \x03(\x0b\x32=.mascot.api.conversation.v1.Conversation.AdapterVersionsEntry\x1a\x36\n\x14\x41\x64\x61pterVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x01\n\x18StartConversationRequest\x12.\n\x04mode\x18\x01 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\x12\x13\n\x0bpersona_ids\x18\x02 \x03(\t\x12\x39\n\x07\x63ontext\x18\x03 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x11\n\tsource_id\x18\x04 \x01(\t\"[\n\x19StartConversationResponse\x12>\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.Conversation\"T\n\x12SendMessageRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"Q\n\x0cRoundStarted\x12/\n\tuser_turn\x18\x01 \x01(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"~\n\x0bTurnStarted\x12\r\n\x05index\x18\x01 \x01(\x05\x12*\n\x04role\x18\x02 \x01(\x0e\x32\x1c.mascot.api.dialogue.v1.Role\x12\x34\n\tdirective\x18\x03 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\"(\n\tTurnDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\";\n\rTurnCompleted\x12*\n\x04turn\x18\x01 \x01(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\"a\n\x0eRoundCompleted\x12\x13\n\x0b\x61gent_turns\x18\x01 \x01(\x05\x12:\n\x06reason\x18\x02 \x01(\x0e\x32*.mascot.api.conversation.v1.RoundEndReason\"\xe9\x02\n\x11\x43onversationEvent\x12\x41\n\rround_started\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.RoundStartedH\x00\x12?\n\x0cturn_started\x18\x02 \x01(\x0b\x32\'.mascot.api.conversation.v1.TurnStartedH\x00\x12;\n\nturn_delta\x18\x03 \x01(\x0b\x32%.mascot.api.conversation.v1.TurnDeltaH\x00\x12\x43\n\x0eturn_completed\x18\x04 \x01(\x0b\x32).mascot.api.conversation.v1.TurnCompletedH\x00\x12\x45\n\x0fround_completed\x18\x05 \x01(\x0b\x32*.mascot.api.conversation.v1.RoundCompletedH\x00\x42\x07\n\x05\x65vent\"S\n\x13SendMessageResponse\x12<\n\x05\x65vent\x18\x01 \x01(\x0b\x32-.mascot.api.conversation.v1.ConversationEvent\"\xce\x01\n\x12RunSelfPlayRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0copening_text\x18\x02 \x01(\t\x12\x34\n\x04user\x18\x03 \x01(\x0b\x32&.mascot.api.dialogue.v1.UserSimulation\x12\x13\n\x0b\x61gent_turns\x18\x04 \x01(\x05\x12\x1c\n\x0fuser_speak_prob\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x42\x12\n\x10_user_speak_prob\"S\n\x13RunSelfPlayResponse\x12<\n\x05\x65vent\x18\x01 \x01(\x0b\x32-.mascot.api.conversation.v1.ConversationEvent\"H\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rinclude_think\x18\x02 \x01(\x08\"\x8f\x01\n\x17GetConversationResponse\x12>\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.Conversation\x12\x18\n\x10\x64irector_retries\x18\x02 \x01(\x05\x12\x1a\n\x12\x64irector_fallbacks\x18\x03 \x01(\x05\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"\x1c\n\x1a\x44\x65leteConversationResponse\"E\n\x13ListPersonasRequest\x12.\n\x04mode\x18\x01 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\"I\n\x14ListPersonasResponse\x12\x31\n\x08personas\x18\x01 \x03(\x0b\x32\x1f.mascot.api.dialogue.v1.Persona*@\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x10\n\x0cMODE_SUPPORT\x10\x01\x12\x10\n\x0cMODE_MEETING\x10\x02*\x93\x01\n\x0eRoundEndReason\x12 \n\x1cROUND_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aROUND_END_REASON_COMPLETED\x10\x01\x12\"\n\x1eROUND_END_REASON_EMPTY_REPLIES\x10\x02\x12\x1b\n\x17ROUND_END_REASON_SAFETY\x10\x03\x32\xf1\x05\n\x13\x43onversationService\x12\x80\x01\n\x11StartConversation\x12\x34.mascot.api.conversation.v1.StartConversationRequest\x1a\x35.mascot.api.conversation.v1.StartConversationResponse\x12p\n\x0bSendMessage\x12..mascot.api.conversation.v1.SendMessageRequest\x1a/.mascot.api.conversation.v1.SendMessageResponse0\x01\x12p\n\x0bRunSelfPlay\x12..mascot.api.conversation.v1.RunSelfPlayRequest\x1a/.mascot.api.conversation.v1.RunSelfPlayResponse0\x01\x12z\n\x0fGetConversation\x12\x32.mascot.api.conversation.v1.GetConversationRequest\x1a\x33.mascot.api.conversation.v1.GetConversationResponse\x12\x83\x01\n\x12\x44\x65leteConversation\x12\x35.mascot.api.conversation.v1.DeleteConversationRequest\x1a\x36.mascot.api.conversation.v1.DeleteConversationResponse\x12q\n\x0cListPersonas\x12/.mascot.api.conversation.v1.ListPersonasRequest\x1a\x30.mascot.api.conversation.v1.ListPersonasResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-mascot/api/conversation/v1/conversation.proto\x12\x1amascot.api.conversation.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%mascot/api/dialogue/v1/dialogue.proto\"\xcf\x03\n\x0c\x43onversation\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\x04mode\x18\x02 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\x12\x13\n\x0bpersona_ids\x18\x03 \x03(\t\x12\x11\n\tsource_id\x18\x04 \x01(\t\x12\x39\n\x07\x63ontext\x18\x05 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12+\n\x05turns\x18\x06 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12W\n\x10\x61\x64\x61pter_versions\x18\x08 \x03(\x0b\x32=.mascot.api.conversation.v1.Conversation.AdapterVersionsEntry\x12\x16\n\x0esafety_flagged\x18\t \x01(\x08\x12\x19\n\x11safety_categories\x18\n \x03(\t\x1a\x36\n\x14\x41\x64\x61pterVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x01\n\x18StartConversationRequest\x12.\n\x04mode\x18\x01 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\x12\x13\n\x0bpersona_ids\x18\x02 \x03(\t\x12\x39\n\x07\x63ontext\x18\x03 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x11\n\tsource_id\x18\x04 \x01(\t\"[\n\x19StartConversationResponse\x12>\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.Conversation\"T\n\x12SendMessageRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"Q\n\x0cRoundStarted\x12/\n\tuser_turn\x18\x01 \x01(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"~\n\x0bTurnStarted\x12\r\n\x05index\x18\x01 \x01(\x05\x12*\n\x04role\x18\x02 \x01(\x0e\x32\x1c.mascot.api.dialogue.v1.Role\x12\x34\n\tdirective\x18\x03 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\"(\n\tTurnDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\";\n\rTurnCompleted\x12*\n\x04turn\x18\x01 \x01(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\"a\n\x0eRoundCompleted\x12\x13\n\x0b\x61gent_turns\x18\x01 \x01(\x05\x12:\n\x06reason\x18\x02 \x01(\x0e\x32*.mascot.api.conversation.v1.RoundEndReason\"\xe9\x02\n\x11\x43onversationEvent\x12\x41\n\rround_started\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.RoundStartedH\x00\x12?\n\x0cturn_started\x18\x02 \x01(\x0b\x32\'.mascot.api.conversation.v1.TurnStartedH\x00\x12;\n\nturn_delta\x18\x03 \x01(\x0b\x32%.mascot.api.conversation.v1.TurnDeltaH\x00\x12\x43\n\x0eturn_completed\x18\x04 \x01(\x0b\x32).mascot.api.conversation.v1.TurnCompletedH\x00\x12\x45\n\x0fround_completed\x18\x05 \x01(\x0b\x32*.mascot.api.conversation.v1.RoundCompletedH\x00\x42\x07\n\x05\x65vent\"S\n\x13SendMessageResponse\x12<\n\x05\x65vent\x18\x01 \x01(\x0b\x32-.mascot.api.conversation.v1.ConversationEvent\"\xce\x01\n\x12RunSelfPlayRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0copening_text\x18\x02 \x01(\t\x12\x34\n\x04user\x18\x03 \x01(\x0b\x32&.mascot.api.dialogue.v1.UserSimulation\x12\x13\n\x0b\x61gent_turns\x18\x04 \x01(\x05\x12\x1c\n\x0fuser_speak_prob\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x42\x12\n\x10_user_speak_prob\"S\n\x13RunSelfPlayResponse\x12<\n\x05\x65vent\x18\x01 \x01(\x0b\x32-.mascot.api.conversation.v1.ConversationEvent\"H\n\x16GetConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x15\n\rinclude_think\x18\x02 \x01(\x08\"\x8f\x01\n\x17GetConversationResponse\x12>\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32(.mascot.api.conversation.v1.Conversation\x12\x18\n\x10\x64irector_retries\x18\x02 \x01(\x05\x12\x1a\n\x12\x64irector_fallbacks\x18\x03 \x01(\x05\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"\x1c\n\x1a\x44\x65leteConversationResponse\"E\n\x13ListPersonasRequest\x12.\n\x04mode\x18\x01 \x01(\x0e\x32 .mascot.api.conversation.v1.Mode\"I\n\x14ListPersonasResponse\x12\x31\n\x08personas\x18\x01 \x03(\x0b\x32\x1f.mascot.api.dialogue.v1.Persona*@\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x10\n\x0cMODE_SUPPORT\x10\x01\x12\x10\n\x0cMODE_MEETING\x10\x02*\x93\x01\n\x0eRoundEndReason\x12 \n\x1cROUND_END_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aROUND_END_REASON_COMPLETED\x10\x01\x12\"\n\x1eROUND_END_REASON_EMPTY_REPLIES\x10\x02\x12\x1b\n\x17ROUND_END_REASON_SAFETY\x10\x03\x32\xf1\x05\n\x13\x43onversationService\x12\x80\x01\n\x11StartConversation\x12\x34.mascot.api.conversation.v1.StartConversationRequest\x1a\x35.mascot.api.conversation.v1.StartConversationResponse\x12p\n\x0bSendMessage\x12..mascot.api.conversation.v1.SendMessageRequest\x1a/.mascot.api.conversation.v1.SendMessageResponse0\x01\x12p\n\x0bRunSelfPlay\x12..mascot.api.conversation.v1.RunSelfPlayRequest\x1a/.mascot.api.conversation.v1.RunSelfPlayResponse0\x01\x12z\n\x0fGetConversation\x12\x32.mascot.api.conversation.v1.GetConversationRequest\x1a\x33.mascot.api.conversation.v1.GetConversationResponse\x12\x83\x01\n\x12\x44\x65leteConversation\x12\x35.mascot.api.conversation.v1.DeleteConversationRequest\x1a\x36.mascot.api.conversation.v1.DeleteConversationResponse\x12q\n\x0cListPersonas\x12/.mascot.api.conversation.v1.ListPersonasRequest\x1a\x30.mascot.api.conversation.v1.ListPersonasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,50 +35,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._loaded_options = None
   _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=2525
-  _globals['_MODE']._serialized_end=2589
-  _globals['_ROUNDENDREASON']._serialized_start=2592
-  _globals['_ROUNDENDREASON']._serialized_end=2739
+  _globals['_MODE']._serialized_start=2576
+  _globals['_MODE']._serialized_end=2640
+  _globals['_ROUNDENDREASON']._serialized_start=2643
+  _globals['_ROUNDENDREASON']._serialized_end=2790
   _globals['_CONVERSATION']._serialized_start=150
-  _globals['_CONVERSATION']._serialized_end=562
-  _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._serialized_start=508
-  _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._serialized_end=562
-  _globals['_STARTCONVERSATIONREQUEST']._serialized_start=565
-  _globals['_STARTCONVERSATIONREQUEST']._serialized_end=738
-  _globals['_STARTCONVERSATIONRESPONSE']._serialized_start=740
-  _globals['_STARTCONVERSATIONRESPONSE']._serialized_end=831
-  _globals['_SENDMESSAGEREQUEST']._serialized_start=833
-  _globals['_SENDMESSAGEREQUEST']._serialized_end=917
-  _globals['_ROUNDSTARTED']._serialized_start=919
-  _globals['_ROUNDSTARTED']._serialized_end=1000
-  _globals['_TURNSTARTED']._serialized_start=1002
-  _globals['_TURNSTARTED']._serialized_end=1128
-  _globals['_TURNDELTA']._serialized_start=1130
-  _globals['_TURNDELTA']._serialized_end=1170
-  _globals['_TURNCOMPLETED']._serialized_start=1172
-  _globals['_TURNCOMPLETED']._serialized_end=1231
-  _globals['_ROUNDCOMPLETED']._serialized_start=1233
-  _globals['_ROUNDCOMPLETED']._serialized_end=1330
-  _globals['_CONVERSATIONEVENT']._serialized_start=1333
-  _globals['_CONVERSATIONEVENT']._serialized_end=1694
-  _globals['_SENDMESSAGERESPONSE']._serialized_start=1696
-  _globals['_SENDMESSAGERESPONSE']._serialized_end=1779
-  _globals['_RUNSELFPLAYREQUEST']._serialized_start=1782
-  _globals['_RUNSELFPLAYREQUEST']._serialized_end=1988
-  _globals['_RUNSELFPLAYRESPONSE']._serialized_start=1990
-  _globals['_RUNSELFPLAYRESPONSE']._serialized_end=2073
-  _globals['_GETCONVERSATIONREQUEST']._serialized_start=2075
-  _globals['_GETCONVERSATIONREQUEST']._serialized_end=2147
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=2150
-  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2293
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2295
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2347
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2349
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2377
-  _globals['_LISTPERSONASREQUEST']._serialized_start=2379
-  _globals['_LISTPERSONASREQUEST']._serialized_end=2448
-  _globals['_LISTPERSONASRESPONSE']._serialized_start=2450
-  _globals['_LISTPERSONASRESPONSE']._serialized_end=2523
-  _globals['_CONVERSATIONSERVICE']._serialized_start=2742
-  _globals['_CONVERSATIONSERVICE']._serialized_end=3495
+  _globals['_CONVERSATION']._serialized_end=613
+  _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._serialized_start=559
+  _globals['_CONVERSATION_ADAPTERVERSIONSENTRY']._serialized_end=613
+  _globals['_STARTCONVERSATIONREQUEST']._serialized_start=616
+  _globals['_STARTCONVERSATIONREQUEST']._serialized_end=789
+  _globals['_STARTCONVERSATIONRESPONSE']._serialized_start=791
+  _globals['_STARTCONVERSATIONRESPONSE']._serialized_end=882
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=884
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=968
+  _globals['_ROUNDSTARTED']._serialized_start=970
+  _globals['_ROUNDSTARTED']._serialized_end=1051
+  _globals['_TURNSTARTED']._serialized_start=1053
+  _globals['_TURNSTARTED']._serialized_end=1179
+  _globals['_TURNDELTA']._serialized_start=1181
+  _globals['_TURNDELTA']._serialized_end=1221
+  _globals['_TURNCOMPLETED']._serialized_start=1223
+  _globals['_TURNCOMPLETED']._serialized_end=1282
+  _globals['_ROUNDCOMPLETED']._serialized_start=1284
+  _globals['_ROUNDCOMPLETED']._serialized_end=1381
+  _globals['_CONVERSATIONEVENT']._serialized_start=1384
+  _globals['_CONVERSATIONEVENT']._serialized_end=1745
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=1747
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=1830
+  _globals['_RUNSELFPLAYREQUEST']._serialized_start=1833
+  _globals['_RUNSELFPLAYREQUEST']._serialized_end=2039
+  _globals['_RUNSELFPLAYRESPONSE']._serialized_start=2041
+  _globals['_RUNSELFPLAYRESPONSE']._serialized_end=2124
+  _globals['_GETCONVERSATIONREQUEST']._serialized_start=2126
+  _globals['_GETCONVERSATIONREQUEST']._serialized_end=2198
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_start=2201
+  _globals['_GETCONVERSATIONRESPONSE']._serialized_end=2344
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2346
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2398
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2400
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2428
+  _globals['_LISTPERSONASREQUEST']._serialized_start=2430
+  _globals['_LISTPERSONASREQUEST']._serialized_end=2499
+  _globals['_LISTPERSONASRESPONSE']._serialized_start=2501
+  _globals['_LISTPERSONASRESPONSE']._serialized_end=2574
+  _globals['_CONVERSATIONSERVICE']._serialized_start=2793
+  _globals['_CONVERSATIONSERVICE']._serialized_end=3546
 # @@protoc_insertion_point(module_scope)

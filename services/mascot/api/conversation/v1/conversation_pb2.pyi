@@ -32,7 +32,7 @@ ROUND_END_REASON_EMPTY_REPLIES: RoundEndReason
 ROUND_END_REASON_SAFETY: RoundEndReason
 
 class Conversation(_message.Message):
-    __slots__ = ("id", "mode", "persona_ids", "source_id", "context", "turns", "create_time", "adapter_versions")
+    __slots__ = ("id", "mode", "persona_ids", "source_id", "context", "turns", "create_time", "adapter_versions", "safety_flagged", "safety_categories")
     class AdapterVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class Conversation(_message.Message):
     TURNS_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SAFETY_FLAGGED_FIELD_NUMBER: _ClassVar[int]
+    SAFETY_CATEGORIES_FIELD_NUMBER: _ClassVar[int]
     id: str
     mode: Mode
     persona_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -56,7 +58,9 @@ class Conversation(_message.Message):
     turns: _containers.RepeatedCompositeFieldContainer[_dialogue_pb2.Turn]
     create_time: _timestamp_pb2.Timestamp
     adapter_versions: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., persona_ids: _Optional[_Iterable[str]] = ..., source_id: _Optional[str] = ..., context: _Optional[_Iterable[_Union[_dialogue_pb2.ContextUtterance, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[_dialogue_pb2.Turn, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter_versions: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    safety_flagged: bool
+    safety_categories: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., persona_ids: _Optional[_Iterable[str]] = ..., source_id: _Optional[str] = ..., context: _Optional[_Iterable[_Union[_dialogue_pb2.ContextUtterance, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[_dialogue_pb2.Turn, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapter_versions: _Optional[_Mapping[str, str]] = ..., safety_flagged: _Optional[bool] = ..., safety_categories: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartConversationRequest(_message.Message):
     __slots__ = ("mode", "persona_ids", "context", "source_id")

@@ -84,6 +84,9 @@ class ConversationServiceServicer:
         """SendMessage stores the user's message and streams the round it starts: the director picks a persona, the
         persona answers (streamed deltas), `dialogue.agent_turns_per_round` times. A retry with the same
         idempotency key is answered from what was already produced (and finishes an interrupted round).
+        The safety gate runs first: a message showing risk is answered by one safety turn (`Turn.safety` true,
+        directive source DIRECTIVE_SOURCE_SAFETY, fixed template text) and the round ends with
+        ROUND_END_REASON_SAFETY. In a flagged conversation replies are screened before they are sent (one delta each).
         Errors: INVALID_ARGUMENT (empty or whitespace-only text, text over the limit, key reused with another text,
         missing key), NOT_FOUND (unknown conversation), UNAVAILABLE (a model service down, or the same key is
         still being answered: retry), DEADLINE_EXCEEDED.
@@ -95,6 +98,8 @@ class ConversationServiceServicer:
     def RunSelfPlay(self, request, context):
         """RunSelfPlay drives a conversation with the simulated user (REFERENCE.md section 1): the opening message,
         then `agent_turns` agent turns, the simulated user speaking after each with probability `user_speak_prob`.
+        The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
+        (ROUND_END_REASON_SAFETY).
         Errors: INVALID_ARGUMENT (empty opening text, missing situation, bad probability or turn count),
         NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns), UNAVAILABLE.
         """
