@@ -107,9 +107,10 @@ def serve(
     async def main() -> None:
         from mascot.stack import start_stack
 
-        stack = await start_stack(cfg, comps)
+        stack = await start_stack(cfg, comps, serve_metrics=True)
         for name, s in stack.servers.items():
             console.print(f"{name} serving on {cfg.server.host}:{s.port}")
+        console.print(f"metrics on http://{cfg.server.host}:{stack.metrics_port}/metrics")
         print(json.dumps({name: s.port for name, s in stack.servers.items()}), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

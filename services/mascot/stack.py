@@ -39,6 +39,12 @@ class Stack:
     own_engine: bool = False
     judges: dict = field(default_factory=dict)
     tasks: list = field(default_factory=list)
+    metrics_server: Any = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Bound port of the Prometheus ``/metrics`` endpoint, or None when it is not served."""
+        return self.metrics_server.server_port if self.metrics_server is not None else None
 
     def target(self, component: str) -> str:
         """``host:port`` of a running component."""
@@ -64,10 +70,14 @@ class Stack:
             await self.engine.close()
         if self.store is not None:
             self.store.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
 
 
 async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_COMPONENTS, *, engine: Any = None,
-                      metrics: Metrics | None = None) -> Stack:
+                      metrics: Metrics | None = None, serve_metrics: bool = False) -> Stack:
     """Start ``components`` in this process.
 
     Args:
@@ -77,6 +87,9 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
         engine: An already started engine to share (tests inject a scripted engine); else one is built from
             ``cfg.engine`` when a model component runs.
         metrics: Metrics to register on; a fresh registry by default.
+        serve_metrics: Serve the registry as Prometheus text on ``http://<server.host>:<server.metrics_port>/metrics``
+            (``mascot serve`` does; port 0 picks a free one, see :attr:`Stack.metrics_port`). The model services under
+            KServe serve theirs on the REST port instead (``mascot serve-model``).
 
     Raises:
         ValueError: an unknown component, or a lone gateway without targets.
@@ -147,6 +160,10 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes)
+        if serve_metrics:
+            from prometheus_client import start_http_server
+
+            stack.metrics_server, _ = start_http_server(srv.metrics_port, addr=srv.host, registry=metrics.registry)
     except BaseException:
         await stack.stop(0)
         raise

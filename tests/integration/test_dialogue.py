@@ -395,3 +395,28 @@ async def test_health_check_and_watch_answer_on_every_server(live):
             watch.cancel()
         finally:
             await ch.close()
+
+
+async def test_serve_metrics_endpoint_reports_turns_after_they_happen(engine, tmp_path):
+    import urllib.request
+
+    stack = await start_stack(make_config(tmp_path), engine=engine, serve_metrics=True)
+    client = Client(stack)
+    url = f"http://{stack.cfg.server.host}:{stack.metrics_port}/metrics"
+
+    def turns_counted() -> float:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("mascot_turn_duration_seconds_count{"))
+
+    try:
+        assert stack.metrics_port and turns_counted() == 0
+        conv = await client.start()
+        events = await client.send(conv.id, "I lost my keys and my bus left without me.")
+        agent_turns = [e for e in events if e.HasField("turn_completed")
+                       and e.turn_completed.turn.role == dpb.ROLE_AGENT]
+        assert agent_turns and turns_counted() == len(agent_turns)
+    finally:
+        await client.ch.close()
+        await stack.stop(0)
+    assert stack.metrics_port is None  # the endpoint stopped with the stack
