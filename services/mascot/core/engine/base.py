@@ -112,6 +112,32 @@ class GenerationResult:
     cached_tokens: int = 0
 
 
+class HFTokenizerMixin:
+    """What every engine on a Hugging Face tokenizer shares: chat rendering, token counting, and ``generate`` as
+    "run :meth:`stream` to its end". Subclasses set ``self.tokenizer`` when they start and define ``stream``."""
+
+    tokenizer: Any
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                    **template_kwargs: Any) -> str:
+        """Render messages with the tokenizer's chat template (extra kwargs such as ``enable_thinking`` pass on)."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` (no special tokens added)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def generate(self, request: "GenerationRequest") -> "GenerationResult":
+        """Run a request to completion and return its :class:`GenerationResult` (the errors of ``stream``)."""
+        result = None
+        async for item in self.stream(request):  # type: ignore[attr-defined]
+            if isinstance(item, GenerationResult):
+                result = item
+        assert result is not None
+        return result
+
+
 class PromptTooLong(ValueError):
     """The prompt plus ``max_tokens`` exceeds the engine's context window."""
 

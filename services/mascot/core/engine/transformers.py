@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 
 from mascot.core.engine.base import (
     BASE_ADAPTER,
+    HFTokenizerMixin,
     GenerationRequest,
     GenerationResult,
     PromptTooLong,
@@ -58,7 +59,7 @@ class _Job:
             self.cancelled = True
 
 
-class TransformersEngine:
+class TransformersEngine(HFTokenizerMixin):
     """Engine on ``transformers`` + ``peft``; see the module docstring.
 
     Args:
@@ -154,16 +155,6 @@ class TransformersEngine:
                 job.push(RuntimeError("engine closed"))
 
     # ---------------------------------------------------------------- helpers
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    **template_kwargs: Any) -> str:
-        """Render messages with the tokenizer's chat template (extra kwargs such as ``enable_thinking`` pass on)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens in ``text`` (no special tokens added)."""
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def adapters(self) -> list[str]:
         """Names of the loaded adapters."""
         return sorted(self._adapters)
@@ -261,14 +252,6 @@ class TransformersEngine:
         finally:
             job.cancelled = True
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Run to completion; returns the :class:`GenerationResult`."""
-        result = None
-        async for item in self.stream(request):
-            if isinstance(item, GenerationResult):
-                result = item
-        assert result is not None
-        return result
 
     # ---------------------------------------------------------------- worker
     def _run(self) -> None:

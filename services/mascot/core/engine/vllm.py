@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator
 
 from mascot.core.engine.base import (
     BASE_ADAPTER,
+    HFTokenizerMixin,
     GenerationRequest,
     GenerationResult,
     PromptTooLong,
@@ -96,7 +97,7 @@ def vllm_lora_rank(limit: int) -> int:
     raise ValueError(f"LoRA rank limit {limit} is outside 1..512")
 
 
-class VllmEngine:
+class VllmEngine(HFTokenizerMixin):
     """Engine on vLLM's ``AsyncLLM`` (engine core in a child process, this process tokenizes and streams).
 
     Args:
@@ -240,16 +241,6 @@ class VllmEngine:
         await asyncio.to_thread(self._shutdown_sync)
 
     # ---------------------------------------------------------------- helpers
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    **template_kwargs: Any) -> str:
-        """Render messages with the tokenizer's chat template (extra kwargs such as ``enable_thinking`` pass on)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens in ``text`` (no special tokens added)."""
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def adapters(self) -> list[str]:
         """Names of the registered adapters (vLLM may hold fewer in memory; it reloads them on use)."""
         return sorted(self._adapters)
@@ -390,11 +381,3 @@ class VllmEngine:
         except Exception as e:  # noqa: BLE001 - engine-side failures reach callers as one type
             put(RuntimeError(f"generation failed: {type(e).__name__}: {e}"))
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Run to completion; returns the :class:`GenerationResult`."""
-        result = None
-        async for item in self.stream(request):
-            if isinstance(item, GenerationResult):
-                result = item
-        assert result is not None
-        return result
