@@ -157,6 +157,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             if cfg.adapters.store:
                 gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
                 services.append(_adapter_service(cfg, gate))
+            if cfg.training.templates_dir:
+                services.append(await _training_service(cfg, metrics, stack))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes)
@@ -307,3 +309,38 @@ def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
     return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
             AdapterServicer(a.store, base, token, a.max_rank, known, config=a, gate=gate),
             "mascot.api.adapter.v1.AdapterService")
+
+
+async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack) -> tuple:
+    """TrainingService on the Job templates of ``training.templates_dir`` (``mascot.core.jobs``), behind the admin
+    token of AdapterService; starts the poll that counts finished runs (:func:`mascot.gateway.training.watch_runs`,
+    a task of ``stack`` that closes the API client when cancelled).
+
+    Raises:
+        ValueError: no readable template, or no Kubernetes API configuration (in-cluster or kubeconfig).
+    """
+    from mascot.api.training.v1 import training_pb2_grpc
+    from mascot.core import jobs
+    from mascot.gateway.admin import read_admin_token
+    from mascot.gateway.training import FinishedRuns, TrainingServicer, watch_runs
+
+    t, a = cfg.training, cfg.adapters
+    client = await asyncio.to_thread(jobs.api_client, t.kubeconfig, t.context)
+    try:
+        fallback = await asyncio.to_thread(jobs.default_namespace, t.kubeconfig, t.context)
+        manager = jobs.JobManager.from_directory(t.templates_dir, client, t.namespace, fallback_namespace=fallback,
+                                                 max_active_runs=t.max_active_runs, propagation=t.cancel_propagation,
+                                                 timeout_s=t.request_timeout_s)
+    except BaseException:
+        client.close()
+        raise
+    token = read_admin_token(a.admin_token_env, a.admin_token_file)
+    if not token:
+        log.warning("TrainingService has no admin token (%s / adapters.admin_token_file): it refuses every call",
+                    a.admin_token_env)
+    counter = FinishedRuns(metrics, manager.clock())
+    stack.tasks.append(asyncio.create_task(watch_runs(manager, counter, t.poll_s)))
+    log.info("TrainingService: phases %s, Jobs in namespace %s, at most %d unfinished run(s) per phase",
+             ", ".join(manager.phases), manager.namespace, t.max_active_runs)
+    return (training_pb2_grpc.add_TrainingServiceServicer_to_server,
+            TrainingServicer(manager, token, metrics, counter), "mascot.api.training.v1.TrainingService")

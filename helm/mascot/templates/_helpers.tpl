@@ -146,6 +146,10 @@ director speaker judge reward
 {{- if eq $v.store.type "sqlite" }}
 {{- $_ := set $cfg "store" (dict "url" (printf "sqlite:///%s/mascot.db" $v.store.sqlite.mountPath)) }}
 {{- end }}
+{{- if $v.training.enabled }}
+{{- /* TrainingService: the Job templates the gateway mounts (training.yaml); Jobs go to the templates' namespace. */}}
+{{- $_ := set $cfg "training" (dict "templates_dir" "/etc/mascot/training") }}
+{{- end }}
 {{- else }}
 {{- $c := index $v $comp }}
 {{- $model := ternary "/mnt/models" "" (ne (include "mascot.storageUri" (dict "ctx" $ctx "component" $comp)) "") }}

@@ -286,6 +286,33 @@ class SafetyConfig(_Section):
         return v
 
 
+class TrainingConfig(_Section):
+    """TrainingService on the gateway (``mascot.core.jobs``): retraining runs as Kubernetes Jobs made from Job
+    templates. It shares the admin token of ``adapters`` (``admin_token_env`` / ``admin_token_file``)."""
+
+    #: Directory holding the Job template of each phase, ``<phase>.yaml`` (the chart mounts
+    #: ``/etc/mascot/training``) or ``<phase>-job.yaml`` (``training-jobs/k8s``); empty disables TrainingService.
+    templates_dir: str = ""
+    #: Namespace of the Jobs; empty = the templates' ``metadata.namespace``, else the gateway pod's own namespace
+    #: (in a cluster) or the kubeconfig context's.
+    namespace: str = ""
+    #: Kubeconfig file; empty = the in-cluster service account when running in a pod, else ``$KUBECONFIG`` or
+    #: ``~/.kube/config``.
+    kubeconfig: str = ""
+    #: Kubeconfig context; empty = the current one.
+    context: str = ""
+    #: Unfinished (pending or running) Jobs allowed per phase; TriggerRetraining beyond it is RESOURCE_EXHAUSTED.
+    max_active_runs: int = Field(1, ge=1, le=64)
+    #: How often the gateway lists the Jobs to count finished runs in ``mascot_training_runs_total``, in seconds;
+    #: 0 counts only what GetRun, ListRuns, TriggerRetraining and CancelRun observe.
+    poll_s: float = Field(30.0, ge=0, le=86400)
+    #: How CancelRun deletes a Job's pods: ``Background`` (the Job goes at once) or ``Foreground`` (the Job stays,
+    #: marked deleted, until its pods are gone).
+    cancel_propagation: Literal["Background", "Foreground"] = "Background"
+    #: Timeout of each Kubernetes API request, in seconds.
+    request_timeout_s: float = Field(30.0, gt=0, le=600)
+
+
 class MascotConfig(BaseSettings):
     """Effective configuration of every component (embedded mode shares one).
 
@@ -308,6 +335,7 @@ class MascotConfig(BaseSettings):
     reward: RewardConfig = RewardConfig()
     adapters: AdaptersConfig = AdaptersConfig()
     safety: SafetyConfig = SafetyConfig()
+    training: TrainingConfig = TrainingConfig()
 
     @model_validator(mode="after")
     def _rank_limits_agree(self) -> "MascotConfig":

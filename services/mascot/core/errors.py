@@ -36,6 +36,12 @@ class NotFound(ServiceError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExists(ServiceError):
+    """The name is taken by something else (e.g. a training run id used by a run of another phase)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class FailedPrecondition(ServiceError):
     """The state forbids the request (e.g. self-play on a conversation that already has turns)."""
 

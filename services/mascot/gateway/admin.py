@@ -40,6 +40,25 @@ def read_admin_token(env_name: str, file_path: str) -> str:
     return os.environ.get(env_name, "").strip() if env_name else ""
 
 
+def check_admin_token(context: Any, token: str, service: str) -> None:
+    """Check the ``authorization: Bearer <token>`` metadata of a call to an admin service (constant-time compare).
+
+    Raises:
+        Unauthenticated: no authorization metadata.
+        PermissionDenied: the gateway has no token configured (``service`` refuses every call), or it is wrong.
+    """
+    md = dict(context.invocation_metadata() or ())
+    got = md.get("authorization", "")
+    if not got:
+        raise Unauthenticated("the admin token is missing: send 'authorization: Bearer <token>' metadata "
+                              "(the mascot CLI reads it from MASCOT_ADMIN_TOKEN or --token-file)")
+    if not token:
+        raise PermissionDenied(f"the gateway has no admin token configured (adapters.admin_token_env or "
+                               f"adapters.admin_token_file); {service} refuses every call")
+    if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].strip().encode(), token.encode()):
+        raise PermissionDenied("the admin token is wrong")
+
+
 def persona_to_proto(persona_id: str, entry: dict) -> pb.PersonaAdapters:
     """A registry entry as :class:`PersonaAdapters` (versions oldest first)."""
     versions = [pb.AdapterVersion(version=int(n), name=v.get("name", f"{persona_id}--v{n}"),
@@ -78,16 +97,7 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         self.known_ids = known_ids
 
     def _auth(self, context: Any) -> None:
-        md = dict(context.invocation_metadata() or ())
-        got = md.get("authorization", "")
-        if not got:
-            raise Unauthenticated("the admin token is missing: send 'authorization: Bearer <token>' metadata "
-                                  "(mascot adapters reads it from MASCOT_ADMIN_TOKEN)")
-        if not self.token:
-            raise PermissionDenied("the gateway has no admin token configured (adapters.admin_token_env or "
-                                   "adapters.admin_token_file); AdapterService refuses every call")
-        if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].strip().encode(), self.token.encode()):
-            raise PermissionDenied("the admin token is wrong")
+        check_admin_token(context, self.token, "AdapterService")
 
     def _persona_id(self, value: str) -> str:
         if not st.ID_RE.match(value or ""):
