@@ -30,7 +30,12 @@ async def start_server(model_dir, db_url, tmp_path):
 
 
 async def test_acknowledged_turn_survives_sigkill_and_retry_finishes_round(tiny_model_dir, tmp_path):
-    db = f"sqlite:///{tmp_path}/store.db"
+    await check_sigkill_and_resume(tiny_model_dir, tmp_path, f"sqlite:///{tmp_path}/store.db")
+
+
+async def check_sigkill_and_resume(tiny_model_dir, tmp_path, db):
+    """SIGKILL the gateway right after the first acknowledged agent turn; the turn is stored; a restarted gateway
+    finishes the round on a retry with the same key, nothing duplicated (the store at ``db``: SQLite or PostgreSQL)."""
     proc, port = await start_server(tiny_model_dir, db, tmp_path)
     acked = None
     try:
