@@ -208,6 +208,7 @@ async def test_a_writer_outside_the_lock_never_loses_an_update(backend, s3, tiny
 def test_compare_and_swap_refuses_a_write_over_a_changed_registry(backend, s3, tmp_path):
     """Two writers that read the same registry: the second write is refused (If-Match on S3)."""
     uri = {"s3": s3[0], "local": str(tmp_path / "store"), "pvc": "pvc://adapters-claim/store"}[backend]
+    (tmp_path / "mnt").mkdir()  # the claim's mount
     store = st.open_store(uri, pvc_root=str(tmp_path / "mnt"))
     store.update(lambda r: r.setdefault("adapters", {}))  # revision 1
     reg, token = store._read_registry()

@@ -21,7 +21,7 @@ async def start_server(model_dir, db_url, tmp_path):
     env = {**os.environ, "MASCOT_ENGINE__MODEL": str(model_dir), "PYTHONUNBUFFERED": "1"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mascot.cli", "serve", "--port", "0", "--store-url", db_url,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+        stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "ab"), env=env, cwd=tmp_path)  # kept for failures
     while True:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)
         assert line, "server exited before it was ready"

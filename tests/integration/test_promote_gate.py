@@ -44,7 +44,7 @@ def gate_config(tmp_path, tiny_model_dir, situations, judge_url, **gate):
             {"name": "gpt", "kind": "openai", "model": "gpt-4o", "endpoint": judge_url,
              "api_key_env": "SCRIPTED_JUDGE_KEY"}]},
         adapters={"store": str(tmp_path / "store"), "poll_s": 0.2, "promote_gate": {
-            "enabled": True, "situations": str(situations), "limit": N_SITUATIONS, "max_drop": 0.0,
+            "enabled": True, "situations": str(situations) if situations else "", "limit": N_SITUATIONS, "max_drop": 0.0,
             "judge": "gpt", "max_tokens": 12, **gate}})
 
 
@@ -138,7 +138,9 @@ async def test_gate_without_a_judge_or_situations_refuses_to_start(tmp_path, tin
     cfg = gate_config(tmp_path, tiny_model_dir, src, "http://127.0.0.1:9/v1")
     with pytest.raises(ValueError, match="needs a judge"):
         await start_stack(cfg, ("gateway", "director", "speaker"), engine=engine)
-    cfg = gate_config(tmp_path, tiny_model_dir, tmp_path / "missing.jsonl", "http://127.0.0.1:9/v1",
-                      judge_target="127.0.0.1:9")
-    with pytest.raises(ValueError, match="promote_gate.situations"):
-        await start_stack(cfg, ("gateway", "director", "speaker"), engine=engine)
+    # a missing situations file is refused when the config is read, before anything starts
+    with pytest.raises(ValueError, match="promote_gate.situations .*missing.jsonl is not a file"):
+        gate_config(tmp_path, tiny_model_dir, tmp_path / "missing.jsonl", "http://127.0.0.1:9/v1",
+                    judge_target="127.0.0.1:9")
+    with pytest.raises(ValueError, match="needs adapters.promote_gate.situations"):
+        gate_config(tmp_path, tiny_model_dir, "", "http://127.0.0.1:9/v1")

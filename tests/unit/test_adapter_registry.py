@@ -92,9 +92,11 @@ def test_store_uris_resolve_to_one_filesystem_and_root(tmp_path):
 
     assert st.open_store(tmp_path / "a").root == str(tmp_path / "a")
     assert st.open_store(f"file://{tmp_path}/b").root == str(tmp_path / "b")
+    (tmp_path / "mnt").mkdir()
     pvc = st.open_store("pvc://adapter-claim/runs/store", pvc_root=str(tmp_path / "mnt"))
     assert (pvc.root, pvc.local) == (str(tmp_path / "mnt" / "runs" / "store"), True)
-    assert st.open_store("pvc://c/x").root == "/mnt/pvc/x"
+    with pytest.raises(ValueError, match="not mounted at .*/nothing-here"):  # never the pod's own disk
+        st.open_store("pvc://c/x", pvc_root=str(tmp_path / "nothing-here"))
     s = st.open_store("s3://my-bucket/a//b/", s3_endpoint_url="http://127.0.0.1:9")
     assert (s.local, s.root) == (False, "my-bucket/a/b")
     assert s.display("registry.json") == "s3://my-bucket/a/b/registry.json"

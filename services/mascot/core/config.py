@@ -9,6 +9,7 @@ director retries and cap). Secrets never live here: a judge's API key is read fr
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +61,17 @@ class DialogueConfig(_Section):
     agent_turns_per_round: int = Field(3, ge=1, le=16)
     max_message_chars: int = Field(4000, ge=1, le=1_000_000)
     max_context_chars: int = Field(200_000, ge=0, le=10_000_000)
+
+
+class LimitsConfig(_Section):
+    """Admission control of the gateway (README "Limits and load"). A conversation runs one round at a time anyway
+    (a second message while one is answered is FAILED_PRECONDITION); this bounds the rounds of all conversations."""
+
+    #: Rounds (SendMessage and RunSelfPlay streams) the gateway runs at once over all conversations; one more is
+    #: refused with RESOURCE_EXHAUSTED and ``retry-after`` metadata before anything is stored. The default is four
+    #: times ``engine.max_batch_size`` (16): a round has one generation in flight at a time, so the CPU default
+    #: engine's batch stays full with a bounded queue behind it. Raise it with the engine's batch size.
+    max_active_rounds: int = Field(64, ge=1, le=100_000)
 
 
 class SelfPlayConfig(_Section):
@@ -117,6 +129,50 @@ class StoreConfig(_Section):
     url: str = "sqlite:///.cache/mascot.db"
 
 
+class TLSConfig(_Section):
+    """TLS and mutual TLS of every gRPC server of this process (gateway, director, speaker, judge, reward, the
+    model servers' gRPC port) and of the gateway's own channels to the model services (README "Security").
+
+    The key is a secret: it is read from the mounted file named here (the chart mounts its TLS Secret at
+    ``/etc/mascot/tls``), never put in YAML. Files are read when a server or channel starts.
+    """
+
+    #: PEM certificate chain of this process's servers; with ``key_file`` it turns TLS on for every gRPC server and
+    #: for the gateway's channels to director, speaker and judge. Empty = plaintext (embedded mode, tests).
+    cert_file: str = ""
+    #: PEM private key of ``cert_file`` (a mounted file).
+    key_file: str = ""
+    #: PEM CA bundle: outbound channels verify the model services' certificates with it (empty = the system roots);
+    #: with ``client_auth`` the servers also verify client certificates with it.
+    ca_file: str = ""
+    #: Mutual TLS: every server requires a client certificate signed by ``ca_file``, and the gateway's outbound
+    #: channels present ``client_cert_file`` / ``client_key_file``.
+    client_auth: bool = False
+    #: Certificate and key the gateway presents to the model services under mutual TLS; empty = ``cert_file`` /
+    #: ``key_file`` (a certificate valid for both server and client authentication).
+    client_cert_file: str = ""
+    client_key_file: str = ""
+    #: Name checked against the model services' certificates instead of the target's host (a shared service
+    #: certificate); empty = the target host.
+    server_name: str = ""
+
+    @model_validator(mode="after")
+    def _complete(self) -> "TLSConfig":
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("server.tls.cert_file and server.tls.key_file go together: set both (TLS) or neither")
+        if bool(self.client_cert_file) != bool(self.client_key_file):
+            raise ValueError("server.tls.client_cert_file and server.tls.client_key_file go together")
+        if self.client_auth and not (self.cert_file and self.ca_file):
+            raise ValueError("server.tls.client_auth (mutual TLS) needs server.tls.cert_file, key_file and ca_file "
+                             "(the CA that signs client certificates)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """True when the servers serve TLS (and the gateway's channels use it)."""
+        return bool(self.cert_file)
+
+
 class ServerConfig(_Section):
     """Addresses. Embedded mode binds everything on 127.0.0.1 (DESIGN.md section 3)."""
 
@@ -134,6 +190,8 @@ class ServerConfig(_Section):
     #: gRPC message size limit in bytes, equal on servers and clients.
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     metrics_port: int = Field(9464, ge=0, le=65535)
+    #: TLS / mutual TLS of every gRPC server and of the gateway's channels (off by default).
+    tls: TLSConfig = TLSConfig()
 
 
 class JudgeSpec(_Section):
@@ -210,6 +268,15 @@ class PromoteGateConfig(_Section):
     #: Deadline of each speaker or judge call, in seconds.
     timeout_s: float = Field(120.0, gt=0, le=3600)
 
+    @model_validator(mode="after")
+    def _needs_situations(self) -> "PromoteGateConfig":
+        if self.enabled and not self.situations:
+            raise ValueError("adapters.promote_gate.enabled needs adapters.promote_gate.situations: a JSONL file of "
+                             "held-out situations (id, situation, first_utterance)")
+        if self.enabled and not Path(self.situations).is_file():
+            raise ValueError(f"adapters.promote_gate.situations {self.situations} is not a file")
+        return self
+
 
 class AdaptersConfig(_Section):
     """The adapter store and the admin plane (DESIGN.md section 5). Secrets never live here: the admin token comes
@@ -237,10 +304,24 @@ class AdaptersConfig(_Section):
     max_rank: int = Field(64, ge=1, le=512)
     admin_token_env: str = "MASCOT_ADMIN_TOKEN"
     admin_token_file: str = ""
+    #: Local directories PublishAdapter may read an adapter from (``source_path``, symlinks resolved, must lie
+    #: inside one of them); anything else is refused with INVALID_ARGUMENT. Default: ``/runs`` (the training Jobs'
+    #: run directories the chart mounts in the gateway) and the system temporary directory; an empty list refuses
+    #: every publish. Only absolute local paths: no URI ever reaches the file system layer from a request.
+    allowed_source_prefixes: list[str] = Field(default_factory=lambda: ["/runs", tempfile.gettempdir()])
     #: How often model services re-read the registry and load new stable/canary versions, in seconds.
     poll_s: float = Field(5.0, gt=0, le=3600)
     #: The evaluation gate of PromoteAdapter (off by default).
     promote_gate: PromoteGateConfig = PromoteGateConfig()
+
+    @field_validator("allowed_source_prefixes")
+    @classmethod
+    def _prefixes(cls, v: list[str]) -> list[str]:
+        for prefix in v:
+            if not prefix.startswith("/") or "://" in prefix or "\0" in prefix:
+                raise ValueError(f"allowed_source_prefixes entry {prefix!r} must be an absolute local directory "
+                                 "such as /runs")
+        return v
 
     @field_validator("store")
     @classmethod
@@ -286,6 +367,38 @@ class SafetyConfig(_Section):
         return v
 
 
+class SecurityConfig(_Section):
+    """Caller authentication, rate limits and retention of the public API (ConversationService; README "Security").
+    TLS is ``server.tls``; the admin plane's token is ``adapters.admin_token_*``.
+
+    Secrets never live here: caller tokens come from the mounted file ``caller_tokens_file`` or the environment
+    variable ``caller_tokens_env``, each holding ``caller_id=token`` entries (one per line or comma-separated;
+    ``#`` starts a comment line in the file).
+    """
+
+    #: Per-caller tokens: every ConversationService call must send ``authorization: Bearer <token>``
+    #: (UNAUTHENTICATED without it, PERMISSION_DENIED for an unknown token); a conversation belongs to the caller who
+    #: started it and any other caller gets NOT_FOUND for it. The gateway refuses to start when no token is found.
+    caller_auth: bool = False
+    #: Mounted file of ``caller_id=token`` entries (read at start); empty = ``caller_tokens_env``.
+    caller_tokens_file: str = ""
+    #: Environment variable of ``caller_id=token`` entries, used when ``caller_tokens_file`` is empty.
+    caller_tokens_env: str = "MASCOT_CALLER_TOKENS"
+    #: Token bucket per caller (the caller id under ``caller_auth``, else the peer address) on StartConversation,
+    #: SendMessage and RunSelfPlay: sustained calls per minute; 0 = no limit. Over it: RESOURCE_EXHAUSTED with
+    #: ``retry-after`` (seconds) metadata, nothing stored.
+    rate_limit_per_minute: float = Field(0.0, ge=0, le=1_000_000)
+    #: Calls a caller may make at once before the sustained rate applies (the bucket's size).
+    rate_limit_burst: int = Field(20, ge=1, le=100_000)
+    #: Most callers tracked at once; the least recently seen bucket is dropped beyond it.
+    rate_limit_max_callers: int = Field(10_000, ge=1, le=10_000_000)
+    #: Conversations with no activity (no new turn, not created) for this many days are deleted with every turn,
+    #: round and safety event by a periodic sweep in the gateway; 0 keeps conversations until DeleteConversation.
+    retention_days: float = Field(0.0, ge=0, le=36_500)
+    #: How often the retention sweep runs, in seconds.
+    retention_sweep_s: float = Field(3600.0, gt=0, le=86_400 * 7)
+
+
 class TrainingConfig(_Section):
     """TrainingService on the gateway (``mascot.core.jobs``): retraining runs as Kubernetes Jobs made from Job
     templates. It shares the admin token of ``adapters`` (``admin_token_env`` / ``admin_token_file``)."""
@@ -325,6 +438,7 @@ class MascotConfig(BaseSettings):
 
     engine: EngineConfig = EngineConfig()
     dialogue: DialogueConfig = DialogueConfig()
+    limits: LimitsConfig = LimitsConfig()
     selfplay: SelfPlayConfig = SelfPlayConfig()
     director: DirectorConfig = DirectorConfig()
     speaker: SpeakerConfig = SpeakerConfig()
@@ -336,6 +450,7 @@ class MascotConfig(BaseSettings):
     adapters: AdaptersConfig = AdaptersConfig()
     safety: SafetyConfig = SafetyConfig()
     training: TrainingConfig = TrainingConfig()
+    security: SecurityConfig = SecurityConfig()
 
     @model_validator(mode="after")
     def _rank_limits_agree(self) -> "MascotConfig":

@@ -7,6 +7,7 @@ environment variable or mounted file named in ``adapters``); the token is compar
 logged. Writes go through :meth:`mascot.core.adapters.store.AdapterStore.update` (lock + compare-and-swap on the
 registry), so two writers never lose an update and a refused transition writes nothing. Store trouble (unreadable
 registry, lock held too long, a registry that kept changing, I/O or S3 errors) is UNAVAILABLE with the reason.
+PublishAdapter reads only absolute local directories inside ``adapters.allowed_source_prefixes`` (README "Security").
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import copy
 import hmac
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
 from mascot.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 
+log = logging.getLogger(__name__)
 STATE_VALUES = {"staged": pb.ADAPTER_STATE_STAGED, "canary": pb.ADAPTER_STATE_CANARY,
                 "stable": pb.ADAPTER_STATE_STABLE, "retired": pb.ADAPTER_STATE_RETIRED}
 
@@ -55,8 +58,37 @@ def check_admin_token(context: Any, token: str, service: str) -> None:
     if not token:
         raise PermissionDenied(f"the gateway has no admin token configured (adapters.admin_token_env or "
                                f"adapters.admin_token_file); {service} refuses every call")
-    if not got.startswith("Bearer ") or not hmac.compare_digest(got[7:].strip().encode(), token.encode()):
+    scheme, _, value = got.partition(" ")
+    if scheme.lower() != "bearer":
+        raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
+    if not hmac.compare_digest(value.strip().encode(), token.encode()):
         raise PermissionDenied("the admin token is wrong")
+
+
+def check_source_path(source: str, prefixes: list[str]) -> Path:
+    """The resolved adapter directory of PublishAdapter if it lies inside one of ``prefixes``
+    (``adapters.allowed_source_prefixes``; symlinks resolved), with no symlink in it pointing outside them.
+
+    Raises:
+        InvalidArgument: a path that is not absolute or is a URI, or one outside every allowed prefix.
+    """
+    if not source.startswith("/") or "://" in source or "\0" in source:
+        raise InvalidArgument("source_path must be an absolute local directory of the gateway (no URI, no relative "
+                              "path)")
+    roots = [Path(os.path.realpath(p)) for p in prefixes]
+
+    def inside(p: Path) -> bool:
+        return any(p == r or r in p.parents for r in roots)
+
+    real = Path(os.path.realpath(source))
+    outside = not inside(real) or any(f.is_symlink() and not inside(Path(os.path.realpath(f)))
+                                      for f in real.iterdir())
+    if outside:
+        allowed = ", ".join(prefixes) if prefixes else "none: publishing is off"
+        raise InvalidArgument(f"source_path {source[:200]!r} is outside the directories the gateway publishes from "
+                              f"(adapters.allowed_source_prefixes: {allowed}); write the adapter under one of them or "
+                              "add its directory to that setting")
+    return real
 
 
 def persona_to_proto(persona_id: str, entry: dict) -> pb.PersonaAdapters:
@@ -94,6 +126,11 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         self.store = st.open_store(store, config=config)
         self.gate = gate
         self.base_model, self.token, self.max_rank = base_model, token, max_rank
+        if config is None:
+            from mascot.core.config import AdaptersConfig
+
+            config = AdaptersConfig()
+        self.allowed_prefixes = list(config.allowed_source_prefixes)
         self.known_ids = known_ids
 
     def _auth(self, context: Any) -> None:
@@ -142,6 +179,7 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         src = Path(request.source_path)
         if not request.source_path or not src.is_dir():
             raise InvalidArgument(f"source_path {request.source_path[:200]!r} is not a directory the gateway can read")
+        src = check_source_path(request.source_path, self.allowed_prefixes)
         try:
             metrics = json.loads(request.eval_metrics_json) if request.eval_metrics_json else {}
         except ValueError:
@@ -178,6 +216,8 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         gate = pb.EvalGateResult()
         if self.gate is not None and not request.skip_eval_gate and pid != "director":
             gate = await self._run_gate(pid, request.version, request.canary_weight)
+        elif self.gate is not None and request.skip_eval_gate:
+            log.warning("PromoteAdapter %s v%d without the evaluation gate (skip_eval_gate)", pid, request.version)
         new = await self._update(lambda reg: rg.promote(reg, pid, request.version, request.canary_weight))
         return pb.PromoteAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
                                          revision=new["revision"], eval_gate=gate)
@@ -203,7 +243,8 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
             raise FailedPrecondition(
                 f"evaluation gate refused {r.candidate}: mean judge score {r.candidate_score:.3f} vs "
                 f"{r.baseline_score:.3f} for {r.baseline} on {r.situations} held-out situations (allowed drop "
-                "adapters.promote_gate.max_drop); retrain, or promote with skip_eval_gate (--skip-eval-gate)")
+                f"adapters.promote_gate.max_drop = {r.max_drop}); retrain, or promote with skip_eval_gate "
+                "(--skip-eval-gate)")
         return result
 
     async def RollbackAdapter(self, request: pb.RollbackAdapterRequest, context: Any) -> pb.RollbackAdapterResponse:

@@ -34,6 +34,7 @@ class GateResult:
         baseline_score: Same for the baseline.
         situations: Situations where both judgements parsed (the others are left out of both means).
         passed: ``candidate_score >= baseline_score - max_drop``.
+        max_drop: The allowed drop the decision used.
     """
 
     candidate: str
@@ -42,6 +43,7 @@ class GateResult:
     baseline_score: float
     situations: int
     passed: bool
+    max_drop: float = 0.0
 
 
 def read_gate_situations(path: str | Path, limit: int) -> list[dict]:
@@ -122,7 +124,7 @@ async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id:
             cand.append(scores["candidate"])
             base.append(scores["baseline"])
     c, b, passed = decide(cand, base, max_drop, what=f"{candidate} and {baseline}", asked=len(situations))
-    return GateResult(candidate, baseline, round(c, 4), round(b, 4), len(cand), passed)
+    return GateResult(candidate, baseline, round(c, 4), round(b, 4), len(cand), passed, max_drop)
 
 
 def decide(candidate: list[float], baseline: list[float], max_drop: float, *, what: str = "the two versions",

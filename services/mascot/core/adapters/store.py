@@ -171,7 +171,7 @@ def check_adapter(adapter_dir: str | Path, *, base_model: str, max_rank: int = M
     pattern = conf.get("rank_pattern") or {}
     top = max([rank, *[v for v in pattern.values() if isinstance(v, int)]])
     if top > max_rank:
-        raise PublishError(f"adapter {d} has LoRA rank {top}, above the serving limit max_lora_rank {max_rank}: "
+        raise PublishError(f"adapter {d} has LoRA rank {top}, above the serving limit adapters.max_rank {max_rank}: "
                            f"train with lora.r <= {max_rank}")
     if conf.get("modules_to_save"):
         raise PublishError(f"adapter {d} saves full-weight modules {conf['modules_to_save']} (modules_to_save); "
@@ -260,6 +260,9 @@ def open_store(store: "str | Path | AdapterStore", *, pvc_root: str | None = Non
         root = os.path.normpath(os.path.join(base, sub.strip("/")))
         if root != base and not root.startswith(base + os.sep):
             raise ValueError(f"adapters.store {uri!r}: the path leaves the claim's mount {base}")
+        if not os.path.isdir(base):  # else a publish would write to the pod's own (ephemeral) disk
+            raise ValueError(f"adapters.store {uri!r}: the claim is not mounted at {base} (adapters.pvc_root); mount "
+                             f"the PersistentVolumeClaim {claim!r} there, or set adapters.pvc_root to its mount path")
         return AdapterStore(uri, _local_fs(), root, local=True)
     if scheme == "s3":
         bucket, _, prefix = rest.partition("/")
@@ -736,7 +739,7 @@ class AdapterStore:
             got = file_digest(Path(self.path(persona_id, vdir, WEIGHTS)))
             if got != want:
                 raise DigestMismatch(f"{self.display(persona_id, vdir, WEIGHTS)} has digest {got[:12]}…, not the "
-                                     f"registered {want[:12]}…: the store copy is corrupt; publish the adapter again")
+                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to another version, retire this one, and publish the adapter again (it gets a new version)")
             return Path(self.path(persona_id, vdir))
         base = Path(cache_dir) / hashlib.sha256(self.uri.encode()).hexdigest()[:12]
         target = base / f"{persona_id}--{vdir}-{want[:16]}"
@@ -756,7 +759,7 @@ class AdapterStore:
             got = file_digest(tmp / WEIGHTS) if (tmp / WEIGHTS).is_file() else "(missing)"
             if got != want:
                 raise DigestMismatch(f"{self.display(persona_id, vdir, WEIGHTS)} has digest {got[:12]}…, not the "
-                                     f"registered {want[:12]}…: the store copy is corrupt; publish the adapter again")
+                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to another version, retire this one, and publish the adapter again (it gets a new version)")
             try:
                 os.rename(tmp, target)
             except OSError:  # another process put a copy there meanwhile

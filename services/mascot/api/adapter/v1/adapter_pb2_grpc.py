@@ -89,10 +89,11 @@ class AdapterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PromoteAdapter(self, request, context):
-        """PromoteAdapter makes a staged or canary version the stable one (the previous stable is retired and kept for
-        rollback), or, with canary_weight in (0, 1), the canary that takes that share of new conversations.
+        """PromoteAdapter makes a staged, canary or retired version the stable one (the previous stable is retired and
+        kept for rollback), or, with canary_weight in (0, 1), the canary that takes that share of new conversations.
+        With the gateway's evaluation gate enabled, a persona version is first scored against the stable one.
         Errors: INVALID_ARGUMENT (canary_weight outside [0, 1)), NOT_FOUND (unknown persona or version),
-        FAILED_PRECONDITION (the version is retired, or already stable, or the evaluation gate refused it: the
+        FAILED_PRECONDITION (the version is already stable, or the evaluation gate refused it: the
         message gives both scores), UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE (also: the speaker or judge
         the gate needs failed).
         """
