@@ -28,7 +28,7 @@ app.add_typer(eval_app, name="eval")
 from mascot.cli_train import train_app  # noqa: E402
 
 app.add_typer(train_app, name="train")
-from mascot.cli_adapters import adapters_app  # noqa: E402
+from mascot.cli_adapters import TLS_CA, TLS_CERT, TLS_KEY, adapters_app, client_tls  # noqa: E402
 
 app.add_typer(adapters_app, name="adapters")
 from mascot.cli_retrain import retrain_app  # noqa: E402
@@ -69,6 +69,25 @@ def _config(config: Optional[Path], **flags: Any) -> Any:
         raise typer.Exit(2) from None
 
 
+CALLER_TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the caller token of the public API when the "
+                                  "gateway has security.caller_auth on (default: $MASCOT_CALLER_TOKEN).")
+
+
+def _caller_token(token_file: Optional[Path]) -> Optional[str]:
+    """The caller token of ``--token-file``; None = ``MASCOT_CALLER_TOKEN`` (read by the channel)."""
+    if token_file is None:
+        return None
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
+        raise typer.Exit(2) from None
+    if not token:
+        console.print(f"[red]--token-file {token_file} is empty[/red]")
+        raise typer.Exit(2)
+    return token
+
+
 def _redacted(cfg: Any) -> str:
     return json.dumps(cfg.model_dump(mode="json"), indent=2)
 
@@ -81,6 +100,7 @@ def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the gateway, or of the one component named."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Engine kind: transformers or vllm."),
     store_url: Optional[str] = typer.Option(None, "--store-url", help="SQLAlchemy URL of the conversation store."),
     director_target: Optional[str] = typer.Option(None, "--director-target", help="host:port (gateway alone)."),
     speaker_target: Optional[str] = typer.Option(None, "--speaker-target", help="host:port (gateway alone)."),
@@ -99,8 +119,9 @@ def serve(
         console.print("[red]--port needs a single component (or the gateway among several)[/red]")
         raise typer.Exit(2)
     port_key = f"server.{target_comp}_port"
-    cfg = _config(config, **{"server.host": host, port_key: port, "engine.model": model, "store.url": store_url,
-                             "server.director_target": director_target, "server.speaker_target": speaker_target})
+    cfg = _config(config, **{"server.host": host, port_key: port, "engine.model": model, "engine.kind": engine,
+                             "store.url": store_url, "server.director_target": director_target,
+                             "server.speaker_target": speaker_target})
     if print_config:
         print(_redacted(cfg))
         return
@@ -110,7 +131,11 @@ def serve(
     async def main() -> None:
         from mascot.stack import start_stack
 
-        stack = await start_stack(cfg, comps, serve_metrics=True)
+        try:
+            stack = await start_stack(cfg, comps, serve_metrics=True)
+        except (ValueError, OSError) as e:  # a configuration the components cannot start with: say what, no trace
+            console.print(f"[red]cannot start:[/red] {e}")
+            raise typer.Exit(2) from None
         for name, s in stack.servers.items():
             console.print(f"{name} serving on {cfg.server.host}:{s.port}")
         console.print(f"metrics on http://{cfg.server.host}:{stack.metrics_port}/metrics")
@@ -170,6 +195,10 @@ def chat(
     target: str = typer.Option("127.0.0.1:50051", "--target", help="Gateway host:port."),
     mode: str = typer.Option("support", "--mode", help="support or meeting."),
     persona: list[str] = typer.Option([], "--persona", help="Persona id to activate (repeatable)."),
+    tls_ca: Optional[Path] = TLS_CA,
+    tls_cert: Optional[Path] = TLS_CERT,
+    tls_key: Optional[Path] = TLS_KEY,
+    token_file: Optional[Path] = CALLER_TOKEN_FILE,
 ) -> None:
     """Chat with a running gateway; agent replies stream in as they are generated."""
     import grpc
@@ -183,8 +212,10 @@ def chat(
         console.print("[red]--mode must be support or meeting[/red]")
         raise typer.Exit(2)
 
+    tls, token = client_tls(tls_ca, tls_cert, tls_key), _caller_token(token_file)
+
     async def main() -> None:
-        async with channel(target) as ch:
+        async with channel(target, tls=tls, token=token) as ch:
             stub = cpb_grpc.ConversationServiceStub(ch)
             personas = {p.id: p.name for p in (await stub.ListPersonas(cpb.ListPersonasRequest())).personas}
             conv = (await stub.StartConversation(cpb.StartConversationRequest(
@@ -221,6 +252,9 @@ def chat(
     except grpc.aio.AioRpcError as e:  # the gateway is down or refused the conversation
         console.print(f"[red]{e.code().name}[/red]: {e.details()} (gateway {target})")
         raise typer.Exit(1) from None
+    except ValueError as e:  # an unreadable TLS file
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -235,6 +269,10 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     target: Optional[str] = typer.Option(None, "--target", help="Use a running gateway instead of the embedded stack."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+    tls_ca: Optional[Path] = TLS_CA,
+    tls_cert: Optional[Path] = TLS_CERT,
+    tls_key: Optional[Path] = TLS_KEY,
+    token_file: Optional[Path] = CALLER_TOKEN_FILE,
 ) -> None:
     """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -256,6 +294,7 @@ def run(
     cfg = _config(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
                              "store.url": store_url})
     _quiet()
+    _export_client(cfg, target, client_tls(tls_ca, tls_cert, tls_key), _caller_token(token_file))
 
     async def main() -> dict:
         stack = None
@@ -293,6 +332,28 @@ def run(
         raise typer.Exit(1) from None
     console.print_json(json.dumps(summary))
     console.print(f"results: {out / 'transcripts.jsonl'} and {out / 'summary.json'}")
+
+
+def _export_client(cfg: Any, target: Optional[str], tls: Any, token: Optional[str]) -> None:
+    """``mascot run`` reaches the gateway through :mod:`mascot.runjob`, whose channels read TLS and the caller token
+    from the environment (:func:`mascot.core.server.channel`): put the options there. The embedded stack (no
+    ``--target``) is reached with its own ``server.tls`` and no caller token."""
+    from mascot.core.server import (ENV_CALLER_TOKEN, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_ON,
+                                    ENV_TLS_SERVER_NAME, ClientTLS)
+
+    if target is None:
+        tls, token = ClientTLS.from_config(cfg.server.tls), ""
+        for name in (ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_ON, ENV_TLS_SERVER_NAME):
+            os.environ.pop(name, None)
+        if tls.enabled:
+            os.environ[ENV_TLS_ON] = "1"
+    if tls is not None:
+        for name, value in ((ENV_TLS_CA, tls.ca_file), (ENV_TLS_CERT, tls.cert_file), (ENV_TLS_KEY, tls.key_file),
+                            (ENV_TLS_SERVER_NAME, tls.server_name)):
+            if value:
+                os.environ[name] = value
+    if token is not None:
+        os.environ[ENV_CALLER_TOKEN] = token
 
 
 @models_app.command("init-tiny")

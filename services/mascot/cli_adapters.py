@@ -1,6 +1,7 @@
 """``mascot adapters``: list, publish, promote, roll back and retire adapter versions through the gateway's
 AdapterService (the registry's only writer, DESIGN.md section 5). The admin token comes from ``MASCOT_ADMIN_TOKEN``
-(or ``--token-file``), never from a flag value."""
+(or ``--token-file``), never from a flag value. TLS: ``mascot adapters --tls-ca CA [--tls-cert C --tls-key K] ...`` or
+``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` (README "Security")."""
 
 from __future__ import annotations
 
@@ -20,6 +21,41 @@ adapters_app = typer.Typer(help="Adapter registry: list | publish | promote | ro
 TARGET = typer.Option("127.0.0.1:50051", "--target", help="Gateway address host:port.")
 TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the admin token (default: $MASCOT_ADMIN_TOKEN).")
 STATES = {0: "unspecified", 1: "staged", 2: "canary", 3: "stable", 4: "retired"}
+TLS_CA = typer.Option(None, "--tls-ca", envvar="MASCOT_TLS_CA",
+                      help="PEM CA bundle that verifies the gateway's certificate (turns TLS on).")
+TLS_CERT = typer.Option(None, "--tls-cert", envvar="MASCOT_TLS_CERT",
+                        help="PEM client certificate for mutual TLS (with --tls-key).")
+TLS_KEY = typer.Option(None, "--tls-key", envvar="MASCOT_TLS_KEY", help="PEM key of --tls-cert.")
+
+
+def client_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path]) -> Any:
+    """The :class:`~mascot.core.server.ClientTLS` of ``--tls-*`` options (their env variables included), or None
+    (the environment decides: plaintext unless ``MASCOT_TLS=1``)."""
+    from mascot.core.server import ClientTLS
+
+    if (cert is None) != (key is None):
+        console.print("[red]--tls-cert and --tls-key go together (mutual TLS)[/red]")
+        raise typer.Exit(2)
+    if ca is None and cert is None:
+        return None
+    return ClientTLS(ca_file=str(ca or ""), cert_file=str(cert or ""), key_file=str(key or ""),
+                     server_name=os.environ.get("MASCOT_TLS_SERVER_NAME", "").strip())
+
+
+def export_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path]) -> None:
+    """Put ``--tls-*`` options in this process's environment, where every channel of the command reads them
+    (:meth:`mascot.core.server.ClientTLS.from_env`)."""
+    client_tls(ca, cert, key)  # validates the pair
+    for name, value in (("MASCOT_TLS_CA", ca), ("MASCOT_TLS_CERT", cert), ("MASCOT_TLS_KEY", key)):
+        if value is not None:
+            os.environ[name] = str(value)
+
+
+@adapters_app.callback()
+def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CERT,
+             tls_key: Optional[Path] = TLS_KEY) -> None:
+    """Adapter registry: list | publish | promote | rollback | retire (AdapterService)."""
+    export_tls(tls_ca, tls_cert, tls_key)
 
 
 def _token(token_file: Optional[Path]) -> str:
@@ -52,7 +88,7 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
         raise typer.Exit(2)
 
     async def go() -> Any:
-        ch = channel(target)
+        ch = channel(target, token="")  # TLS from --tls-* / MASCOT_TLS_*; the admin token goes in the metadata
         try:
             stub = adapter_pb2_grpc.AdapterServiceStub(ch)
             return await getattr(stub, method)(request, metadata=(("authorization", f"Bearer {token}"),),
@@ -63,8 +99,15 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
     try:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            console.print(f"[red]the gateway at {target} has no AdapterService[/red]: start it with adapters.store set "
+                          "(README: Adapters)")
+            raise typer.Exit(1) from None
         console.print(f"[red]{e.code().name}:[/red] {e.details()}")
         raise typer.Exit(1) from None
+    except ValueError as e:  # an unreadable TLS file
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
 
 
 def _show(personas: Any) -> None:

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mascot.cli_adapters import TARGET, TOKEN_FILE, _token
+from mascot.cli_adapters import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, _token, export_tls
 
 console = Console(stderr=True)
 retrain_app = typer.Typer(
@@ -29,6 +29,14 @@ STATES = {0: "unspecified", 1: "pending", 2: "running", 3: "succeeded", 4: "fail
 PHASES = {"persona-alignment": 1, "collaborative": 2}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
 FINISHED = {3, 4, 5}
+
+
+@retrain_app.callback()
+def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CERT,
+             tls_key: Optional[Path] = TLS_KEY) -> None:
+    """Retraining runs (TrainingService): persona-alignment | collaborative | status | list | cancel. TLS:
+    ``mascot retrain --tls-ca CA ...`` or ``MASCOT_TLS_*`` (README "Security")."""
+    export_tls(tls_ca, tls_cert, tls_key)
 
 
 def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple], Awaitable[Any]]) -> Any:
@@ -44,7 +52,7 @@ def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple
         raise typer.Exit(2)
 
     async def go() -> Any:
-        ch = channel(target)
+        ch = channel(target, token="")  # TLS from --tls-* / MASCOT_TLS_*; the admin token goes in the metadata
         try:
             return await body(training_pb2_grpc.TrainingServiceStub(ch), (("authorization", f"Bearer {token}"),))
         finally:
@@ -55,6 +63,9 @@ def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple
     except grpc.aio.AioRpcError as e:
         console.print(f"[red]{e.code().name}:[/red] {e.details()}")
         raise typer.Exit(1) from None
+    except ValueError as e:  # an unreadable TLS file
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
 
 
 def _time(ts: Any, present: bool) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
-from mascot.core.server import Server, build_server, channel
+from mascot.core.server import ClientTLS, Server, build_server, channel
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
@@ -135,7 +135,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                     stack.judges = service[1].judges
                 stack.servers[name] = await build_server(name, metrics, [service], host=srv.host,
                                                          port=getattr(srv, f"{name}_port"),
-                                                         max_message_bytes=srv.max_message_bytes)
+                                                         max_message_bytes=srv.max_message_bytes, tls=srv.tls)
         if "gateway" in components:
             from mascot.gateway.servicer import ConversationServicer
             from mascot.gateway.store import Store
@@ -145,15 +145,25 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             speaker_target = stack.target("speaker") if "speaker" in stack.servers else srv.speaker_target
             if not director_target or not speaker_target:
                 raise ValueError("a gateway alone needs server.director_target and server.speaker_target")
-            dch = channel(director_target, srv.max_message_bytes)
-            sch = channel(speaker_target, srv.max_message_bytes)
+            out_tls = ClientTLS.from_config(srv.tls)  # the gateway's channels follow server.tls, never the env
+            dch = channel(director_target, srv.max_message_bytes, tls=out_tls, token="")
+            sch = channel(speaker_target, srv.max_message_bytes, tls=out_tls, token="")
             stack.channels += [dch, sch]
             stack.store = Store(cfg.store.url)
             loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
                             speaker_pb2_grpc.SpeakerServiceStub(sch), cfg, metrics)
-            services = [(conversation_pb2_grpc.add_ConversationServiceServicer_to_server,
-                         ConversationServicer(stack.store, catalog, loop, cfg, metrics),
+            conversations = ConversationServicer(stack.store, catalog, loop, cfg, metrics)
+            services = [(conversation_pb2_grpc.add_ConversationServiceServicer_to_server, conversations,
                          "mascot.api.conversation.v1.ConversationService")]
+            sec = cfg.security
+            if sec.retention_days > 0:  # README "Security": inactive conversations are deleted by a periodic sweep
+                from mascot.gateway.security import watch_retention
+
+                stack.tasks.append(asyncio.create_task(watch_retention(
+                    stack.store, sec.retention_days, sec.retention_sweep_s, conversations.running_conversations)))
+            if conversations.auth.enabled and not srv.tls.enabled:
+                log.warning("security.caller_auth is on without server.tls: caller tokens cross the network in "
+                            "plaintext unless TLS ends in front of the gateway")
             if cfg.adapters.store:
                 gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
                 services.append(_adapter_service(cfg, gate))
@@ -161,7 +171,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                 services.append(await _training_service(cfg, metrics, stack))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
-                                                          max_message_bytes=srv.max_message_bytes)
+                                                          max_message_bytes=srv.max_message_bytes, tls=srv.tls)
         if serve_metrics:
             from prometheus_client import start_http_server
 
@@ -277,7 +287,7 @@ def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -
         raise ValueError(f"adapters.promote_gate.situations: {e}") from None
     if not situations:
         raise ValueError(f"adapters.promote_gate.situations {pg.situations} holds no situations")
-    jch = channel(target, cfg.server.max_message_bytes)
+    jch = channel(target, cfg.server.max_message_bytes, tls=ClientTLS.from_config(cfg.server.tls), token="")
     stack.channels.append(jch)
     judge = judge_pb2_grpc.JudgeServiceStub(jch)
 

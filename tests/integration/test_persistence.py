@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 async def start_server(model_dir, db_url, tmp_path):
-    env = {**os.environ, "MASCOT_ENGINE__MODEL": str(model_dir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "MASCOT_ENGINE__MODEL": str(model_dir), "PYTHONUNBUFFERED": "1",
+           "MASCOT_SERVER__METRICS_PORT": "0"}  # a free port: 9464 may be taken by another server
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mascot.cli", "serve", "--port", "0", "--store-url", db_url,
         stdout=subprocess.PIPE, stderr=open(tmp_path / "server.log", "ab"), env=env, cwd=tmp_path)  # kept for failures

@@ -68,10 +68,11 @@ class LimitsConfig(_Section):
     (a second message while one is answered is FAILED_PRECONDITION); this bounds the rounds of all conversations."""
 
     #: Rounds (SendMessage and RunSelfPlay streams) the gateway runs at once over all conversations; one more is
-    #: refused with RESOURCE_EXHAUSTED and ``retry-after`` metadata before anything is stored. The default is four
-    #: times ``engine.max_batch_size`` (16): a round has one generation in flight at a time, so the CPU default
-    #: engine's batch stays full with a bounded queue behind it. Raise it with the engine's batch size.
-    max_active_rounds: int = Field(64, ge=1, le=100_000)
+    #: refused with RESOURCE_EXHAUSTED and ``retry-after`` metadata before anything is stored. A round has one
+    #: generation in flight at a time, so the default, ``engine.max_batch_size`` (16) of the CPU default engine, fills
+    #: one batch; more rounds only queue in the engine (at 64 on 2 busy CPU cores, bench/load.py, a model call
+    #: queued past ``server.call_timeout_s``). Raise it with the engine's throughput (vLLM on a GPU: hundreds).
+    max_active_rounds: int = Field(16, ge=1, le=100_000)
 
 
 class SelfPlayConfig(_Section):

@@ -7,6 +7,7 @@ section 3). Any other exception becomes INTERNAL with a generic message; the tra
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from typing import Any, Awaitable, Callable
@@ -63,8 +64,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: BaseException) -> grpc.StatusCode:
         if isinstance(e, ServiceError):
-            if isinstance(e, ResourceExhausted):
-                context.set_trailing_metadata((("retry-after", "1"),))
+            if isinstance(e, ResourceExhausted):  # seconds; a rate limit knows when its next call is accepted
+                wait = getattr(e, "retry_after_s", None)
+                context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(wait or 1)))),))
             await context.abort(e.code, e.message)
         log.exception("unhandled error in handler")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log for the request id")

@@ -6,7 +6,7 @@ The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :
 ``kserve.ModelServer`` (kserve 0.21.0, pinned exactly: ``_serve``/``stop`` and RESTServer internals are re-checked on
 every upgrade):
 
-- gRPC port: our service (the servicer :func:`mascot.stack.component_service` builds, the same code as
+- gRPC port (TLS or mutual TLS when ``server.tls`` names a certificate): our service (the servicer :func:`mascot.stack.component_service` builds, the same code as
   ``mascot serve``), KServe's Open Inference Protocol ``inference.GRPCInferenceService``, ``grpc.health.v1.Health``
   (SERVING only when ready) and reflection. Our service and ModelInfer pass the boundary interceptor (status codes,
   ``mascot_rpc_*`` metrics, access log).
@@ -71,6 +71,7 @@ from mascot.core.errors import ServiceError
 from mascot.core.interceptors import BoundaryInterceptor
 from mascot.core.metrics import Metrics
 from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime
+from mascot.core.server import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,9 @@ class OnePortModelServer(ModelServer):
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        bound = server.add_insecure_port(f"{self.host}:{self.grpc_port}")
+        creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (README "Security")
+        address = f"{self.host}:{self.grpc_port}"
+        bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
         if bound == 0:
             raise RuntimeError(f"could not bind gRPC {self.host}:{self.grpc_port}; is the port in use?")
         await self._set_serving(False)

@@ -2,12 +2,20 @@
 
 Clients come from :func:`channel` with the same message-size limits (DESIGN.md section 3: set in one
 place, equal on servers and clients) and a retry policy for UNAVAILABLE only.
+
+TLS (README "Security"): servers serve TLS, or mutual TLS, when ``server.tls`` names a certificate
+(:func:`server_credentials`); channels use TLS per :class:`ClientTLS`, which a command line takes from its
+``--tls-*`` options or the environment (``MASCOT_TLS_CA``, ``MASCOT_TLS_CERT``, ``MASCOT_TLS_KEY``,
+``MASCOT_TLS_SERVER_NAME``, ``MASCOT_TLS=1`` for the system roots) and the gateway from ``server.tls``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,6 +24,124 @@ from grpc_reflection.v1alpha import reflection
 from mascot.core.interceptors import BoundaryInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: Environment variables of client TLS (:meth:`ClientTLS.from_env`) and of the public API's caller token.
+ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY = "MASCOT_TLS_CA", "MASCOT_TLS_CERT", "MASCOT_TLS_KEY"
+ENV_TLS_SERVER_NAME, ENV_TLS_ON = "MASCOT_TLS_SERVER_NAME", "MASCOT_TLS"
+ENV_CALLER_TOKEN = "MASCOT_CALLER_TOKEN"
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    """The bytes of a PEM file.
+
+    Raises:
+        ValueError: the file cannot be read or is empty (the message names ``what`` and the path, never content).
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be read ({e.strerror or type(e).__name__})") from None
+    if not data.strip():
+        raise ValueError(f"{what} {path} is empty")
+    return data
+
+
+def server_credentials(tls: Any) -> grpc.ServerCredentials | None:
+    """Server credentials of a ``TLSConfig`` (``server.tls``): TLS with ``cert_file``/``key_file``, and with
+    ``client_auth`` a required client certificate signed by ``ca_file``; None when TLS is off.
+
+    Raises:
+        ValueError: a file cannot be read.
+    """
+    if tls is None or not tls.enabled:
+        return None
+    chain = _read_pem(tls.cert_file, "server.tls.cert_file")
+    key = _read_pem(tls.key_file, "server.tls.key_file")
+    ca = _read_pem(tls.ca_file, "server.tls.ca_file") if tls.client_auth else None
+    return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=bool(tls.client_auth))
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """TLS of a client channel.
+
+    Attributes:
+        enabled: Use TLS (False: plaintext).
+        ca_file: PEM CA bundle that verifies the server; empty = the system roots.
+        cert_file: PEM client certificate chain for mutual TLS; empty = none.
+        key_file: PEM key of ``cert_file``.
+        server_name: Name checked against the server certificate instead of the target host; empty = the host.
+    """
+
+    enabled: bool = True
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+    @classmethod
+    def plaintext(cls) -> "ClientTLS":
+        """No TLS."""
+        return cls(enabled=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ClientTLS":
+        """TLS from ``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` / ``MASCOT_TLS_SERVER_NAME``; on when
+        any of the first three is set or ``MASCOT_TLS`` is 1/true (the system roots), else plaintext."""
+        env = os.environ if environ is None else environ
+        ca, cert, key, name = (env.get(k, "").strip() for k in (ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY,
+                                                                 ENV_TLS_SERVER_NAME))
+        on = bool(ca or cert or key) or env.get(ENV_TLS_ON, "").strip().lower() in ("1", "true", "yes")
+        return cls(enabled=on, ca_file=ca, cert_file=cert, key_file=key, server_name=name)
+
+    @classmethod
+    def from_config(cls, tls: Any) -> "ClientTLS":
+        """The gateway's outbound TLS from ``server.tls``: TLS when the servers serve it, verified with ``ca_file``;
+        under ``client_auth`` presenting ``client_cert_file`` (default: the server certificate)."""
+        if tls is None or not tls.enabled:
+            return cls.plaintext()
+        cert, key = tls.client_cert_file, tls.client_key_file
+        if not cert and tls.client_auth:
+            cert, key = tls.cert_file, tls.key_file
+        return cls(enabled=True, ca_file=tls.ca_file, cert_file=cert, key_file=key, server_name=tls.server_name)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """``grpc.ssl_channel_credentials`` of these files.
+
+        Raises:
+            ValueError: a file cannot be read, or a certificate without its key (or the reverse).
+        """
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("a client certificate needs its key and a key its certificate (--tls-cert with "
+                             "--tls-key, or MASCOT_TLS_CERT with MASCOT_TLS_KEY)")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(self.ca_file, "TLS CA file") if self.ca_file else None,
+            private_key=_read_pem(self.key_file, "TLS client key") if self.key_file else None,
+            certificate_chain=_read_pem(self.cert_file, "TLS client certificate") if self.cert_file else None)
+
+
+class _BearerToken:
+    """Adds ``authorization: Bearer <token>`` to every call that does not send its own authorization."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        md = list(d.metadata or ())
+        if any(k == "authorization" for k, _ in md):
+            return d
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, grpc.aio.Metadata(*md, self._header), d.credentials,
+                                          d.wait_for_ready)
+
+
+# grpc.aio files an interceptor under ONE call type (the first base it matches), hence one class per type.
+class _BearerUnary(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Callable, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _BearerStream(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Callable, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
 
 
 def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -45,7 +171,7 @@ class Server:
 
 async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callable, Any, str]], *,
                        host: str = "127.0.0.1", port: int = 0,
-                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Server:
+                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None) -> Server:
     """Create, bind and start a server.
 
     Args:
@@ -55,10 +181,14 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         host: Bind address (127.0.0.1 in embedded mode and tests).
         port: Port; 0 picks a free one.
         max_message_bytes: gRPC send/receive limit.
+        tls: ``server.tls`` (:class:`~mascot.core.config.TLSConfig`); TLS or mutual TLS when it names a certificate,
+            plaintext when None or off.
 
     Raises:
         RuntimeError: the port could not be bound.
+        ValueError: a TLS file cannot be read.
     """
+    creds = server_credentials(tls)
     server = grpc.aio.server(interceptors=[BoundaryInterceptor(component, metrics)],
                              options=_options(max_message_bytes))
     names = []
@@ -68,7 +198,8 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {host}:{port}; is the port in use?")
     await server.start()
@@ -77,13 +208,32 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     return srv
 
 
-def channel(target: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
-    """An insecure async channel with equal size limits and retries of UNAVAILABLE (3 attempts)."""
+def channel(target: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, tls: ClientTLS | None = None,
+            token: str | None = None) -> grpc.aio.Channel:
+    """An async channel with equal size limits and retries of UNAVAILABLE (3 attempts).
+
+    Args:
+        target: ``host:port``.
+        max_message_bytes: gRPC send/receive limit.
+        tls: TLS of the channel; None = :meth:`ClientTLS.from_env` (plaintext unless ``MASCOT_TLS_*`` is set).
+        token: Caller token of the public API sent as ``authorization: Bearer <token>`` on every call that sends
+            no authorization of its own; None = ``MASCOT_CALLER_TOKEN`` (none when unset), "" = none.
+
+    Raises:
+        ValueError: a TLS file cannot be read.
+    """
     service_config = {"methodConfig": [{
         "name": [{}],
         "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
                         "retryableStatusCodes": ["UNAVAILABLE"]},
     }]}
-    return grpc.aio.insecure_channel(target, options=[*_options(max_message_bytes),
-                                                      ("grpc.service_config", json.dumps(service_config)),
-                                                      ("grpc.enable_retries", 1)])
+    tls = ClientTLS.from_env() if tls is None else tls
+    token = os.environ.get(ENV_CALLER_TOKEN, "").strip() if token is None else token.strip()
+    options = [*_options(max_message_bytes), ("grpc.service_config", json.dumps(service_config)),
+               ("grpc.enable_retries", 1)]
+    interceptors = [_BearerUnary(token), _BearerStream(token)] if token else None
+    if tls.enabled:
+        if tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        return grpc.aio.secure_channel(target, tls.credentials(), options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import unicodedata
 import uuid
 from typing import Any, AsyncIterator
 
@@ -11,22 +13,43 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import HistoryTurn, roster_from_ids
-from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from mascot.core.personas import PersonaCatalog
+from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
 from mascot.gateway.store import IntegrityError, Store, text_digest
 from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, history_turn, turn_to_proto
 
 MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
 MODE_VALUES = {v: k for k, v in MODES.items()}
 MAX_KEY_CHARS = 128
+MAX_PERSONA_ID_CHARS = 64
+#: C0 controls other than tab, newline and carriage return; DEL; C1 controls. Refused in anything stored: they are
+#: never text a person typed, NUL cannot be stored in PostgreSQL text, and escape sequences would reach terminals.
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _no_controls(text: str, field: str) -> str:
+    m = CONTROL_CHARS.search(text)
+    if m:
+        raise InvalidArgument(f"{field} contains the control character U+{ord(m.group()):04X}; only tab, newline and "
+                              "carriage return are allowed")
+    return text
+
+
+def _blank(text: str) -> bool:
+    """True for text with nothing visible: only whitespace (any Unicode space) and format characters (zero-width
+    space and joiners, byte-order mark, bidi marks)."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def _nonblank(text: str, field: str, limit: int) -> str:
-    if not text.strip():
-        raise InvalidArgument(f"{field} is empty or whitespace only; send some text")
+    """Validate user text: not blank, at most ``limit`` characters (code points), no control characters. Emoji,
+    right-to-left and combining text pass unchanged (it is stored verbatim, never normalised)."""
+    if _blank(text):
+        raise InvalidArgument(f"{field} is empty or has only whitespace or invisible characters; send some text")
     if len(text) > limit:
-        raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit}")
-    return text
+        raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit} (dialogue.max_message_chars)")
+    return _no_controls(text, field)
 
 
 class ConversationServicer(cpb_grpc.ConversationServiceServicer):
@@ -38,18 +61,49 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         loop: The :class:`TurnLoop` (holds the director and speaker stubs).
         cfg: :class:`~mascot.core.config.MascotConfig`.
         metrics: :class:`~mascot.core.metrics.Metrics`.
+        auth: Caller tokens; default from ``cfg.security`` (README "Security").
+        limiter: Per-caller rate limit; default from ``cfg.security``.
+
+    Raises:
+        ValueError: ``security.caller_auth`` is on without readable tokens.
     """
 
-    def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any) -> None:
+    def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any, *,
+                 auth: CallerAuth | None = None, limiter: RateLimiter | None = None) -> None:
         self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
+        self.auth = auth if auth is not None else CallerAuth.from_config(cfg.security)
+        self.limiter = limiter if limiter is not None else RateLimiter.from_config(cfg.security)
         self._running: dict[str, str] = {}  # conversation id -> idempotency key of the round in progress
+        self._active_rounds = 0  # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
 
     # ------------------------------------------------------------------ helpers
-    async def _conversation(self, conv_id: str) -> tuple[Any, list]:
+    def _gate(self, context: Any, limited: bool = False) -> str:
+        """Authenticate the call and, for ``limited`` calls (those that store), spend one call of the caller's rate
+        limit (keyed by the caller id, or the peer address without caller tokens) before anything is read or
+        stored. Returns the caller id ("" without caller tokens).
+
+        Raises:
+            Unauthenticated / PermissionDenied: a missing or unknown caller token.
+            RateLimited: over the caller's rate limit (RESOURCE_EXHAUSTED with ``retry-after``).
+        """
+        caller = self.auth.authenticate(context)
+        if limited and self.limiter.enabled:
+            self.limiter.take(f"caller:{caller}" if self.auth.enabled else f"peer:{peer_host(context)}")
+        return caller
+
+    def running_conversations(self) -> set[str]:
+        """Ids of the conversations with a round running in this process (the retention sweep skips them)."""
+        return set(self._running)
+
+    async def _conversation(self, conv_id: str, context: Any = None) -> tuple[Any, list]:
+        """The conversation and its turns. With caller tokens on, a conversation of another caller is NOT_FOUND
+        exactly as an unknown one (ids do not leak)."""
         if not conv_id:
             raise InvalidArgument("conversation_id is empty")
+        if len(conv_id) > MAX_KEY_CHARS or CONTROL_CHARS.search(conv_id):  # cannot exist; never sent to the database
+            raise NotFound("conversation_id names no conversation (StartConversation creates one)")
         found = await asyncio.to_thread(self.store.get_conversation, conv_id)
-        if found is None:
+        if found is None or (self.auth.enabled and found[0].owner != self.auth.authenticate(context)):
             raise NotFound(f"conversation {conv_id[:64]!r} does not exist (StartConversation creates one)")
         return found
 
@@ -69,6 +123,19 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                 adapter_versions=conv.adapter_versions, safety_flagged=bool(conv.safety_flagged),
                                 safety_categories=list(conv.safety_categories or []))
 
+    def _admit(self) -> None:
+        """Admission control: take one of ``limits.max_active_rounds`` round slots or refuse with RESOURCE_EXHAUSTED
+        (the boundary adds ``retry-after``) before anything is read or stored. The caller releases the slot with
+        :meth:`_release` in a ``finally``."""
+        cap = self.cfg.limits.max_active_rounds
+        if self._active_rounds >= cap:
+            raise ResourceExhausted(f"the gateway is running its limit of {cap} rounds at once; retry later (the "
+                                    "retry-after metadata gives the seconds)")
+        self._active_rounds += 1
+
+    def _release(self) -> None:
+        self._active_rounds -= 1
+
     def _acquire(self, conv_id: str, key: str) -> None:
         held = self._running.get(conv_id)
         if held == key:
@@ -81,14 +148,20 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
     # ------------------------------------------------------------------ RPCs
     async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
                                 ) -> cpb.StartConversationResponse:
+        owner = self._gate(context, limited=True)
         if request.mode not in MODES:
             raise InvalidArgument("mode must be MODE_SUPPORT or MODE_MEETING")
         mode = MODES[request.mode]
+        if any(len(i) > MAX_PERSONA_ID_CHARS for i in request.persona_ids):
+            raise InvalidArgument(f"a persona id is longer than {MAX_PERSONA_ID_CHARS} characters; ListPersonas shows "
+                                  "the known ids")
         ids = list(request.persona_ids) or self._default_roster(mode)
         roster_from_ids(self.catalog, ids)
         if len(request.source_id) > 256:
             raise InvalidArgument("source_id is longer than 256 characters")
-        ctx = [(c.speaker, c.content) for c in request.context]
+        _no_controls(request.source_id, "source_id")
+        ctx = [(_no_controls(c.speaker, "context speaker"), _no_controls(c.content, "context content"))
+               for c in request.context]
         if sum(len(s) + len(c) for s, c in ctx) > self.cfg.dialogue.max_context_chars:
             raise InvalidArgument(f"context exceeds {self.cfg.dialogue.max_context_chars} characters")
         conv_id = str(uuid.uuid4())
@@ -99,21 +172,27 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             pinned = await asyncio.to_thread(pin_versions, self.cfg.adapters.store, [*ids, "director"], conv_id,
                                            self.cfg.adapters)
         conv = await asyncio.to_thread(self.store.create_conversation, conv_id, mode, ids, request.source_id, ctx,
-                                       pinned)
+                                       pinned, owner)
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))
 
     async def SendMessage(self, request: cpb.SendMessageRequest, context: Any) -> AsyncIterator[cpb.SendMessageResponse]:
+        self._gate(context, limited=True)
         key = request.idempotency_key
         if not key or len(key) > MAX_KEY_CHARS:
             raise InvalidArgument(f"idempotency_key must be 1 to {MAX_KEY_CHARS} characters")
+        _no_controls(key, "idempotency_key")
         text = _nonblank(request.text, "text", self.cfg.dialogue.max_message_chars)
-        conv, turns = await self._conversation(request.conversation_id)
-        self._acquire(conv.id, key)
+        self._admit()
         try:
-            async for ev in self._round(conv, turns, key, text, context):
-                yield cpb.SendMessageResponse(event=ev)
+            conv, turns = await self._conversation(request.conversation_id, context)
+            self._acquire(conv.id, key)
+            try:
+                async for ev in self._round(conv, turns, key, text, context):
+                    yield cpb.SendMessageResponse(event=ev)
+            finally:
+                self._running.pop(conv.id, None)
         finally:
-            self._running.pop(conv.id, None)
+            self._release()
 
     async def _round(self, conv: Any, turns: list, key: str, text: str, context: Any) -> AsyncIterator[Any]:
         """The round of one user message. The safety gate runs first: a risky message is stored with its safety
@@ -182,6 +261,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self.metrics.conversations_active.labels(conv.mode).dec()
 
     async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any) -> AsyncIterator[cpb.RunSelfPlayResponse]:
+        self._gate(context, limited=True)
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
         if not request.HasField("user") or not request.user.situation.strip():
             raise InvalidArgument("user.situation is required for the simulated user")
@@ -191,7 +271,16 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         p = request.user_speak_prob if request.HasField("user_speak_prob") else self.cfg.selfplay.user_speak_prob
         if not 0.0 <= p <= 1.0:
             raise InvalidArgument(f"user_speak_prob must be in [0, 1], got {p}")
-        conv, turns = await self._conversation(request.conversation_id)
+        self._admit()
+        try:
+            async for item in self._self_play(request, context, opening, n, p):
+                yield item
+        finally:
+            self._release()
+
+    async def _self_play(self, request: cpb.RunSelfPlayRequest, context: Any, opening: str, n: int, p: float
+                         ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
+        conv, turns = await self._conversation(request.conversation_id, context)
         if turns:
             raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
         key = "selfplay"
@@ -232,20 +321,24 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self._running.pop(conv.id, None)
 
     async def GetConversation(self, request: cpb.GetConversationRequest, context: Any) -> cpb.GetConversationResponse:
-        conv, turns = await self._conversation(request.conversation_id)
+        self._gate(context)
+        conv, turns = await self._conversation(request.conversation_id, context)
         return cpb.GetConversationResponse(conversation=self._conv_proto(conv, turns, request.include_think),
                                            director_retries=conv.director_retries,
                                            director_fallbacks=conv.director_fallbacks)
 
     async def DeleteConversation(self, request: cpb.DeleteConversationRequest, context: Any
                                  ) -> cpb.DeleteConversationResponse:
-        conv, _ = await self._conversation(request.conversation_id)
+        """Erase the conversation with every turn, round and safety event (README "Security")."""
+        self._gate(context)
+        conv, _ = await self._conversation(request.conversation_id, context)
         if conv.id in self._running:
             raise FailedPrecondition("a round of this conversation is running; delete it after RoundCompleted")
         await asyncio.to_thread(self.store.delete_conversation, conv.id)
         return cpb.DeleteConversationResponse()
 
     async def ListPersonas(self, request: cpb.ListPersonasRequest, context: Any) -> cpb.ListPersonasResponse:
+        self._gate(context)
         if request.mode and request.mode not in MODES:
             raise InvalidArgument(f"unknown mode {request.mode}")
         cards = self.catalog.in_set(MODES[request.mode]) if request.mode else list(self.catalog.cards.values())

@@ -5,17 +5,22 @@ event is sent, so an acknowledged turn survives SIGKILL of the gateway. Rounds a
 (conversation, idempotency key) so that a retried message is answered from what was stored.
 Safety events (README "Safety") are stored in the same transaction as the turn they concern, and the
 conversation's safety flag with them; they hold rule names and categories, never user text.
+Deleting a conversation (DeleteConversation, the retention sweep; README "Security") removes every row that names
+it, in every table, in one transaction; on SQLite deleted content is overwritten (``secure_delete``) and the
+write-ahead log truncated after the delete.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, delete,
-                        func, select)
+                        event, exists, func, select)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -41,11 +46,13 @@ class ConversationRow(Base):
     adapter_versions: Mapped[dict] = mapped_column(JSON, default=dict)
     director_retries: Mapped[int] = mapped_column(Integer, default=0)
     director_fallbacks: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     #: Set by the safety gate on the first risky user message; never cleared (migration 0002).
     safety_flagged: Mapped[bool] = mapped_column(Boolean, default=False)
     #: Risk categories detected so far, in first-detected order.
     safety_categories: Mapped[list] = mapped_column(JSON, default=list)
+    #: Caller id that started it under ``security.caller_auth`` ("" without caller tokens; migration 0003).
+    owner: Mapped[str] = mapped_column(String(64), default="", index=True)
 
 
 class TurnRow(Base):
@@ -138,6 +145,37 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class _NoRowsLogger(logging.LoggerAdapter):
+    """SQLAlchemy's engine logger without its INFO (statements) and DEBUG (result rows) records."""
+
+    def __init__(self, logger: Any) -> None:
+        super().__init__(getattr(logger, "logger", logger), {})
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's name)
+        return level >= logging.WARNING and self.logger.isEnabledFor(level)
+
+
+def _secure_delete(conn: object, _record: object) -> None:
+    """SQLite: overwrite deleted content with zeros instead of leaving it in free pages."""
+    cur = conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("PRAGMA secure_delete=ON")
+    cur.close()
+
+
+def _conversation_tables() -> list:
+    """Every table holding rows of a conversation (a ``conversation_id`` column), children first, then
+    ``conversations``: what a delete must erase."""
+    tables = [t for t in Base.metadata.sorted_tables if "conversation_id" in t.c]
+    return [*reversed(tables), ConversationRow.__table__]
+
+
+def _delete_rows(s: Session, conv_id: str) -> None:
+    """Delete every row of a conversation in the session's transaction."""
+    for table in _conversation_tables():
+        col = table.c.id if table is ConversationRow.__table__ else table.c.conversation_id
+        s.execute(delete(table).where(col == conv_id))
+
+
 def run_migrations(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision (idempotent)."""
     from alembic import command
@@ -163,6 +201,12 @@ class Store:
 
     def __init__(self, url: str, migrate: bool = True) -> None:
         self.engine = create_engine(url, foreign_keys=True)
+        # Statement parameters and result rows hold user text: never in exception messages or SQLAlchemy's logs,
+        # whatever level an operator gives its loggers (only its warnings and errors pass).
+        self.engine.hide_parameters = True
+        self.engine.logger = _NoRowsLogger(self.engine.logger)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _secure_delete)
         if migrate:
             run_migrations(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
@@ -177,12 +221,13 @@ class Store:
 
     # conversations
     def create_conversation(self, conv_id: str, mode: str, persona_ids: list[str], source_id: str,
-                            context: list[tuple[str, str]], adapter_versions: dict[str, str] | None = None
-                            ) -> ConversationRow:
-        """Insert a conversation (with the adapter versions it is pinned to) and return it."""
+                            context: list[tuple[str, str]], adapter_versions: dict[str, str] | None = None,
+                            owner: str = "") -> ConversationRow:
+        """Insert a conversation (with the adapter versions it is pinned to and its owner's caller id) and return
+        it."""
         row = ConversationRow(id=conv_id, mode=mode, persona_ids=list(persona_ids), source_id=source_id,
                               context=[list(c) for c in context], adapter_versions=dict(adapter_versions or {}),
-                              created_at=_now())
+                              created_at=_now(), owner=owner)
         with self.session() as s, s.begin():
             s.add(row)
         return row
@@ -197,15 +242,59 @@ class Store:
             return conv, turns
 
     def delete_conversation(self, conv_id: str) -> bool:
-        """Delete a conversation with its turns and rounds; False when it did not exist."""
+        """Delete a conversation with every row that names it (turns, rounds, safety events, any table with a
+        ``conversation_id``) in one transaction; False when it did not exist."""
         with self.session() as s, s.begin():
             conv = s.get(ConversationRow, conv_id)
             if conv is None:
                 return False
-            for model in (SafetyEventRow, TurnRow, RoundRow, ConversationRow):
-                col = model.id if model is ConversationRow else model.conversation_id
-                s.execute(delete(model).where(col == conv_id))
+            _delete_rows(s, conv_id)
+        self._scrub()
         return True
+
+    def _scrub(self) -> None:
+        """SQLite: move the write-ahead log into the database and truncate it, so deleted content does not linger
+        in the log file (pages freed in the database are zeroed by ``secure_delete``)."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        with self.engine.connect() as c:
+            c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    @staticmethod
+    def _inactive(cutoff: datetime) -> list:
+        """Conditions on ConversationRow: created before ``cutoff`` and no turn stored since."""
+        recent = exists().where(TurnRow.conversation_id == ConversationRow.id, TurnRow.created_at >= cutoff)
+        return [ConversationRow.created_at < cutoff, ~recent]
+
+    def inactive_conversations(self, cutoff: datetime, limit: int = 500) -> list[str]:
+        """Ids of conversations created before ``cutoff`` with no turn stored since (oldest first, at most
+        ``limit``): what the retention sweep deletes."""
+        with self.session() as s:
+            return list(s.scalars(select(ConversationRow.id).where(*self._inactive(cutoff))
+                                  .order_by(ConversationRow.created_at, ConversationRow.id).limit(limit)))
+
+    def delete_inactive(self, max_age: timedelta, now: datetime | None = None, skip: set[str] | frozenset = frozenset(),
+                        batch: int = 500) -> int:
+        """Delete every conversation with no activity (created, or a turn stored) for ``max_age`` before ``now``
+        (default: the current time) with all its rows, one transaction each (re-checked inside it), except the ids
+        in ``skip`` (rounds running in this process); returns how many were deleted."""
+        cutoff = (now or _now()) - max_age
+        done, passed = 0, set(skip)
+        while True:
+            ids = [i for i in self.inactive_conversations(cutoff, batch + len(passed)) if i not in passed]
+            if not ids:
+                break
+            for conv_id in ids[:batch]:
+                passed.add(conv_id)
+                with self.session() as s, s.begin():
+                    if s.scalar(select(ConversationRow.id).where(ConversationRow.id == conv_id,
+                                                                 *self._inactive(cutoff))) is None:
+                        continue  # it became active since the listing
+                    _delete_rows(s, conv_id)
+                done += 1
+        if done:
+            self._scrub()
+        return done
 
     def count_turns(self, conv_id: str) -> int:
         """Number of stored turns."""

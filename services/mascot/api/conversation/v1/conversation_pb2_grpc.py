@@ -27,6 +27,11 @@ if _version_not_supported:
 
 class ConversationServiceStub:
     """ConversationService is the public dialogue API served by the gateway.
+    With caller tokens on (`security.caller_auth`), every RPC needs `authorization: Bearer <token>` metadata:
+    UNAUTHENTICATED without it, PERMISSION_DENIED for a token no caller has. A conversation is then visible only to
+    the caller that started it: for any other caller it is NOT_FOUND, exactly like an unknown id.
+    StartConversation, SendMessage and RunSelfPlay count against a per-caller rate limit (`security.rate_limit_*`):
+    over it they fail with RESOURCE_EXHAUSTED and `retry-after` metadata (seconds) before anything is stored.
     """
 
     def __init__(self, channel):
@@ -69,12 +74,17 @@ class ConversationServiceStub:
 
 class ConversationServiceServicer:
     """ConversationService is the public dialogue API served by the gateway.
+    With caller tokens on (`security.caller_auth`), every RPC needs `authorization: Bearer <token>` metadata:
+    UNAUTHENTICATED without it, PERMISSION_DENIED for a token no caller has. A conversation is then visible only to
+    the caller that started it: for any other caller it is NOT_FOUND, exactly like an unknown id.
+    StartConversation, SendMessage and RunSelfPlay count against a per-caller rate limit (`security.rate_limit_*`):
+    over it they fail with RESOURCE_EXHAUSTED and `retry-after` metadata (seconds) before anything is stored.
     """
 
     def StartConversation(self, request, context):
         """StartConversation creates a conversation with its persona roster.
         Errors: INVALID_ARGUMENT (unspecified mode, unknown or duplicate persona id, context over the limit),
-        UNAVAILABLE (store down).
+        UNAVAILABLE (store down), UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,7 +99,8 @@ class ConversationServiceServicer:
         ROUND_END_REASON_SAFETY. In a flagged conversation replies are screened before they are sent (one delta each).
         Errors: INVALID_ARGUMENT (empty or whitespace-only text, text over the limit, key reused with another text,
         missing key), NOT_FOUND (unknown conversation), UNAVAILABLE (a model service down, or the same key is
-        still being answered: retry), DEADLINE_EXCEEDED.
+        still being answered: retry), DEADLINE_EXCEEDED, UNAUTHENTICATED / PERMISSION_DENIED (caller token),
+        RESOURCE_EXHAUSTED (rate limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -101,7 +112,8 @@ class ConversationServiceServicer:
         The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
         (ROUND_END_REASON_SAFETY).
         Errors: INVALID_ARGUMENT (empty opening text, missing situation, bad probability or turn count),
-        NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns), UNAVAILABLE.
+        NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns), UNAVAILABLE,
+        UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,15 +121,19 @@ class ConversationServiceServicer:
 
     def GetConversation(self, request, context):
         """GetConversation returns a conversation with its stored turns.
-        Errors: INVALID_ARGUMENT (empty id), NOT_FOUND (unknown conversation).
+        Errors: INVALID_ARGUMENT (empty id), NOT_FOUND (unknown conversation), UNAUTHENTICATED / PERMISSION_DENIED
+        (caller token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteConversation(self, request, context):
-        """DeleteConversation deletes a conversation and all its turns.
-        Errors: INVALID_ARGUMENT (empty id), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (a round is running).
+        """DeleteConversation erases a conversation with every row stored for it: turns (with thinking text), rounds and
+        safety events. Conversations with no activity for `security.retention_days` are erased the same way by the
+        gateway's retention sweep.
+        Errors: INVALID_ARGUMENT (empty id), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (a round is running),
+        UNAUTHENTICATED / PERMISSION_DENIED (caller token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,7 +141,7 @@ class ConversationServiceServicer:
 
     def ListPersonas(self, request, context):
         """ListPersonas lists the persona cards the gateway knows, optionally for one mode.
-        Errors: none beyond UNAVAILABLE.
+        Errors: INVALID_ARGUMENT (unknown mode), UNAUTHENTICATED / PERMISSION_DENIED (caller token), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +190,11 @@ def add_ConversationServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ConversationService:
     """ConversationService is the public dialogue API served by the gateway.
+    With caller tokens on (`security.caller_auth`), every RPC needs `authorization: Bearer <token>` metadata:
+    UNAUTHENTICATED without it, PERMISSION_DENIED for a token no caller has. A conversation is then visible only to
+    the caller that started it: for any other caller it is NOT_FOUND, exactly like an unknown id.
+    StartConversation, SendMessage and RunSelfPlay count against a per-caller rate limit (`security.rate_limit_*`):
+    over it they fail with RESOURCE_EXHAUSTED and `retry-after` metadata (seconds) before anything is stored.
     """
 
     @staticmethod
