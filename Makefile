@@ -60,6 +60,7 @@ bench: setup
 	$(BIN)/python bench/turn_overhead.py
 	$(BIN)/python bench/grpo_step.py --size full
 	$(BIN)/python bench/vllm_serving.py --size full
+	$(BIN)/python bench/load.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -97,10 +97,11 @@ class ConversationServiceServicer:
         The safety gate runs first: a message showing risk is answered by one safety turn (`Turn.safety` true,
         directive source DIRECTIVE_SOURCE_SAFETY, fixed template text) and the round ends with
         ROUND_END_REASON_SAFETY. In a flagged conversation replies are screened before they are sent (one delta each).
-        Errors: INVALID_ARGUMENT (empty or whitespace-only text, text over the limit, key reused with another text,
-        missing key), NOT_FOUND (unknown conversation), UNAVAILABLE (a model service down, or the same key is
-        still being answered: retry), DEADLINE_EXCEEDED, UNAUTHENTICATED / PERMISSION_DENIED (caller token),
-        RESOURCE_EXHAUSTED (rate limit).
+        Errors: INVALID_ARGUMENT (empty, whitespace- or invisible-only text, a control character other than tab or
+        newline, text over the limit, key reused with another text, missing key), NOT_FOUND (unknown conversation),
+        UNAVAILABLE (a model service down, or the same key is still being answered: retry), DEADLINE_EXCEEDED,
+        UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit, or
+        `limits.max_active_rounds` rounds already running: retry later with the same key; nothing was stored).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,9 +112,10 @@ class ConversationServiceServicer:
         then `agent_turns` agent turns, the simulated user speaking after each with probability `user_speak_prob`.
         The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
         (ROUND_END_REASON_SAFETY).
-        Errors: INVALID_ARGUMENT (empty opening text, missing situation, bad probability or turn count),
-        NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns), UNAVAILABLE,
-        UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit).
+        Errors: INVALID_ARGUMENT (empty opening text, a control character, missing situation, bad probability or
+        turn count), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns),
+        UNAVAILABLE, UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit, or
+        `limits.max_active_rounds` rounds already running).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
