@@ -75,17 +75,9 @@ CALLER_TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the ca
 
 def _caller_token(token_file: Optional[Path]) -> Optional[str]:
     """The caller token of ``--token-file``; None = ``MASCOT_CALLER_TOKEN`` (read by the channel)."""
-    if token_file is None:
-        return None
-    try:
-        token = token_file.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
-        raise typer.Exit(2) from None
-    if not token:
-        console.print(f"[red]--token-file {token_file} is empty[/red]")
-        raise typer.Exit(2)
-    return token
+    from mascot.cli_adapters import read_token_file
+
+    return None if token_file is None else read_token_file(token_file)
 
 
 def _redacted(cfg: Any) -> str:

@@ -58,17 +58,22 @@ def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CER
     export_tls(tls_ca, tls_cert, tls_key)
 
 
+def read_token_file(token_file: Path) -> str:
+    """The token in ``token_file`` (stripped); exits 2 with a message when it cannot be read or is empty."""
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
+        raise typer.Exit(2) from None
+    if not token:
+        console.print(f"[red]--token-file {token_file} is empty[/red]")
+        raise typer.Exit(2)
+    return token
+
+
 def _token(token_file: Optional[Path]) -> str:
     if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as e:
-            console.print(f"[red]cannot read --token-file {token_file}: {e.strerror}[/red]")
-            raise typer.Exit(2) from None
-        if not token:
-            console.print(f"[red]--token-file {token_file} is empty[/red]")
-            raise typer.Exit(2)
-        return token
+        return read_token_file(token_file)
     token = os.environ.get("MASCOT_ADMIN_TOKEN", "").strip()
     if not token:
         console.print("[red]no admin token: set MASCOT_ADMIN_TOKEN or pass --token-file[/red]")

@@ -220,7 +220,7 @@ def _edited_copy(adapter: Path, tmp_path: Path, **conf_changes) -> Path:
 
 @pytest.mark.parametrize("change, kw, message", [
     ({"base_model_name_or_path": "Qwen/Qwen3-8B"}, {}, r"trained on base model 'Qwen/Qwen3-8B'.*retrain"),
-    ({}, {"max_rank": 2}, r"LoRA rank 4, above the serving limit max_lora_rank 2"),
+    ({}, {"max_rank": 2}, r"LoRA rank 4, above the serving limit adapters.max_rank 2"),
     ({"modules_to_save": ["lm_head"]}, {}, r"full-weight modules \['lm_head'\]"),
 ])
 def test_publish_refusals_leave_store_untouched(base, healthy, tmp_path, change, kw, message):
