@@ -32,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
 #: Presets. ``full`` is the issue's size with the default config but a capacity that admits all 64 conversations
-#: (``limits.max_active_rounds`` defaults to 16, one batch of the CPU engine). ``small`` keeps
+#: (``limits.max_active_rounds`` defaults to 16, one batch of the CPU engine) and an engine batch of the same size, so
+#: every admitted round's model call decodes in the running batch instead of queueing behind it (a capacity above
+#: the engine's batch is not a capacity the deployment has; see README "Limits"). ``small`` keeps
 #: CI under a minute on 2 cores: fewer conversations, one agent turn per round, short replies and directives (the
 #: tiny model's constrained directives otherwise run to max_action_chars); every check is the same.
 SIZES = {
-    "full": dict(conversations=64, rounds=10, capacity=64),
+    "full": dict(conversations=64, rounds=10, capacity=64, overrides={"engine": {"max_batch_size": 64}}),
     "small": dict(conversations=4, rounds=2, capacity=4, overrides={
         "dialogue": {"agent_turns_per_round": 1}, "speaker": {"max_tokens": 16},
         "director": {"max_action_chars": 24, "max_tone_chars": 12}}),
@@ -131,6 +133,8 @@ async def main() -> int:
                     "of capacity (0 skips the phase)")
     ap.add_argument("--max-tokens", type=int, default=0, help="speaker.max_tokens (default: the preset's, else the "
                     "config default)")
+    ap.add_argument("--batch", type=int, default=0, help="engine.max_batch_size (default: the preset's, else the "
+                    "config default)")
     ap.add_argument("--model", default="", help="model dir (default: build the tiny Qwen3)")
     ap.add_argument("--timeout", type=float, default=900.0, help="deadline of each SendMessage, in seconds")
     args = ap.parse_args()
@@ -144,6 +148,8 @@ async def main() -> int:
     overrides = {k: dict(v) for k, v in preset.get("overrides", {}).items()}
     if args.max_tokens:
         overrides.setdefault("speaker", {})["max_tokens"] = args.max_tokens
+    if args.batch:
+        overrides.setdefault("engine", {})["max_batch_size"] = args.batch
     if n < 1 or rounds < 1 or capacity < 1:
         print("--conversations, --rounds and --capacity must be at least 1", file=sys.stderr)
         return 2
@@ -165,7 +171,8 @@ async def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="mascot-load-"))
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
     cfg = MascotConfig(server={"gateway_port": 0, "metrics_port": 0}, store={"url": f"sqlite:///{tmp}/load.db"},
-                       engine={"model": model}, limits={"max_active_rounds": capacity}, **overrides)
+                       engine={"model": model, **overrides.pop("engine", {})},
+                       limits={"max_active_rounds": capacity}, **overrides)
     stack = await start_stack(cfg)
     ch = channel(stack.target("gateway"), cfg.server.max_message_bytes)
     stub = cpb_grpc.ConversationServiceStub(ch)

@@ -34,6 +34,9 @@ app.add_typer(adapters_app, name="adapters")
 from mascot.cli_retrain import retrain_app  # noqa: E402
 
 app.add_typer(retrain_app, name="retrain")
+from mascot.health_cli import health  # noqa: E402
+
+app.command("health")(health)
 console = Console(stderr=True)
 MODEL_HELP = ("Real weights for the generation services: a local model directory or a Hugging Face hub id such as "
               "Qwen/Qwen3-0.6B (read from the local HF cache). Default: the tiny random-init Qwen3 (its words are "

@@ -359,7 +359,8 @@ def test_model_services_are_raw_kserve_inference_services_on_a100s(rendered):
         sp = c["startupProbe"]
         assert sp["httpGet"]["path"] == "/v2/health/live"
         assert sp["periodSeconds"] * sp["failureThreshold"] >= 15 * 60, "8B models: download, load, CUDA graphs"
-        assert c["readinessProbe"]["grpc"]["port"] == port
+        # TLS is on in full.yaml: kubelet grpc probes cannot do TLS (test_helm_tls.py)
+        assert c["readinessProbe"]["exec"]["command"][:4] == ["mascot", "health", "--port", str(port)]
         assert p["automountServiceAccountToken"] is False
         assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/dev/shm", "/etc/mascot/config"}
         cfg = _config(r, comp)
@@ -543,7 +544,11 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     pod = r.one("Pod", "-test-health")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (c,) = pod["spec"]["containers"]
-    targets = c["args"][2:]
+    assert c["command"] == ["mascot", "health"]
+    _cli_accepts(c["command"][1:] + c["args"])
+    assert c["args"][:2] == ["--timeout", str(r.values.get("tests", {}).get("timeoutSeconds", 10))]
+    flags, targets = c["args"][2::2], c["args"][3::2]
+    assert set(flags) == {"--target"}
     expected = [f"{RELEASE}-mascot-gateway:50051"] + [
         t for t in (_config(r, "gateway")["server"]["director_target"],
                     _config(r, "gateway")["server"]["speaker_target"])]
@@ -555,30 +560,39 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     assert targets == expected
 
 
-def test_helm_test_script_passes_only_when_every_target_is_serving(rendered):
+def test_helm_test_command_passes_only_when_every_target_is_serving(rendered, tmp_path):
+    """The Pod's own command and arguments (`mascot health --timeout T --target ...`), run as a subprocess with its
+    targets pointed at local servers and its MASCOT_CONFIG at the rendered gateway.yaml (plaintext here; TLS and
+    mutual TLS: test_helm_tls.py)."""
     from grpc_health.v1 import health_pb2
 
-    (c,) = rendered["minimal.yaml"].one("Pod", "-test-health")["spec"]["containers"]
-    assert c["command"] == ["python", "-c"]
-    script, timeout = c["args"][0], c["args"][1]
+    r = rendered["minimal.yaml"]
+    (c,) = r.one("Pod", "-test-health")["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MASCOT_CONFIG"] == "/etc/mascot/config/gateway.yaml"
     serving, ok = _health_server({"": health_pb2.HealthCheckResponse.SERVING})
     starting, not_yet = _health_server({"": health_pb2.HealthCheckResponse.NOT_SERVING})
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(r.one("ConfigMap", "-config")["data"]["gateway.yaml"])
+
+    def run(*targets: str) -> subprocess.CompletedProcess:
+        args = c["args"][:2] + [a for t in targets for a in ("--target", t)]
+        return subprocess.run([sys.executable, "-m", "mascot.cli", *c["command"][1:], *args], capture_output=True,
+                              text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "MASCOT_CONFIG": str(config)})
+
     try:
-        run = lambda *t: subprocess.run([sys.executable, "-c", script, "2", *t], capture_output=True,  # noqa: E731
-                                        text=True, timeout=60)
         good = run(ok, ok)
         assert good.returncode == 0 and good.stdout.count("SERVING") == 2, good.stdout + good.stderr
         bad = run(ok, not_yet, closed)
         assert bad.returncode == 1
         assert f"{not_yet} NOT_SERVING" in bad.stdout and f"{closed} UNAVAILABLE" in bad.stdout
-        assert "not serving" in bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1 and "not serving" in bad.stderr
     finally:
         serving.stop(0)
         starting.stop(0)
-    assert float(timeout) > 0
 
 
 # ----------------------------------------------------------------------------------------------- training

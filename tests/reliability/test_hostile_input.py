@@ -37,11 +37,10 @@ LIMIT = 4000  # dialogue.max_message_chars (the default)
 MAX_MESSAGE_BYTES = 64 * 1024  # server.max_message_bytes of this module's stack (one place: the config)
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
-#: A request whose bytes are not a valid protobuf message (here: a string field that is not UTF-8) fails to parse in
-#: grpc's own aio runtime, which answers UNKNOWN ("Unexpected <class DecodeError>: Error parsing message with type
-#: ...", no request bytes echoed) before the handler runs. The boundary interceptor is the one place that could map
-#: it to INVALID_ARGUMENT (by wrapping the handler's request_deserializer); it does not yet. Never INTERNAL, never OK.
-UNDECODABLE = grpc.StatusCode.UNKNOWN
+#: A request whose bytes are not a valid protobuf message (here: a string field that is not UTF-8) is refused by the
+#: boundary interceptor (it wraps each handler's request_deserializer) before the handler runs; without that, grpc's
+#: aio runtime would answer UNKNOWN. Never INTERNAL, never OK, the request bytes never echoed.
+UNDECODABLE = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class Hostile:
@@ -300,6 +299,7 @@ async def test_invalid_utf8_in_a_string_field_is_refused_and_nothing_is_stored(h
     assert err.value.code() == UNDECODABLE, err.value.details()
     assert err.value.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.OK)
     assert "Traceback" not in err.value.details() and "\\x" not in err.value.details()
+    assert "not UTF-8" in err.value.details() and f"mascot.api.conversation.v1.{method}Request" in err.value.details()
     assert await h.turns(conv.id) == []
     assert (h.count(RoundRow), h.count(ConversationRow)) == (rounds, convs)
     await assert_still_serves(h, conv.id)
@@ -435,6 +435,27 @@ async def test_clients_without_a_config_use_the_config_default_limit():
     from mascot.core.server import DEFAULT_MAX_MESSAGE_BYTES
 
     assert DEFAULT_MAX_MESSAGE_BYTES == ServerConfig().max_message_bytes
+
+
+async def test_clients_take_the_limit_from_the_config_environment(h, monkeypatch):
+    """A CLI's channel (no config object) takes ``MASCOT_SERVER__MAX_MESSAGE_BYTES`` like the servers: a request over
+    it is refused on the client, before it is sent; a bad value is a clear error."""
+    from mascot.core.server import client_max_message_bytes
+
+    conv = await h.start()
+    monkeypatch.setenv("MASCOT_SERVER__MAX_MESSAGE_BYTES", str(32 * 1024))
+    assert client_max_message_bytes() == 32 * 1024
+    async with channel(h.stack.target("gateway")) as ch:
+        stub = cpb_grpc.ConversationServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            [m async for m in stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv.id, text="y" * 40 * 1024,
+                                                                      idempotency_key="over-client-limit"))]
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "32768" in err.value.details()
+    assert await h.turns(conv.id) == []
+    for bad in ("lots", "12", str(512 * 1024 * 1024)):
+        monkeypatch.setenv("MASCOT_SERVER__MAX_MESSAGE_BYTES", bad)
+        with pytest.raises(ValueError, match="MASCOT_SERVER__MAX_MESSAGE_BYTES"):
+            channel(h.stack.target("gateway"))
 
 
 # ---------------------------------------------------------------------------- streaming keeps characters whole

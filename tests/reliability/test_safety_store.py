@@ -12,7 +12,6 @@ from sqlalchemy import text
 
 from mascot.core.db import create_engine
 from mascot.gateway.store import MIGRATIONS_DIR, Base, NewTurn, SafetyEvent, Store
-from tests.integration.test_postgres import postgres_url  # noqa: F401  (the throwaway-server fixture)
 
 
 def alembic(engine, action: str, revision: str) -> None:
@@ -54,5 +53,5 @@ def test_migration_0002_on_sqlite(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.postgres
-def test_migration_0002_on_postgres(postgres_url):  # noqa: F811
+def test_migration_0002_on_postgres(postgres_url):
     check_upgrade_from_0001(postgres_url)

@@ -22,7 +22,6 @@ from mascot.gateway.store import Base, NewTurn, SafetyEvent, Store
 from mascot.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
-from tests.integration.test_postgres import postgres_url  # noqa: F401  (the throwaway-server fixture)
 from tests.reliability.test_safety_store import alembic
 
 DIRECTOR = "Agent: The Anchor\nAction: Comfort the user.\nTone: Warm"
@@ -166,5 +165,5 @@ def test_migration_0003_on_sqlite(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.postgres
-def test_migration_0003_on_postgres(postgres_url):  # noqa: F811
+def test_migration_0003_on_postgres(postgres_url):
     check_owner_migration(postgres_url)

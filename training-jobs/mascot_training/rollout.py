@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from mascot.core.dialogue import HistoryTurn, directive_message, history_from_dicts, history_to_dicts
+from mascot.core.engine.base import render_chat
 from mascot.core.personas import PersonaCard
 from mascot.director.directive import DirectiveError, ParsedDirective, check_cap, parse_directive
 from mascot.director.prompts import build_messages
@@ -285,7 +286,7 @@ class RolloutRunner:
     def director_text(self, r: Rollout) -> str:
         """The serving director prompt of ``r``'s next decision, rendered (generation prompt included)."""
         msgs = build_messages(self.roster, r.history, r.prefix.context, self.s.max_consecutive_turns)
-        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return render_chat(self.tokenizer, msgs)  # the serving renderer (control tokens neutralised)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -109,6 +109,92 @@ director speaker judge reward
 {{- if eq .component "reward" }}{{ $c.storageUri }}{{ else }}{{ default .ctx.Values.model.storageUri $c.storageUri }}{{ end }}
 {{- end }}
 
+{{/* "true" when the release serves TLS (tls.existingSecret names the Secret), else "". */}}
+{{- define "mascot.tlsEnabled" -}}
+{{- if .Values.tls.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The files of the TLS Secret volume: Secret key -> server.tls setting (the file <mountPath>/<key>). */}}
+{{- define "mascot.tlsFiles" -}}
+tls.crt: cert_file
+tls.key: key_file
+{{- if .Values.tls.hasCA }}
+ca.crt: ca_file
+{{- end }}
+{{- end }}
+
+{{/* server.tls of every component (YAML; empty without TLS): the mounted Secret's files, client_auth, server_name. */}}
+{{- define "mascot.tlsConfig" -}}
+{{- $t := .Values.tls }}
+{{- if include "mascot.tlsEnabled" . }}
+{{- range $key, $setting := include "mascot.tlsFiles" . | fromYaml }}
+{{ $setting }}: {{ printf "%s/%s" (trimSuffix "/" $t.mountPath) $key | quote }}
+{{- end }}
+{{- if $t.mutual }}
+client_auth: true
+{{- end }}
+{{- with $t.serverName }}
+server_name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The TLS Secret volume and its mount (empty without TLS): only the files server.tls names, so a key missing from
+     the Secret keeps the pod from starting, by name. */}}
+{{- define "mascot.tlsVolume" -}}
+{{- if include "mascot.tlsEnabled" . }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.existingSecret }}
+    defaultMode: 0440
+    items:
+      {{- range $key, $_ := include "mascot.tlsFiles" . | fromYaml }}
+      - key: {{ $key }}
+        path: {{ $key }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "mascot.tlsMount" -}}
+{{- if include "mascot.tlsEnabled" . }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Where the gateway reads the caller tokens (security.caller_tokens_file): the callerAuth Secret's key mounted as
+     the file "tokens". */}}
+{{- define "mascot.callerTokensDir" -}}
+/etc/mascot/caller-tokens
+{{- end }}
+
+{{- define "mascot.callerTokensFile" -}}
+{{ include "mascot.callerTokensDir" . }}/tokens
+{{- end }}
+
+{{/* The gRPC health probe of a container's own gRPC port: (dict "ctx" $ "port" <port> "probe" <periodSeconds...>).
+     Plaintext: a kubelet grpc probe. TLS: kubelet grpc probes cannot speak TLS, so an exec probe runs
+     `mascot health` (mascot/health_cli.py), which reads the pod's own MascotConfig (MASCOT_CONFIG: server.tls, and
+     under mutual TLS presents tls.crt) and checks 127.0.0.1:<port>; its deadline is a second under the probe's
+     timeout. */}}
+{{- define "mascot.healthProbe" -}}
+{{- if include "mascot.tlsEnabled" .ctx }}
+exec:
+  command:
+    - mascot
+    - health
+    - --port
+    - {{ .port | quote }}
+    - --timeout
+    - {{ max 1 (sub (int (.probe.timeoutSeconds | default 1)) 1) | quote }}
+{{- else }}
+grpc:
+  port: {{ .port }}
+{{- end }}
+{{ toYaml .probe }}
+{{- end }}
+
 {{/* The MascotConfig YAML of one component: chart-derived keys < .Values.config < <component>.config.
      (dict "ctx" $ "component" "gateway"|"director"|...). */}}
 {{- define "mascot.componentConfig" -}}
@@ -116,6 +202,7 @@ director speaker judge reward
 {{- $v := $ctx.Values }}
 {{- $comp := .component }}
 {{- $cfg := dict "server" (dict "host" "0.0.0.0") }}
+{{- with (include "mascot.tlsConfig" $ctx | fromYaml) }}{{ $_ := set $cfg.server "tls" . }}{{ end }}
 {{- $personas := dict }}
 {{- if $v.personas.sets }}
 {{- $files := list }}
@@ -139,6 +226,9 @@ director speaker judge reward
 {{- end }}
 {{- if $adapters }}{{ $_ := set $cfg "adapters" $adapters }}{{ end }}
 {{- if eq $comp "gateway" }}
+{{- if $v.security.callerAuth.enabled }}
+{{- $_ := set $cfg "security" (dict "caller_auth" true "caller_tokens_file" (include "mascot.callerTokensFile" $ctx)) }}
+{{- end }}
 {{- $_ := set $cfg.server "gateway_port" (int $v.gateway.port) }}
 {{- $_ := set $cfg.server "metrics_port" (int $v.gateway.metricsPort) }}
 {{- $_ := set $cfg.server "director_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "director")) }}
@@ -222,11 +312,8 @@ director speaker judge reward
 - name: personas
   configMap:
     name: {{ include "mascot.fullname" .ctx }}-personas
-{{- if $v.tls.existingSecret }}
-- name: tls
-  secret:
-    secretName: {{ $v.tls.existingSecret }}
-    defaultMode: 0440
+{{- with (include "mascot.tlsVolume" .ctx | trim) }}
+{{ . }}
 {{- end }}
 {{- if include "mascot.s3Enabled" .ctx }}
 - name: aws-credentials
@@ -254,10 +341,8 @@ director speaker judge reward
 - name: personas
   mountPath: /etc/mascot/personas
   readOnly: true
-{{- if $v.tls.existingSecret }}
-- name: tls
-  mountPath: {{ $v.tls.mountPath }}
-  readOnly: true
+{{- with (include "mascot.tlsMount" .ctx | trim) }}
+{{ . }}
 {{- end }}
 {{- if include "mascot.s3Enabled" .ctx }}
 - name: aws-credentials

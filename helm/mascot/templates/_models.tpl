@@ -58,10 +58,9 @@ containers:
         port: {{ $m.httpPort }}
       {{- toYaml $m.startupProbe | nindent 6 }}
     readinessProbe:
-      # SERVING once the engine runs and the registry's stable/canary adapters are loaded.
-      grpc:
-        port: {{ $c.grpcPort }}
-      {{- toYaml $m.readinessProbe | nindent 6 }}
+      # SERVING once the engine runs and the registry's stable/canary adapters are loaded (gRPC health; with TLS a
+      # `mascot health` exec probe: kubelet grpc probes cannot do TLS).
+      {{- include "mascot.healthProbe" (dict "ctx" $ctx "port" $c.grpcPort "probe" $m.readinessProbe) | nindent 6 }}
     livenessProbe:
       httpGet:
         path: /v2/health/live

@@ -13,7 +13,9 @@ def create_engine(url: str, *, foreign_keys: bool = False) -> sa.Engine:
     ``synchronous=FULL`` (a committed row survives a SIGKILL or power loss), plus ``foreign_keys=ON`` if asked.
 
     An in-memory SQLite URL (``sqlite://``, ``sqlite:///:memory:``) shares one connection across threads
-    (SQLAlchemy ``StaticPool``); otherwise every pooled connection would open its own empty database.
+    (SQLAlchemy ``StaticPool``); otherwise every pooled connection would open its own empty database. A server database
+    (PostgreSQL) gets ``pool_pre_ping`` (SQLAlchemy "Disconnect Handling - Pessimistic"): a pooled connection that a
+    database restart dropped is replaced on checkout instead of failing the next statement.
 
     Raises:
         sqlalchemy.exc.ArgumentError: a malformed URL.
@@ -24,8 +26,10 @@ def create_engine(url: str, *, foreign_keys: bool = False) -> sa.Engine:
     if in_memory:
         engine = sa.create_engine(url, future=True, poolclass=sa.pool.StaticPool,
                                   connect_args={"check_same_thread": False})
-    else:
+    elif url.startswith("sqlite"):
         engine = sa.create_engine(url, future=True)
+    else:  # a server database: test a pooled connection before use, so one dropped by a restart is replaced
+        engine = sa.create_engine(url, future=True, pool_pre_ping=True)
     if engine.dialect.name == "sqlite":
         @sa.event.listens_for(engine, "connect")
         def _pragmas(conn: Any, _rec: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -11,6 +12,16 @@ from mascot.core.personas import PersonaCard, PersonaCatalog
 
 
 FALLBACK_ACTION = "Respond to the user's latest message in your role"
+
+#: C0 controls other than tab, newline and carriage return; DEL; C1 controls. Refused in user input and removed from
+#: generated text: they are never text a person typed or should read, NUL cannot be stored in PostgreSQL text, and
+#: escape sequences would reach terminals.
+CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def strip_control_chars(text: str) -> str:
+    """``text`` without :data:`CONTROL_CHARS` (model output: a random or confused model can emit NUL or ESC)."""
+    return CONTROL_CHARS.sub("", text)
 
 
 @dataclass(frozen=True)

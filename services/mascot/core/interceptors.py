@@ -1,7 +1,10 @@
 """The boundary interceptor: request id, ServiceError -> status, RPC metrics, access log (no user text).
 
 Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes (DESIGN.md
-section 3). Any other exception becomes INTERNAL with a generic message; the trace goes to the log.
+section 3). A request whose bytes do not parse as the method's message (e.g. a proto3 string field that is not
+UTF-8) is INVALID_ARGUMENT before the handler runs; a database that cannot be reached (connection refused or lost,
+e.g. while PostgreSQL restarts) is UNAVAILABLE; any other exception becomes INTERNAL with a generic message; the
+trace goes to the log.
 """
 
 from __future__ import annotations
@@ -14,10 +17,58 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
-from mascot.core.errors import ResourceExhausted, ServiceError
+from google.protobuf.message import DecodeError
+
+from mascot.core.errors import InvalidArgument, ResourceExhausted, ServiceError
 
 log = logging.getLogger("mascot.access")
 REQUEST_ID_KEY = "x-request-id"
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse (see :func:`_tolerant`); the wrapped handler refuses it."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserializer`` that returns :class:`_Undecodable` instead of raising on bytes that are not a valid message.
+
+    gRPC's aio runtime answers a raising deserializer with UNKNOWN before any interceptor code runs; returning a
+    marker lets the wrapped handler answer INVALID_ARGUMENT, count the call and log it like any other refusal.
+    """
+    if deserializer is None:
+        return None
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except DecodeError:
+            owner = getattr(deserializer, "__self__", None)
+            name = getattr(getattr(owner, "DESCRIPTOR", None), "full_name", "") or "request"
+            return _Undecodable(name)
+    return parse
+
+
+def _refuse_undecodable(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"the request bytes are not a valid {request.type_name} message (a string field that is "
+                              "not UTF-8, as proto3 requires, or malformed protobuf); send UTF-8 text")
+
+
+def _database_unreachable(e: BaseException) -> bool:
+    """True for SQLAlchemy errors meaning the database could not be reached or the connection was lost (PostgreSQL
+    restarting, network gone): retryable, so UNAVAILABLE. Constraint violations, bad SQL etc. stay INTERNAL."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:  # pragma: no cover - sqlalchemy is a dependency of the gateway
+        return False
+    if isinstance(e, exc.DBAPIError) and e.connection_invalidated:
+        return True
+    return isinstance(e, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError))
 
 
 def _request_id(context: grpc.aio.ServicerContext) -> str:
@@ -49,10 +100,12 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         rpc = details.method.rsplit("/", 1)[-1]
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(self._wrap_unary(handler.unary_unary, rpc),
-                                                       handler.request_deserializer, handler.response_serializer)
+                                                       _tolerant(handler.request_deserializer),
+                                                       handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(self._wrap_stream(handler.unary_stream, rpc),
-                                                        handler.request_deserializer, handler.response_serializer)
+                                                        _tolerant(handler.request_deserializer),
+                                                        handler.response_serializer)
         return handler
 
     def _record(self, rpc: str, code: grpc.StatusCode, t0: float, rid: str) -> None:
@@ -68,6 +121,10 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 wait = getattr(e, "retry_after_s", None)
                 context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(wait or 1)))),))
             await context.abort(e.code, e.message)
+        if _database_unreachable(e):
+            log.warning("database unreachable: %s", type(e.__cause__ or e).__name__)  # never the SQL parameters
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the conversation store (database) is unreachable; retry "
+                                "with backoff (a SendMessage retry with the same idempotency_key resumes the round)")
         log.exception("unhandled error in handler")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log for the request id")
         raise AssertionError("unreachable")
@@ -77,6 +134,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             t0, rid = time.perf_counter(), _request_id(context)
             code = grpc.StatusCode.OK
             try:
+                _refuse_undecodable(request)
                 return await fn(request, context)
             except ServiceError as e:
                 code = e.code
@@ -85,7 +143,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
             except Exception as e:  # noqa: BLE001
-                code = grpc.StatusCode.INTERNAL
+                code = grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
                 await self._fail(context, e)
             finally:
                 self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)
@@ -96,6 +154,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             t0, rid = time.perf_counter(), _request_id(context)
             code = grpc.StatusCode.OK
             try:
+                _refuse_undecodable(request)
                 async for item in fn(request, context):
                     yield item
             except ServiceError as e:
@@ -108,7 +167,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 code = grpc.StatusCode.CANCELLED
                 raise
             except Exception as e:  # noqa: BLE001
-                code = grpc.StatusCode.INTERNAL
+                code = grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
                 await self._fail(context, e)
             finally:
                 self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)

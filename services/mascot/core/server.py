@@ -208,19 +208,44 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     return srv
 
 
-def channel(target: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, tls: ClientTLS | None = None,
+#: Environment variable of ``server.max_message_bytes`` (pydantic-settings naming); clients without a config read it.
+ENV_MAX_MESSAGE_BYTES = "MASCOT_SERVER__MAX_MESSAGE_BYTES"
+
+
+def client_max_message_bytes() -> int:
+    """The send/receive limit of a client that has no :class:`MascotConfig` (the CLIs):
+    ``$MASCOT_SERVER__MAX_MESSAGE_BYTES`` when set, else the config's default (16 MiB), so one setting sizes servers
+    and clients alike.
+
+    Raises:
+        ValueError: the variable is not an integer in [1024, 256 MiB] (the range of ``server.max_message_bytes``).
+    """
+    raw = os.environ.get(ENV_MAX_MESSAGE_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_MAX_MESSAGE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 1024 <= value <= 256 * 1024 * 1024:
+        raise ValueError(f"{ENV_MAX_MESSAGE_BYTES}={raw!r} must be an integer from 1024 to {256 * 1024 * 1024} bytes")
+    return value
+
+
+def channel(target: str, max_message_bytes: int | None = None, *, tls: ClientTLS | None = None,
             token: str | None = None) -> grpc.aio.Channel:
     """An async channel with equal size limits and retries of UNAVAILABLE (3 attempts).
 
     Args:
         target: ``host:port``.
-        max_message_bytes: gRPC send/receive limit.
+        max_message_bytes: gRPC send/receive limit; None = :func:`client_max_message_bytes` (servers' channels pass
+            their ``server.max_message_bytes``).
         tls: TLS of the channel; None = :meth:`ClientTLS.from_env` (plaintext unless ``MASCOT_TLS_*`` is set).
         token: Caller token of the public API sent as ``authorization: Bearer <token>`` on every call that sends
             no authorization of its own; None = ``MASCOT_CALLER_TOKEN`` (none when unset), "" = none.
 
     Raises:
-        ValueError: a TLS file cannot be read.
+        ValueError: a TLS file cannot be read, or a bad ``MASCOT_SERVER__MAX_MESSAGE_BYTES``.
     """
     service_config = {"methodConfig": [{
         "name": [{}],
@@ -229,6 +254,8 @@ def channel(target: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, 
     }]}
     tls = ClientTLS.from_env() if tls is None else tls
     token = os.environ.get(ENV_CALLER_TOKEN, "").strip() if token is None else token.strip()
+    if max_message_bytes is None:
+        max_message_bytes = client_max_message_bytes()
     options = [*_options(max_message_bytes), ("grpc.service_config", json.dumps(service_config)),
                ("grpc.enable_retries", 1)]
     interceptors = [_BearerUnary(token), _BearerStream(token)] if token else None

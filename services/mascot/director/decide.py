@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import random
 
-from mascot.core.dialogue import HistoryTurn, consecutive_turns
+from mascot.core.dialogue import HistoryTurn, consecutive_turns, strip_control_chars
 from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
 from mascot.core.personas import PersonaCard
 from mascot.director.directive import (
@@ -99,15 +99,16 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
                             seed=None if seed is None else seed + attempt)
         result = await engine.generate(GenerationRequest(engine.render_chat(msgs), sp, adapter=adapter,
                                                          structured=structured))
-        decision.raw_attempts.append(result.text)
+        text = strip_control_chars(result.text)  # stored and shown as the raw directive: no NUL/ESC
+        decision.raw_attempts.append(text)
         decision.generated_tokens += len(result.token_ids)
         try:
-            parsed = parse_directive(result.text, roster)
+            parsed = parse_directive(text, roster)
             decision.model_choice = parsed.persona_id
             check_cap(parsed.persona_id, history, cfg.max_consecutive_turns)
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
-            failed.append((result.text, str(e)))
+            failed.append((text, str(e)))
             continue
         decision.directive = parsed
         decision.source = MODEL if attempt == 0 else RETRY

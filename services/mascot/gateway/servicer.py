@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import unicodedata
 import uuid
@@ -12,7 +11,7 @@ from typing import Any, AsyncIterator
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.dialogue import HistoryTurn, roster_from_ids
+from mascot.core.dialogue import CONTROL_CHARS, HistoryTurn, roster_from_ids
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
@@ -23,9 +22,6 @@ MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
 MODE_VALUES = {v: k for k, v in MODES.items()}
 MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
-#: C0 controls other than tab, newline and carriage return; DEL; C1 controls. Refused in anything stored: they are
-#: never text a person typed, NUL cannot be stored in PostgreSQL text, and escape sequences would reach terminals.
-CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _no_controls(text: str, field: str) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from mascot.core.context import fit_history
-from mascot.core.dialogue import HistoryTurn
+from mascot.core.dialogue import HistoryTurn, strip_control_chars
 from mascot.core.engine import BASE_ADAPTER, GenerationRequest, GenerationResult, SamplingParams, StreamDelta
 from mascot.core.personas import PersonaCard
 from mascot.speaker.prompts import (
@@ -23,7 +23,8 @@ _VERSION_RE = re.compile(r"^(?P<persona>[a-z][a-z0-9_]*)--v(?P<n>\d+)$")
 
 @dataclass
 class ReplyOutcome:
-    """The finished reply: ``text`` equals the joined visible deltas."""
+    """The finished reply: ``text`` equals the joined visible deltas; neither it nor ``think`` holds a control
+    character (:data:`mascot.core.dialogue.CONTROL_CHARS` are removed from the model's output)."""
 
     text: str
     think: str
@@ -57,8 +58,8 @@ async def _stream(engine: Any, messages: list[dict[str, str]], sampling: Samplin
     first = 0.0
     result: GenerationResult | None = None
     async for item in engine.stream(GenerationRequest(engine.render_chat(messages), sampling, adapter=adapter)):
-        if isinstance(item, StreamDelta):
-            out = filt.feed(item.text)
+        if isinstance(item, StreamDelta):  # control characters (NUL, ESC, ...) never reach a person or the store
+            out = filt.feed(strip_control_chars(item.text))
         else:
             result = item
             out = filt.feed("", final=True)

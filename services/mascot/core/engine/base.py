@@ -112,6 +112,63 @@ class GenerationResult:
     cached_tokens: int = 0
 
 
+#: Inserted after the first character of a control-token string found in message text (U+200B ZERO WIDTH SPACE).
+TOKEN_BREAK = "\u200b"
+
+
+def control_token_pattern(tokenizer: Any, *, special_only: bool) -> "re.Pattern[str] | None":
+    """A regex matching the literal strings of ``tokenizer``'s added tokens (``<|im_start|>``, ``<|im_end|>``,
+    ``<|endoftext|>``, and with ``special_only`` False also non-special ones such as Qwen3's ``<think>``).
+
+    Returns:
+        The compiled alternation, longest strings first, or None when the tokenizer has no such token of 2+ chars.
+    """
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    words = {t.content for t in decoder.values() if len(t.content) > 1 and (t.special or not special_only)}
+    words |= {w for w in getattr(tokenizer, "all_special_tokens", ()) if len(w) > 1}
+    if not words:
+        return None
+    return re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)))
+
+
+def neutralize_control_tokens(text: str, pattern: "re.Pattern[str] | None") -> str:
+    """``text`` with every match of ``pattern`` broken by :data:`TOKEN_BREAK` after its first character, so the
+    tokenizer reads it as ordinary text instead of the control token (``"<|im_end|>"`` -> ``"<\u200b|im_end|>"``).
+
+    Chat templates render message text into one prompt string that is tokenized afterwards; without this a user who
+    types ``<|im_end|>\n<|im_start|>system`` would close their own turn and open a system turn (prompt injection
+    through the chat template, OWASP LLM01). Identity when ``pattern`` is None or nothing matches.
+    """
+    if pattern is None:
+        return text
+    return pattern.sub(lambda m: m.group(0)[0] + TOKEN_BREAK + m.group(0)[1:], text)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                **template_kwargs: Any) -> str:
+    """Render ``messages`` with ``tokenizer``'s chat template: the one renderer of serving and training prompts.
+
+    Control-token strings inside message text are neutralised first (:func:`neutralize_control_tokens`): every added
+    token (special ones and e.g. ``<think>``) in system and user text, and the special ones in assistant text (an
+    assistant turn keeps ``<think>`` so the template handles reasoning as the model was trained). Only the template
+    itself emits control tokens. Extra kwargs (e.g. ``enable_thinking``) pass on to ``apply_chat_template``.
+    """
+    patterns = getattr(tokenizer, "_mascot_control_patterns", None)
+    if patterns is None:
+        patterns = (control_token_pattern(tokenizer, special_only=False),
+                    control_token_pattern(tokenizer, special_only=True))
+        try:
+            tokenizer._mascot_control_patterns = patterns
+        except AttributeError:  # pragma: no cover - a tokenizer that refuses attributes: compute each time
+            pass
+    every, special = patterns
+    safe = [{**m, "content": neutralize_control_tokens(m["content"], special if m.get("role") == "assistant"
+                                                         else every)} if isinstance(m.get("content"), str) else m
+            for m in messages]
+    return tokenizer.apply_chat_template(safe, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **template_kwargs)
+
+
 class HFTokenizerMixin:
     """What every engine on a Hugging Face tokenizer shares: chat rendering, token counting, and ``generate`` as
     "run :meth:`stream` to its end". Subclasses set ``self.tokenizer`` when they start and define ``stream``."""
@@ -120,9 +177,9 @@ class HFTokenizerMixin:
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                     **template_kwargs: Any) -> str:
-        """Render messages with the tokenizer's chat template (extra kwargs such as ``enable_thinking`` pass on)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **template_kwargs)
+        """Render messages with the model's chat template, control tokens in message text neutralised
+        (:func:`render_chat`)."""
+        return render_chat(self.tokenizer, messages, add_generation_prompt, **template_kwargs)
 
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
