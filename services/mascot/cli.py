@@ -57,7 +57,7 @@ def _quiet() -> None:
 def _config(config: Optional[Path], **flags: Any) -> Any:
     from pydantic import ValidationError
 
-    from mascot.core.config import load_config
+    from mascot.core.config import ConfigFileError, load_config
 
     overrides: dict[str, Any] = {}
     for dotted, value in flags.items():
@@ -67,8 +67,8 @@ def _config(config: Optional[Path], **flags: Any) -> Any:
         overrides.setdefault(section, {})[key] = value
     try:
         return load_config(config, overrides)
-    except (ValidationError, FileNotFoundError) as e:
-        console.print(f"[red]configuration error:[/red] {e}")
+    except (ValidationError, FileNotFoundError, ConfigFileError) as e:
+        console.print(f"[red]configuration error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -224,6 +224,12 @@ def chat(
                     break
                 if not text.strip():
                     break
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # undecodable terminal bytes arrive as lone surrogates
+                    console.print("[red]that line is not valid UTF-8 text (check the terminal's encoding); not sent"
+                                  "[/red]")
+                    continue
                 try:
                     async for r in stub.SendMessage(cpb.SendMessageRequest(
                             conversation_id=conv.id, text=text, idempotency_key=uuid.uuid4().hex)):

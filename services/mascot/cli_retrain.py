@@ -61,6 +61,10 @@ def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple
     try:
         return asyncio.run(go())
     except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            console.print(f"[red]the gateway at {target} has no TrainingService[/red]: start it with "
+                          "training.templates_dir set (README: Retraining)", soft_wrap=True)
+            raise typer.Exit(1) from None
         console.print(f"[red]{e.code().name}:[/red] {e.details()}")
         raise typer.Exit(1) from None
     except ValueError as e:  # an unreadable TLS file

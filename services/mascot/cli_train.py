@@ -23,7 +23,7 @@ def _load(config: Path, phase: int = 1):  # noqa: ANN202
     try:
         return load(config)
     except ConfigError as e:
-        console.print(f"[red]configuration error:[/red] {e}")
+        console.print(f"[red]configuration error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -46,10 +46,11 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
 
             results = run(cfg, out, stages, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
-        console.print(f"[red]stage failed:[/red] {e}")
+        console.print(f"[red]stage failed:[/red] {e}", soft_wrap=True)  # one line in Job logs
         raise typer.Exit(1) from None
     except OSError as e:  # e.g. a hub id that is not in the local cache, an unwritable --out
-        console.print(f"[red]stage failed:[/red] {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}")
+        console.print(f"[red]stage failed:[/red] {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}",
+                      soft_wrap=True)
         raise typer.Exit(1) from None
     summary = {s: (m or {}).get("metrics") for s, m in results.items()}
     console.print_json(json.dumps(summary, default=str))

@@ -77,11 +77,11 @@ def own_certificate_name(cert_file: str) -> str:
 def _load_config(config: Optional[Path]) -> Any:
     from pydantic import ValidationError
 
-    from mascot.core.config import load_config
+    from mascot.core.config import ConfigFileError, load_config
 
     try:
         return load_config(config)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ConfigFileError) as e:
         raise _fail(f"configuration error: {e}", 2) from None
     except ValidationError as e:
         errors = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}" for err in e.errors())
@@ -112,7 +112,8 @@ def health(
                                      "every component). Names on the certificates: server.tls.server_name, else "
                                      "the host."),
     service: str = typer.Option("", "--service", help='grpc.health.v1 service name; "" = the whole server.'),
-    timeout: float = typer.Option(5.0, "--timeout", min=0.05, help="Deadline of each Check, in seconds."),
+    timeout: float = typer.Option(5.0, "--timeout", min=0.05, max=3600.0,
+                                  help="Deadline of each Check, in seconds (0.05 to 3600)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file (default: $MASCOT_CONFIG); "
                                           "server.tls decides TLS and mutual TLS, as for the server."),
     server_name: Optional[str] = typer.Option(None, "--server-name", help="Name checked on the server's "
@@ -123,9 +124,10 @@ def health(
     targets = ([f"127.0.0.1:{port}"] if port is not None else []) + list(target)
     if not targets:
         raise _fail("nothing to check: pass --port PORT (127.0.0.1) or --target HOST:PORT", 2)
-    bad = [t for t in targets if not t.rpartition(":")[0] or not t.rpartition(":")[2].isdigit()]
+    bad = [t for t in targets if not t.rpartition(":")[0] or not t.rpartition(":")[2].isdigit()
+           or not 1 <= int(t.rpartition(":")[2]) <= 65535]
     if bad:
-        raise _fail(f"--target {bad[0]!r} is not HOST:PORT", 2)
+        raise _fail(f"--target {bad[0]!r} is not HOST:PORT with a port from 1 to 65535", 2)
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's own log lines would break the one-line contract
     cfg = _load_config(config)
     from dataclasses import replace

@@ -347,6 +347,15 @@ def test_schema_rejects_a_caller_token_value_in_values():
               "/security/callerAuth", "tokens")
 
 
+@pytest.mark.parametrize("values, where", [
+    ({"tls": {"existingSecret": "Bad_Name!"}}, "/tls/existingSecret"),
+    ({"security": {"callerAuth": {"enabled": True, "existingSecret": "-starts-with-dash"}}},
+     "/security/callerAuth/existingSecret"),
+], ids=["tls-secret", "caller-token-secret"])
+def test_schema_rejects_a_secret_name_kubernetes_would_refuse(values, where):
+    _rejected(values, where, "pattern")
+
+
 def test_schema_accepts_tls_and_caller_auth_with_their_secrets():
     r = render({"tls": {"existingSecret": "mascot-tls", "mutual": True, "serverName": "mascot-internal.mascot.svc"},
                 "security": {"callerAuth": {"enabled": True, "existingSecret": "callers"}}})

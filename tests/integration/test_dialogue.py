@@ -344,11 +344,13 @@ async def test_chat_cli_streams_replies(tmp_path):
         sys.executable, "-m", "mascot.cli", "chat", "--target", stack.target("gateway"), "--persona", "anchor",
         "--persona", "beacon", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, cwd=ROOT)
-    out, err = await asyncio.wait_for(proc.communicate(b"I quit smoking last month.\n\n"), 120)
+    # a line that is not UTF-8 (a terminal in another encoding) is refused with a clear line; the chat goes on
+    out, err = await asyncio.wait_for(proc.communicate(b"caf\xe9 \xff\nI quit smoking last month.\n\n"), 120)
     assert proc.returncode == 0, err.decode()[-2000:]
     text = out.decode()
-    assert "[The Beacon] You did something brave today." in text
+    assert text.count("] You did something brave today.") == 3 and "[The Beacon] You did" in text  # one round
     assert "conversation" in err.decode() and "The Anchor, The Beacon" in err.decode()
+    assert "not valid UTF-8" in err.decode() and "Traceback" not in err.decode()
     await client.ch.close()
     await stack.stop(0)
 

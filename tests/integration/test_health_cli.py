@@ -168,6 +168,12 @@ async def test_usage_and_configuration_errors_exit_2_with_one_line(tmp_path):
     assert rc == 2 and "--port" in one_line(err)
     rc, _, err = await mascot_health(tmp_path, "--target", "no-port")
     assert rc == 2 and "HOST:PORT" in one_line(err)
+    rc, _, err = await mascot_health(tmp_path, "--target", "127.0.0.1:100997")  # gRPC would wrap it to a real port
+    assert rc == 2 and "1 to 65535" in one_line(err)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("{{{\n")
+    rc, _, err = await mascot_health(tmp_path, "--port", "50051", "--config", str(broken))
+    assert rc == 2 and "is not valid YAML" in one_line(err)
     rc, _, err = await mascot_health(tmp_path, "--port", "50051", config={"server": {"no_such_key": 1}})
     assert rc == 2 and "configuration error" in one_line(err) and "no_such_key" in err
     missing = {"server": {"tls": {"cert_file": str(tmp_path / "nope.crt"), "key_file": str(tmp_path / "nope.key"),

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -407,3 +408,13 @@ async def test_cli_retrain_wait_follows_the_run_to_its_end(envs):
     assert rc == 1 and "FAILED_PRECONDITION" in err
     assert env.runs_total("succeeded") == 1 and env.runs_total("failed", "collaborative") == 1
     assert env.runs_total("cancelled") == 1
+
+
+async def test_cli_against_a_gateway_without_training_service_says_how_to_turn_it_on(engine, tmp_path):
+    stack = await start_stack(make_config(tmp_path), engine=engine)  # no training.templates_dir
+    try:
+        rc, out, err = await _cli(SimpleNamespace(stack=stack), "list")
+        assert rc == 1 and "has no TrainingService" in err and "training.templates_dir" in err, err
+        assert "Traceback" not in err
+    finally:
+        await stack.stop(0)

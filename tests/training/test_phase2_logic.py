@@ -99,7 +99,8 @@ def _write(tmp_path, **over):
 
 def test_config_problems_are_listed_together(tmp_path, shared_data):
     f = _write(tmp_path, **{"director_grpo.batch_size": 6, "phase2.num_generations": 4, "personas": ["anchor"],
-                            "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW"})
+                            "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW",
+                            "phase2.group_reward.judge.target": "127.0.0.1:50071"})
     with pytest.raises(ConfigError) as e:
         load(f)
     msg = str(e.value)
@@ -107,6 +108,7 @@ def test_config_problems_are_listed_together(tmp_path, shared_data):
     assert "phase2.min_distinct (2) exceeds the 1 active persona(s)" in msg
     assert "has no adapter_config.json" in msg
     assert "user.personality" in msg
+    assert "phase2.group_reward.judge.target is not supported" in msg  # never silently ignored
 
 
 def test_config_rejects_unknown_keys_and_bad_values(tmp_path, shared_data):

@@ -31,3 +31,33 @@ def test_unknown_keys_and_bad_values_rejected(tmp_path):
         MascotConfig(selfplay={"user_speak_prob": 2})
     with pytest.raises(FileNotFoundError):
         load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{{{\n", "is not valid YAML: "),
+    ("engine:\n  model: [unclosed\n", "is not valid YAML: "),
+    ("- a list\n- of things\n", "must hold a mapping of sections"),
+    ("just a string\n", "must hold a mapping of sections"),
+])
+def test_a_broken_config_file_is_one_clear_error(tmp_path, monkeypatch, text, says):
+    from mascot.core.config import ConfigFileError
+
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigFileError, match=says) as e:
+        load_config(f)
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("MASCOT_CONFIG", str(f))  # the same through the environment variable
+    with pytest.raises(ConfigFileError, match=says):
+        load_config()
+
+
+def test_a_config_path_that_is_a_directory_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_an_empty_config_file_means_the_defaults(tmp_path):
+    f = tmp_path / "empty.yaml"
+    f.write_text("# nothing set\n")
+    assert load_config(f) == MascotConfig()

@@ -124,5 +124,23 @@ def test_unclosed_think_yields_no_visible_text():
     assert streamed == "" and f.think == "never closed"
 
 
+MID_REPLY = {
+    # raw reply -> (visible, think): tags later in a reply never reach the user (issue 8: a random or cut-off model)
+    "think-block-mid-reply": ("Hello there <think>secret plan</think> friend.", "Hello there friend.", "secret plan"),
+    "stray-close-tag": ("Valid</think>tionale", "Validtionale", ""),
+    "unclosed-open-tag": ("I hear you.<think> and then my private reasoning", "I hear you.", "and then my private "
+                          "reasoning"),
+    "two-blocks": ("<think>a</think>One <think>b</think>two</think> three", "One two three", "a\nb"),
+    "partial-tag-at-end": ("Almost done <thi", "Almost done <thi", ""),
+}
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 1000], ids=lambda n: f"{n}-char-deltas")
+@pytest.mark.parametrize("raw, visible, think", list(MID_REPLY.values()), ids=list(MID_REPLY))
+def test_think_tags_anywhere_are_never_visible(raw, visible, think, step):
+    f, streamed = run_filter([raw[i:i + step] for i in range(0, len(raw), step)])
+    assert (streamed, f.visible, f.think) == (visible, visible, think)
+
+
 def test_stop_strings_cover_other_tags():
     assert stop_strings("The Anchor", ["The Anchor", "The Beacon"]) == ("\nUser:", "\nDirector:", "\nThe Beacon:")

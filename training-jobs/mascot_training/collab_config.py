@@ -168,6 +168,9 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
         out.append(f"director_grpo.batch_size ({g.batch_size}) must be divisible by phase2.num_generations "
                    f"({p2.num_generations}): each optimiser step takes whole groups of rollouts")
     out += common_problems(cfg)
+    if p2.group_reward.judge.target:
+        out.append("phase2.group_reward.judge.target is not supported: the group_rm stage and the judge reward judge "
+                   "in-process (the JudgeService code on the run's engine or an openai judge spec); remove target")
     from mascot_training.config import active_personas
 
     if not [p for p in cfg.personas if p not in _known()]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 STAGES = ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish")
 
@@ -63,12 +63,54 @@ class SampleConfig(_S):
 
 
 class JudgeStageConfig(_S):
-    """Judging of candidates (REFERENCE.md section 4.3): specs as in ``judge.judges`` of the service config."""
+    """Judging of candidates (REFERENCE.md section 4.3): specs as in ``judge.judges`` of the service config.
+
+    With ``target`` set, the judges are the ones configured on that JudgeService, picked by the ``name`` of each
+    spec (the rest of a spec is the service's business); each call has a deadline of ``call_timeout_s`` and
+    UNAVAILABLE / DEADLINE_EXCEEDED are retried with backoff for ``retry_budget_s`` before the stage fails (a
+    rerun resumes: groups already judged are kept).
+
+    Raises:
+        pydantic.ValidationError: ``target`` is not ``HOST:PORT``, a judge spec is not a
+            :class:`~mascot.core.config.JudgeSpec`, or two judges share a name.
+    """
 
     judges: list[dict] = Field(default_factory=lambda: [{"name": "local"}], min_length=1)
     max_retries: int = Field(2, ge=0, le=10)
-    #: gRPC address of a running JudgeService; empty judges in-process.
+    #: gRPC address (HOST:PORT) of a running JudgeService; empty judges in-process.
     target: str = ""
+    #: Deadline of each JudgeCandidates call to ``target``, in seconds.
+    call_timeout_s: float = Field(120.0, gt=0, le=3600)
+    #: Seconds one call to ``target`` is retried (UNAVAILABLE, DEADLINE_EXCEEDED) before the stage fails.
+    retry_budget_s: float = Field(300.0, ge=0, le=86400)
+
+    @field_validator("judges")
+    @classmethod
+    def _judges(cls, v: list[dict]) -> list[dict]:
+        from mascot.core.config import JudgeSpec
+
+        names = []
+        for i, spec in enumerate(v):
+            try:
+                names.append(JudgeSpec(**spec).name)
+            except (ValidationError, TypeError) as e:
+                why = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()) \
+                    if isinstance(e, ValidationError) else str(e)
+                raise ValueError(f"judges[{i}] is not a judge spec ({why})") from None
+        if len(set(names)) != len(names):
+            raise ValueError(f"judge names must be unique, got {', '.join(names)}")
+        return v  # kept as written: the stage's config digest is unchanged
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        from mascot.core.retry import target_problem
+
+        v = v.strip()
+        problem = target_problem(v) if v else None
+        if problem:
+            raise ValueError(f"{problem}; the address of a running JudgeService, or empty to judge in-process")
+        return v
 
 
 class PairsConfig(_S):

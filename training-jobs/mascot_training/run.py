@@ -88,8 +88,8 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     eng = await get_engine()
                     sft_on = read_manifest(out / "sft") is not None and cfg.sft.enabled
                     results[stage] = await mod.run(cfg, out, engine=eng, sft_adapter="sft" if sft_on else None)
-                elif stage == "judge":
-                    results[stage] = await mod.run(cfg, out, engine=await get_engine())
+                elif stage == "judge":  # a remote JudgeService (judge.target) needs no local model
+                    results[stage] = await mod.run(cfg, out, engine=None if cfg.judge.target else await get_engine())
                 elif stage == "pairs":
                     results[stage] = mod.run(cfg, out)
                 elif stage == "persona_rm":

@@ -472,21 +472,54 @@ class MascotConfig(BaseSettings):
         return tuple(sources)
 
 
+class ConfigFileError(ValueError):
+    """The YAML config file cannot be used: not valid YAML, or not a mapping of sections."""
+
+
+def check_config_file(path: str | Path) -> None:
+    """Read ``path`` as the YAML config file and say in one line what is wrong with it, if anything.
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (a directory says so).
+        ConfigFileError: not valid YAML (with its line and column), or its top level is not a mapping of sections.
+    """
+    import yaml
+
+    p = Path(path)
+    if p.is_dir():
+        raise FileNotFoundError(f"config file {path} is a directory; pass the YAML file")
+    if not p.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"config file {path} is not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigFileError(f"config file {path} is not valid YAML: {problem}{where}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigFileError(f"config file {path} must hold a mapping of sections (engine:, server:, ...), not a "
+                              f"{type(data).__name__}")
+
+
 def load_config(config_file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> MascotConfig:
     """Build the effective configuration.
 
     Args:
-        config_file: Optional YAML file (lower precedence than the environment).
+        config_file: Optional YAML file (lower precedence than the environment); None = ``$MASCOT_CONFIG`` if set.
         overrides: Nested dict from flags (highest precedence), e.g. ``{"engine": {"model": "x"}}``.
 
     Raises:
-        FileNotFoundError: ``config_file`` does not exist.
+        FileNotFoundError: the config file does not exist.
+        ConfigFileError: the config file is not valid YAML or not a mapping.
         pydantic.ValidationError: unknown key or bad value.
     """
     old = os.environ.get("MASCOT_CONFIG_FILE_OVERRIDE")
+    if config_file is not None or os.environ.get("MASCOT_CONFIG"):
+        check_config_file(config_file if config_file is not None else os.environ["MASCOT_CONFIG"])
     if config_file is not None:
-        if not Path(config_file).is_file():
-            raise FileNotFoundError(f"config file {config_file} does not exist")
         os.environ["MASCOT_CONFIG_FILE_OVERRIDE"] = str(config_file)
     try:
         return MascotConfig(**(overrides or {}))

@@ -2,12 +2,18 @@
 
 History items are dropped oldest first; the persona card (system prompt), the final instruction and the
 latest user message are never dropped. Seed context (a meeting excerpt) counts as the oldest items, so a
-21k-character excerpt is cut from its start until the prompt fits.
+21k-character excerpt is cut from its start until the prompt fits. When the latest user message alone is too long
+for the window (any message within ``dialogue.max_message_chars`` is valid input, whatever the model's window), the
+prompt shows it with its middle elided (:data:`ELISION`); the stored turn keeps every character.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence, TypeVar
+
+#: Put where the middle of a too-long latest user message was cut out of a prompt.
+ELISION = " [...] "
 
 T = TypeVar("T")
 
@@ -100,6 +106,48 @@ def trim_history_context(history: Sequence, context: Sequence, render: Callable[
     def split(kept: Sequence[tuple[str, object]]) -> tuple[list, list]:
         return [v for k, v in kept if k == "h"], [v for k, v in kept if k == "c"]
 
-    kept = trim_oldest_first(items, lambda kept: render(*split(kept)), count_tokens, budget_tokens,
-                             protected=lambda i, it: i == last_user)
+    try:
+        kept = trim_oldest_first(items, lambda kept: render(*split(kept)), count_tokens, budget_tokens,
+                                 protected=lambda i, it: i == last_user)
+    except ValueError:
+        if last_user < 0 or not dataclasses.is_dataclass(items[last_user][1]):
+            raise
+        shortened = _elide_to_fit(items[last_user][1], lambda t: render(*split([("h", t)])), count_tokens,
+                                  budget_tokens)
+        return (*split([("h", shortened)]), True)
     return (*split(kept), len(kept) < len(items))
+
+
+def elide_middle(text: str, keep: int) -> str:
+    """``text`` cut to its first ``ceil(keep / 2)`` and last ``floor(keep / 2)`` characters around :data:`ELISION`
+    (the text itself when ``keep >= len(text)``)."""
+    if keep >= len(text):
+        return text
+    head = (keep + 1) // 2
+    return text[:head] + ELISION + text[len(text) - (keep - head):]
+
+
+def _elide_to_fit(turn: T, render: Callable[[T], str], count_tokens: Callable[[str], int], budget_tokens: int) -> T:
+    """``turn`` (a dataclass with ``text``) with the most characters of its text kept (middle elided) such that the
+    prompt with it as the only history item fits; binary search, O(log len(text)) renders.
+
+    Raises:
+        ValueError: the prompt does not fit even with the text cut to nothing (system prompt and instruction alone
+            are over the budget).
+    """
+    text = turn.text  # type: ignore[attr-defined]
+
+    def with_keep(keep: int) -> T:
+        return dataclasses.replace(turn, text=elide_middle(text, keep))  # type: ignore[type-var]
+
+    if count_tokens(render(with_keep(0))) > budget_tokens:
+        raise ValueError(f"the prompt does not fit in {budget_tokens} tokens even without history and with the "
+                         "latest message cut out; raise engine.max_model_len or shorten the persona card")
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(render(with_keep(mid))) <= budget_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return with_keep(lo)

@@ -16,8 +16,30 @@ eval_app = typer.Typer(help="Evaluate MASCOT against baselines (LLM judge, autom
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    console.print(f"[red]{msg}[/red]")
+    """Print ``msg`` on one line (no wrapping, no markup in it) and exit with ``code``."""
+    from rich.markup import escape
+
+    console.print(f"[red]{escape(msg)}[/red]", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _judge_names(judges: str) -> list[dict]:
+    """``--judges`` with ``--judge-target``: judge names configured on that service.
+
+    Raises:
+        ValueError: an item is not a judge name (``openai:...`` specs belong to the service's config).
+    """
+    import re
+
+    out = []
+    for item in (s.strip() for s in judges.split(",")):
+        if not item:
+            continue
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", item):
+            raise ValueError(f"with --judge-target, --judges lists names of judges configured on that JudgeService "
+                             f"(e.g. local,gpt4o), not specs: {item!r}")
+        out.append({"name": item, "kind": "local"})
+    return out
 
 
 @eval_app.callback()
@@ -31,6 +53,12 @@ def evaluate(
     judges: str = typer.Option("local", "--judges", help="Comma-separated judge specs: local, openai:MODEL@URL or "
                                "NAME=openai:MODEL@URL (key from OPENAI_API_KEY or --judge-key-file)."),
     judge_key_file: Optional[Path] = typer.Option(None, "--judge-key-file", help="File holding the judges' API key."),
+    judge_target: str = typer.Option("", "--judge-target", help="HOST:PORT of a running JudgeService to judge with "
+                                     "(--judges then names its judges); default: an in-process one."),
+    judge_call_timeout: float = typer.Option(120.0, "--judge-call-timeout", help="Deadline of each judge call, "
+                                             "seconds."),
+    judge_retry_budget: float = typer.Option(300.0, "--judge-retry-budget", help="Seconds a judge call is retried "
+                                             "(UNAVAILABLE, DEADLINE_EXCEEDED) before the run stops; a rerun resumes."),
     mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
     seed: int = typer.Option(0, "--seed", help="Base seed (same seed, same report)."),
     agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per dialogue."),
@@ -55,10 +83,16 @@ def evaluate(
 
     if situations is None or out is None:
         _fail("mascot eval needs --situations FILE and --out DIR (or a subcommand: export-pairs, import-pairs)")
+    judge_target = judge_target.strip()
     try:
-        specs = [parse_judge_spec(s.strip()) for s in judges.split(",") if s.strip()]
+        if judge_target:
+            specs = _judge_names(judges)
+        else:
+            specs = [parse_judge_spec(s.strip()) for s in judges.split(",") if s.strip()]
     except ValueError as e:
         _fail(str(e))
+    if judge_key_file is not None and judge_target:
+        _fail("--judge-key-file is for in-process openai judges; a --judge-target service reads its own key")
     if judge_key_file is not None:
         if not judge_key_file.is_file():
             _fail(f"--judge-key-file {judge_key_file} does not exist")
@@ -66,7 +100,8 @@ def evaluate(
     opts = EvalOptions(situations=situations, out_dir=out, mode=mode, limit=limit,
                        systems=[s.strip() for s in systems.split(",") if s.strip()], judges=specs, seed=seed,
                        agent_turns=agent_turns or 0, concurrency=concurrency, sft_adapter=sft_adapter,
-                       manifests=list(training_manifest), nli_model=nli_model)
+                       manifests=list(training_manifest), nli_model=nli_model, judge_target=judge_target,
+                       judge_call_timeout_s=judge_call_timeout, judge_retry_budget_s=judge_retry_budget)
     cfg = _config(config, **{"engine.model": model})
     try:
         from mascot.core.config import JudgeConfig
@@ -81,6 +116,9 @@ def evaluate(
         _fail(str(e))
     _quiet()
     import grpc
+
+    from mascot.core.retry import RetryBudgetExhausted, one_line
+    from mascot.eval.judging import JudgeRefused
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -100,8 +138,16 @@ def evaluate(
             report = asyncio.run(run_eval(opts, cfg, progress))
         except (ValueError, FileNotFoundError) as e:
             _fail(str(e))
+        except RetryBudgetExhausted as e:
+            where = f"judge service at {e.target}" if judge_target else "in-process judge service"
+            _fail(f"judging stopped: the {where} did not answer within the retry budget of {e.budget_s:g} s "
+                  f"({e.attempts} attempts, last {e.code.name}); answered items are kept in "
+                  f"{out / 'judge-results.jsonl'}, so rerunning the same command resumes", 1)
+        except JudgeRefused as e:
+            _fail(str(e) if judge_target else f"the in-process judge refused a request: {e.code.name}: "
+                  f"{one_line(e.details)}", 1)
         except grpc.aio.AioRpcError as e:
-            _fail(f"a service refused: {e.code().name}: {e.details()}", 1)
+            _fail(f"a service refused: {e.code().name}: {one_line(e.details())}", 1)
     overall = {s: v["all"]["overall"]["mean"] if mode == "support" else v["all"]["collective_overall"]["mean"]
                for s, v in report["systems"].items()}
     console.print_json(json.dumps({"overall": overall}))

@@ -6,8 +6,11 @@ Phases (each resumable after SIGKILL):
    embedded stack per variant; baselines run on the same engine and simulated user. Every finished dialogue is
    appended to ``DIR/dialogues.jsonl`` and fsynced; a rerun skips what is there.
 2. Judging: every agent turn on the agent-specific rubric (support mode) and every dialogue's block after the
-   opening message on the collective rubric, through JudgeService over gRPC, for every judge. Judgements are
-   cached by content hash in ``DIR/judge-cache.db``, so a rerun repeats no judge call.
+   opening message on the collective rubric, through JudgeService over gRPC, for every judge: an in-process
+   JudgeService on the shared engine (judgements cached by content hash in ``DIR/judge-cache.db``), or a running
+   one at ``judge_target``. Every answered request is appended and fsynced to ``DIR/judge-results.jsonl``, so a
+   rerun after the eval or the judge service died asks no answered item again and counts none twice; each call
+   has a deadline and UNAVAILABLE / DEADLINE_EXCEEDED are retried within ``judge_retry_budget_s``.
 3. Automatic metrics (Self-BLEU, distinct-n, NLI, embedding redundancy) and the report
    (``report.json``, ``report.md``, ``*.png``) plus ``transcripts.jsonl``, each written atomically.
 
@@ -53,6 +56,11 @@ class EvalOptions:
         sft_adapter: PEFT adapter directory for the ``sft`` system.
         manifests: Training-run manifests whose ids must not be evaluated.
         nli_model: NLI cross-encoder directory; empty builds the tiny random one.
+        judge_target: ``HOST:PORT`` of a running JudgeService to judge with (its judges are picked by the names
+            in ``judges``); empty starts an in-process one on the shared engine.
+        judge_call_timeout_s: Deadline of each judge call, in seconds.
+        judge_retry_budget_s: Seconds a judge call is retried (UNAVAILABLE, DEADLINE_EXCEEDED) before the run
+            stops with :class:`~mascot.core.retry.RetryBudgetExhausted` (a rerun resumes).
     """
 
     situations: Path
@@ -67,6 +75,9 @@ class EvalOptions:
     sft_adapter: Path | None = None
     manifests: list[Path] = field(default_factory=list)
     nli_model: str = ""
+    judge_target: str = ""
+    judge_call_timeout_s: float = 120.0
+    judge_retry_budget_s: float = 300.0
 
 
 def validate(opts: EvalOptions) -> None:
@@ -74,8 +85,11 @@ def validate(opts: EvalOptions) -> None:
 
     Raises:
         ValueError: unknown or repeated system, ``sft`` without an adapter (or an adapter without ``sft``), bad
-            mode, concurrency < 1, no judges.
+            mode, concurrency < 1, no judges, a judge target that is not HOST:PORT or with an ``openai`` judge spec,
+            a judge call timeout <= 0 or a negative retry budget.
     """
+    from mascot.core.retry import target_problem
+
     bad = [s for s in opts.systems if s not in SYSTEMS]
     if bad:
         raise ValueError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
@@ -94,6 +108,18 @@ def validate(opts: EvalOptions) -> None:
     names = [j.get("name", "local") for j in opts.judges]
     if len(set(names)) != len(names):
         raise ValueError(f"judge names must be unique, got {', '.join(names)}; name them NAME=SPEC")
+    if opts.judge_target:
+        problem = target_problem(opts.judge_target)
+        if problem:
+            raise ValueError(f"--judge-target {problem}")
+        remote = [j.get("name", "") for j in opts.judges if j.get("kind", "local") != "local"]
+        if remote:
+            raise ValueError(f"--judge-target: judge(s) {', '.join(remote)} are openai specs; with a judge target, "
+                             "--judges names judges configured on that JudgeService (judge.judges of its config)")
+    if not opts.judge_call_timeout_s > 0:
+        raise ValueError("--judge-call-timeout must be > 0 seconds")
+    if not opts.judge_retry_budget_s >= 0:
+        raise ValueError("--judge-retry-budget must be >= 0 seconds")
     if Path(opts.out_dir).exists() and not Path(opts.out_dir).is_dir():
         raise ValueError(f"--out {opts.out_dir} exists and is not a directory")
 
@@ -137,6 +163,19 @@ def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig) -> None:
         atomic_write_text(p, json.dumps(settings, indent=2))
 
 
+def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
+    """Per in-process judge, what its answers depend on (spec without secrets or limits, rubric version, model):
+    a recorded answer is reused only while these stay the same."""
+    from mascot.judge.rubric import rubric_version
+
+    out = {}
+    for spec in cfg.judge.judges:
+        ident = spec.model_dump(mode="json", exclude={"api_key_env", "api_key_file", "timeout_s", "max_concurrency"})
+        out[spec.name] = json.dumps({"spec": ident, "rubric": rubric_version(), "max_retries": cfg.judge.max_retries,
+                                     "engine": str(cfg.engine.model)}, sort_keys=True)
+    return out
+
+
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
@@ -170,6 +209,10 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     Raises:
         ValueError: bad options, overlap with a training manifest, or a resumed directory with other settings.
         FileNotFoundError: missing situations file or manifest.
+        mascot.core.retry.RetryBudgetExhausted: the judge did not answer within ``opts.judge_retry_budget_s``;
+            no report is written and a rerun resumes.
+        mascot.eval.judging.JudgeRefused: the judge service refused a request with a status that is not retried.
+        grpc.aio.AioRpcError: a dialogue service refused a request.
     """
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.api.speaker.v1 import speaker_pb2_grpc as spb_grpc
@@ -251,15 +294,23 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         for st in stacks.values():
             await st.stop(0)
         stacks.clear()
-        from mascot.eval.judging import judge_dialogues
+        from mascot.core.retry import RetryPolicy
+        from mascot.eval.judging import RESULTS_FILE, JudgeResults, judge_dialogues
 
         dialogues = [log.done[(s, sit.id)] for s in opts.systems for sit in situations]
-        judge_cfg = MascotConfig(**deep_merge(base, {"judge": {"judges": opts.judges, "cache_url":
-                                                               f"sqlite:///{(out / 'judge-cache.db').resolve()}"}}))
-        judge_stack = await start_stack(judge_cfg, ("judge",), engine=engine, metrics=metrics)
-        stacks["judge"] = judge_stack
-        judged = await judge_dialogues(judge_stack.target("judge"), dialogues, situations, opts, catalog,
-                                       cfg.server.max_message_bytes, report_progress)
+        if opts.judge_target:
+            target, identities = opts.judge_target, None  # answers are reused for the same target and request
+        else:
+            judge_cfg = MascotConfig(**deep_merge(base, {"judge": {"judges": opts.judges, "cache_url":
+                                                                   f"sqlite:///{(out / 'judge-cache.db').resolve()}"}}))
+            judge_stack = await start_stack(judge_cfg, ("judge",), engine=engine, metrics=metrics)
+            stacks["judge"] = judge_stack
+            target, identities = judge_stack.target("judge"), _judge_identities(judge_cfg)
+        judged = await judge_dialogues(target, dialogues, situations, opts, catalog, cfg.server.max_message_bytes,
+                                       report_progress, results=JudgeResults(out / RESULTS_FILE),
+                                       identities=identities,
+                                       policy=RetryPolicy(call_timeout_s=opts.judge_call_timeout_s,
+                                                          budget_s=opts.judge_retry_budget_s))
         from mascot.eval.assemble import build_report, write_outputs
 
         report = await asyncio.to_thread(build_report, opts, cfg, situations, dialogues, judged, embedder,

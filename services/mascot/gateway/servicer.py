@@ -24,6 +24,32 @@ MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
 
 
+def _check_user_simulation(user: Any, max_chars: int) -> None:
+    """Refuse a simulated user that cannot be used, before anything is stored (INVALID_ARGUMENT): a situation over
+    ``max_chars`` code points (``dialogue.max_message_chars``), control characters in the situation or emotion, an
+    emotion over 64 characters, an MBTI type that is not four letters from E/I, S/N, T/F, J/P, or a Big Five level
+    outside the TraitLevel enum."""
+    from mascot.api.dialogue.v1 import dialogue_pb2 as dpb_
+    from mascot.speaker.prompts import personality_text
+
+    if len(user.situation) > max_chars:
+        raise InvalidArgument(f"user.situation is longer than {max_chars} characters (dialogue.max_message_chars)")
+    _no_controls(user.situation, "user.situation")
+    if len(user.emotion) > 64:
+        raise InvalidArgument("user.emotion is longer than 64 characters (an EmpatheticDialogues label, or empty)")
+    _no_controls(user.emotion, "user.emotion")
+    if user.WhichOneof("personality") == "mbti":
+        try:
+            personality_text(mbti=user.mbti)
+        except ValueError as e:
+            raise InvalidArgument(f"user.mbti: {e}") from None
+    elif user.WhichOneof("personality") == "big_five":
+        levels = set(dpb_.TraitLevel.values())
+        bad = [f.name for f, v in user.big_five.ListFields() if v not in levels]
+        if bad:
+            raise InvalidArgument(f"user.big_five.{bad[0]} is not a TraitLevel (TRAIT_LEVEL_LOW or TRAIT_LEVEL_HIGH)")
+
+
 def _no_controls(text: str, field: str) -> str:
     m = CONTROL_CHARS.search(text)
     if m:
@@ -261,6 +287,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
         if not request.HasField("user") or not request.user.situation.strip():
             raise InvalidArgument("user.situation is required for the simulated user")
+        _check_user_simulation(request.user, self.cfg.dialogue.max_message_chars)
         n = request.agent_turns or self.cfg.selfplay.agent_turns
         if not 1 <= n <= 64:
             raise InvalidArgument(f"agent_turns must be 1 to 64, got {request.agent_turns}")

@@ -160,8 +160,10 @@ class VisibleTextFilter:
     """Split a streamed reply into thinking text and visible text, incrementally.
 
     Feed raw engine deltas to :meth:`feed`; it returns the visible deltas to forward. Rules:
-    a reply that opens with ``<think>`` is thinking until ``</think>``; the visible part loses a leading
-    tag of its own speaker (``"The Anchor: "``) and is cut entirely when it opens with a foreign tag;
+    a reply that opens with ``<think>`` is thinking until ``</think>``; later in the reply, text between a
+    ``<think>`` and its ``</think>`` (or the end, when it is never closed: e.g. cut by ``max_tokens``) is thinking
+    too, and a stray ``</think>`` is dropped, so no tag and no thinking text is ever visible; the visible part loses
+    a leading tag of its own speaker (``"The Anchor: "``) and is cut entirely when it opens with a foreign tag;
     leading and trailing whitespace never reach the client, so the joined deltas equal :attr:`visible`.
 
     Args:
@@ -175,8 +177,9 @@ class VisibleTextFilter:
     visible: str = ""
     truncated: bool = False
     _buf: str = ""
-    _state: str = "start"  # start -> (think ->) head -> body | cut
+    _state: str = "start"  # start -> (think ->) head -> body (<-> think_mid) | cut
     _pending_ws: str = ""
+    _skip_ws: bool = False
     _head_len: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -226,12 +229,43 @@ class VisibleTextFilter:
                 self._state = "body"
                 continue
             if self._state == "body":
-                text = self._pending_ws + self._buf
-                self._buf = ""
+                if self._skip_ws:
+                    self._buf = self._buf.lstrip()
+                    self._skip_ws = not self._buf
+                text, hold = self._pending_ws + self._buf, ""
+                cut = min((k for k in (text.find(THINK_OPEN), text.find(THINK_CLOSE)) if k != -1), default=-1)
+                if cut != -1:  # visible text up to a tag; then thinking (an opening tag) or more body (a stray close)
+                    opening = text.startswith(THINK_OPEN, cut)
+                    self._buf = text[cut + len(THINK_OPEN if opening else THINK_CLOSE):]
+                    text = text[:cut]
+                    self._state = "think_mid" if opening else "body"
+                elif not final:  # hold back what may be the start of a tag split across deltas
+                    hold = next((text[-n:] for n in range(len(THINK_CLOSE) - 1, 0, -1)
+                                 if THINK_OPEN.startswith(text[-n:]) or THINK_CLOSE.startswith(text[-n:])), "")
+                    text, self._buf = text[:len(text) - len(hold)], hold
+                else:
+                    self._buf = ""
                 stripped = text.rstrip()
                 self._pending_ws = text[len(stripped):]
                 if not self.visible:
                     stripped = stripped.lstrip()
                 self.visible += stripped
-                return out + stripped
+                out += stripped
+                if cut == -1:
+                    if final and self._buf:
+                        continue
+                    return out
+                continue  # the whitespace before a thinking block is kept (pending) for the text after it
+            if self._state == "think_mid":
+                k = self._buf.find(THINK_CLOSE)
+                if k == -1:
+                    if final:
+                        self.think = (self.think + "\n" + self._buf).strip()
+                        self._buf, self._state = "", "body"
+                    return out
+                self.think = (self.think + "\n" + self._buf[:k]).strip()
+                self._buf = self._buf[k + len(THINK_CLOSE):]
+                self._skip_ws = bool(self._pending_ws)  # "a <think>..</think> b" reads "a b", not "a  b"
+                self._state = "body"
+                continue
             return out  # cut

@@ -112,8 +112,8 @@ class ConversationServiceServicer:
         then `agent_turns` agent turns, the simulated user speaking after each with probability `user_speak_prob`.
         The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
         (ROUND_END_REASON_SAFETY).
-        Errors: INVALID_ARGUMENT (empty opening text, a control character, missing situation, bad probability or
-        turn count), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns),
+        Errors: INVALID_ARGUMENT (empty opening text, a control character, missing or over-long situation, a bad MBTI
+        type or Big Five level, bad probability or turn count), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns),
         UNAVAILABLE, UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit, or
         `limits.max_active_rounds` rounds already running).
         """
