@@ -36,8 +36,8 @@ def test_unknown_keys_and_bad_values_rejected(tmp_path):
 @pytest.mark.parametrize("text, says", [
     ("{{{\n", "is not valid YAML: "),
     ("engine:\n  model: [unclosed\n", "is not valid YAML: "),
-    ("- a list\n- of things\n", "must hold a mapping of sections"),
-    ("just a string\n", "must hold a mapping of sections"),
+    ("- a list\n- of things\n", "must be a YAML mapping of sections"),
+    ("just a string\n", "must be a YAML mapping of sections"),
 ])
 def test_a_broken_config_file_is_one_clear_error(tmp_path, monkeypatch, text, says):
     from mascot.core.config import ConfigFileError

@@ -244,20 +244,14 @@ def read_config(path: str | Path, cls: type, check: Any) -> Any:
     Raises:
         ConfigError: missing file, bad YAML or encoding, not a mapping, unknown key, bad value, or problems found.
     """
+    from mascot.core.config import ConfigFileError, check_config_file
+
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"config file {p} is a directory; pass a YAML file")
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8 YAML") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the config must be a YAML mapping of sections (run_id, model, data, ...), "
-                          f"got a {type(raw).__name__}")
+    try:  # the one config-file check of every MASCOT config (missing, directory, YAML, UTF-8, mapping)
+        check_config_file(p, "run_id, model, data, ...")
+    except (FileNotFoundError, ConfigFileError) as e:
+        raise ConfigError(str(e)) from None
+    raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     try:
         cfg = cls(**raw)
     except ValidationError as e:

@@ -476,8 +476,9 @@ class ConfigFileError(ValueError):
     """The YAML config file cannot be used: not valid YAML, or not a mapping of sections."""
 
 
-def check_config_file(path: str | Path) -> None:
-    """Read ``path`` as the YAML config file and say in one line what is wrong with it, if anything.
+def check_config_file(path: str | Path, sections: str = "engine, server, ...") -> None:
+    """Read ``path`` as the YAML config file and say in one line what is wrong with it, if anything (every MASCOT
+    config file: services and training runs; ``sections`` names its top-level keys in the message).
 
     Raises:
         FileNotFoundError: no file at ``path`` (a directory says so).
@@ -500,7 +501,7 @@ def check_config_file(path: str | Path) -> None:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigFileError(f"config file {path} is not valid YAML: {problem}{where}") from None
     if data is not None and not isinstance(data, dict):
-        raise ConfigFileError(f"config file {path} must hold a mapping of sections (engine:, server:, ...), not a "
+        raise ConfigFileError(f"config file {path} must be a YAML mapping of sections ({sections}), not a "
                               f"{type(data).__name__}")
 
 
