@@ -9,7 +9,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -81,10 +81,17 @@ def _token(token_file: Optional[Path]) -> str:
     return token
 
 
-def _call(target: str, token_file: Optional[Path], method: str, request: Any) -> Any:
+def admin_session(target: str, token_file: Optional[Path], stub_class: Any, service: str, how_to_enable: str,
+                  body: Callable[[Any, tuple], Awaitable[Any]]) -> Any:
+    """Run ``body(stub, metadata)`` on one channel to the gateway at ``target`` (the admin plane of ``mascot
+    adapters`` and ``mascot retrain``): ``stub`` is ``stub_class(channel)``, ``metadata`` carries the admin token
+    (``--token-file`` or ``MASCOT_ADMIN_TOKEN``); TLS from ``--tls-*`` / ``MASCOT_TLS_*``.
+
+    Exits 2 for bad usage (no token, a target that is not host:port, an unreadable TLS file) and 1 for an RPC
+    error (``CODE: details``; UNIMPLEMENTED says the gateway has no ``service`` and ``how_to_enable`` it).
+    """
     import grpc
 
-    from mascot.api.adapter.v1 import adapter_pb2_grpc
     from mascot.core.server import channel
 
     token = _token(token_file)
@@ -93,11 +100,9 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
         raise typer.Exit(2)
 
     async def go() -> Any:
-        ch = channel(target, token="")  # TLS from --tls-* / MASCOT_TLS_*; the admin token goes in the metadata
+        ch = channel(target, token="")  # the admin token goes in the metadata, not as a caller token
         try:
-            stub = adapter_pb2_grpc.AdapterServiceStub(ch)
-            return await getattr(stub, method)(request, metadata=(("authorization", f"Bearer {token}"),),
-                                               timeout=120)
+            return await body(stub_class(ch), (("authorization", f"Bearer {token}"),))
         finally:
             await ch.close()
 
@@ -105,14 +110,21 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
         return asyncio.run(go())
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-            console.print(f"[red]the gateway at {target} has no AdapterService[/red]: start it with adapters.store set "
-                          "(README: Adapters)")
+            console.print(f"[red]the gateway at {target} has no {service}[/red]: {how_to_enable}", soft_wrap=True)
             raise typer.Exit(1) from None
         console.print(f"[red]{e.code().name}:[/red] {e.details()}")
         raise typer.Exit(1) from None
     except ValueError as e:  # an unreadable TLS file
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
+
+
+def _call(target: str, token_file: Optional[Path], method: str, request: Any) -> Any:
+    from mascot.api.adapter.v1 import adapter_pb2_grpc
+
+    return admin_session(target, token_file, adapter_pb2_grpc.AdapterServiceStub, "AdapterService",
+                         "start it with adapters.store set (README: Adapters)",
+                         lambda stub, md: getattr(stub, method)(request, metadata=md, timeout=120))
 
 
 def _show(personas: Any) -> None:

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mascot.cli_adapters import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, _token, export_tls
+from mascot.cli_adapters import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, export_tls
 
 console = Console(stderr=True)
 retrain_app = typer.Typer(
@@ -40,36 +40,11 @@ def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CER
 
 
 def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple], Awaitable[Any]]) -> Any:
-    """Run ``body(stub, metadata)`` on one channel to ``target``; an RPC error prints ``CODE: details`` and exits 1."""
-    import grpc
-
+    """Run ``body(stub, metadata)`` on a TrainingService stub (:func:`mascot.cli_adapters.admin_session`)."""
     from mascot.api.training.v1 import training_pb2_grpc
-    from mascot.core.server import channel
 
-    token = _token(token_file)
-    if not target.strip() or ":" not in target:
-        console.print(f"[red]--target {target!r} must be host:port[/red]")
-        raise typer.Exit(2)
-
-    async def go() -> Any:
-        ch = channel(target, token="")  # TLS from --tls-* / MASCOT_TLS_*; the admin token goes in the metadata
-        try:
-            return await body(training_pb2_grpc.TrainingServiceStub(ch), (("authorization", f"Bearer {token}"),))
-        finally:
-            await ch.close()
-
-    try:
-        return asyncio.run(go())
-    except grpc.aio.AioRpcError as e:
-        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-            console.print(f"[red]the gateway at {target} has no TrainingService[/red]: start it with "
-                          "training.templates_dir set (README: Retraining)", soft_wrap=True)
-            raise typer.Exit(1) from None
-        console.print(f"[red]{e.code().name}:[/red] {e.details()}")
-        raise typer.Exit(1) from None
-    except ValueError as e:  # an unreadable TLS file
-        console.print(f"[red]{e}[/red]")
-        raise typer.Exit(2) from None
+    return admin_session(target, token_file, training_pb2_grpc.TrainingServiceStub, "TrainingService",
+                         "start it with training.templates_dir set (README: Retraining)", body)
 
 
 def _time(ts: Any, present: bool) -> str:
