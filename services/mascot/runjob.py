@@ -1,12 +1,14 @@
 """The main job: one self-play conversation per situation record, over the gateway's gRPC API.
 
-Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` in the schema of
-issue 2. Records come from ``../shared/data`` (EmpatheticDialogues situations for ``support``, QMSum
-excerpts for ``meeting``: the excerpt seeds the conversation and the query opens the user's turn).
+Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` (schema in the README).
+Records are EmpatheticDialogues situations for ``support`` and QMSum excerpts for ``meeting`` (the excerpt seeds the
+conversation and the query opens the user's turn). Conversations run ``concurrency`` at a time so that the engine
+decodes their turns in one batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 from collections import Counter
@@ -58,8 +60,13 @@ def _selfplay_request(conv_id: str, rec: dict, mode: str, agent_turns: int, seed
                                   seed=seed)
 
 
-def transcript_line(resp: cpb.GetConversationResponse, mode: str) -> dict:
-    """One ``transcripts.jsonl`` object from a stored conversation (schema of issue 2, item 9)."""
+END_REASONS = {cpb.ROUND_END_REASON_COMPLETED: "completed", cpb.ROUND_END_REASON_EMPTY_REPLIES: "empty_replies",
+               cpb.ROUND_END_REASON_SAFETY: "safety"}
+
+
+def transcript_line(resp: cpb.GetConversationResponse, mode: str, model: dict | None = None,
+                    end_reason: str = "") -> dict:
+    """One ``transcripts.jsonl`` object from a stored conversation (fields in the README), naming ``model``."""
     c = resp.conversation
     turns = []
     for t in c.turns:
@@ -71,9 +78,18 @@ def transcript_line(resp: cpb.GetConversationResponse, mode: str) -> dict:
             if agent else None,
             "adapter_version": t.adapter_version, "text": t.text, "think": t.think, "safety": t.safety,
             "latency_seconds": round(t.timings.latency.ToTimedelta().total_seconds(), 6),
+            "first_delta_seconds": round(t.timings.first_token.ToTimedelta().total_seconds(), 6),
+            "director_seconds": round(t.timings.director.ToTimedelta().total_seconds(), 6),
+            "rejections": [{"persona_id": r.persona_id, "attempt": r.attempt, "reason": r.reason, "text": r.text}
+                           for r in t.rejections],
+            "cut_reason": t.cut_reason,
         })
-    return {"conversation_id": c.id, "mode": mode, "source_id": c.source_id, "personas": list(c.persona_ids),
-            "turns": turns, "director_retries": resp.director_retries, "director_fallbacks": resp.director_fallbacks}
+    line = {"conversation_id": c.id, "mode": mode, "source_id": c.source_id, "personas": list(c.persona_ids),
+            "turns": turns, "director_retries": resp.director_retries, "director_fallbacks": resp.director_fallbacks,
+            "end_reason": end_reason}
+    if model is not None:
+        line["model"] = model
+    return line
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -91,12 +107,21 @@ def summarize(lines: Iterable[dict]) -> dict:
     user = [t for ln in lines for t in ln["turns"] if t["role"] == "user"]
     lat = sorted(t["latency_seconds"] for t in agent)
     fallbacks = sum(1 for t in agent if t["directive"]["source"] == "fallback")
-    return {
+    turns = [t for ln in lines for t in ln["turns"]]
+    rejections = Counter(r["reason"] for t in turns for r in t.get("rejections", []))
+    out = {
         "conversations": len(lines), "agent_turns": len(agent), "user_turns": len(user),
         "persona_counts": dict(sorted(Counter(t["persona_id"] for t in agent).items())),
         "director_fallback_rate": round(fallbacks / len(agent), 6) if agent else 0.0,
         "turn_latency_seconds": {"p50": round(_percentile(lat, 50), 6), "p95": round(_percentile(lat, 95), 6)},
+        "rejections": dict(sorted(rejections.items())),
+        "cut_replies": sum(1 for t in turns if t.get("cut_reason")),
+        "early_round_ends": sum(1 for ln in lines if ln.get("end_reason") == "empty_replies"),
     }
+    models = [ln["model"] for ln in lines if ln.get("model")]
+    if models:
+        out["model"] = models[0]
+    return out
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -104,8 +129,14 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Path, *, agent_turns: int = 0,
-                  seed: int = 0, progress: Callable[[], None] | None = None, max_message_bytes: int = 16 << 20) -> dict:
+                  seed: int = 0, progress: Callable[[], None] | None = None, max_message_bytes: int = 16 << 20,
+                  concurrency: int = 1, model: dict | None = None) -> dict:
     """Run one self-play conversation per record against the gateway at ``target``; write the outputs.
+
+    Args:
+        concurrency: Conversations in flight at once (>= 1); outputs keep the records' order either way.
+        model: ``{"name", "digest", ...}`` of the model serving the gateway, written into every transcript line and
+            the summary (:func:`mascot.core.engine.default_model.model_identity`); None leaves it out.
 
     Files are written to temporary names and renamed, so a crashed run leaves no half-written artefact.
 
@@ -114,23 +145,42 @@ async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Pa
 
     Raises:
         grpc.aio.AioRpcError: the gateway refused a request (its status says why).
+        ValueError: ``concurrency`` below 1.
     """
     from mascot.core.server import channel
 
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines = []
+    lines: list[dict | None] = [None] * len(records)
+    gate = asyncio.Semaphore(concurrency)
     async with channel(target, max_message_bytes) as ch:
         stub = cpb_grpc.ConversationServiceStub(ch)
-        for i, rec in enumerate(records):
-            conv = (await stub.StartConversation(_start_request(rec, mode))).conversation
-            async for _ in stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns, seed + i)):
-                pass
-            resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, include_think=True))
-            lines.append(transcript_line(resp, mode))
-            if progress:
-                progress()
-    summary = summarize(lines)
-    _atomic_write(out / "transcripts.jsonl", "".join(json.dumps(ln, ensure_ascii=False) + "\n" for ln in lines))
+
+        async def one(i: int, rec: dict) -> None:
+            async with gate:
+                conv = (await stub.StartConversation(_start_request(rec, mode))).conversation
+                reason = ""
+                async for ev in stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns, seed + i)):
+                    if ev.event.WhichOneof("event") == "round_completed":
+                        reason = END_REASONS.get(ev.event.round_completed.reason, "")
+                resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id,
+                                                                             include_think=True))
+                lines[i] = transcript_line(resp, mode, model, reason)
+                if progress:
+                    progress()
+
+        tasks = [asyncio.create_task(one(i, rec)) for i, rec in enumerate(records)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+    done = [ln for ln in lines if ln is not None]
+    summary = summarize(done)
+    _atomic_write(out / "transcripts.jsonl", "".join(json.dumps(ln, ensure_ascii=False) + "\n" for ln in done))
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary

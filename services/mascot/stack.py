@@ -223,14 +223,16 @@ async def component_service(component: str, cfg: MascotConfig, *, engine: Any, c
         from mascot.speaker.servicer import SpeakerServicer
 
         return (speaker_pb2_grpc.add_SpeakerServiceServicer_to_server,
-                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics, resolver),
+                SpeakerServicer(engine, catalog, cfg.speaker, cfg.selfplay, metrics, resolver, cfg.guard),
                 "mascot.api.speaker.v1.SpeakerService")
     if component == "judge":
         from mascot.api.judge.v1 import judge_pb2_grpc
         from mascot.core.engine import resolve_model
         from mascot.judge.servicer import JudgeServicer, build_judges
 
-        model_name = cfg.engine.model or Path(resolve_model("", cfg.engine.tiny_dir)).name
+        from mascot.core.engine.default_model import model_identity
+
+        model_name = model_identity(resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir))["name"]
         judges = build_judges(cfg.judge, engine, model_name, metrics)
         return (judge_pb2_grpc.add_JudgeServiceServicer_to_server,
                 JudgeServicer(judges, catalog, cfg.judge.max_batch), "mascot.api.judge.v1.JudgeService")
@@ -310,7 +312,7 @@ def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
     a = cfg.adapters
     if Path(a.store).exists() and not Path(a.store).is_dir():
         raise ValueError(f"adapters.store {a.store} is not a directory")
-    base = a.base_model or resolve_model(cfg.engine.model, cfg.engine.tiny_dir)
+    base = a.base_model or resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir)
     token = read_admin_token(a.admin_token_env, a.admin_token_file)
     if not token:
         log.warning("AdapterService has no admin token (%s / adapters.admin_token_file): it refuses every call",

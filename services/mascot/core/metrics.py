@@ -45,6 +45,12 @@ class Metrics:
         self.director_decisions = Counter(
             "mascot_director_decisions_total", "Directives returned, by chosen persona and source.",
             ["persona", "source"], registry=r)
+        self.reply_rejections = Counter(
+            "mascot_reply_rejections_total",
+            "Replies and directives refused by the reply checks, by who produced them (a persona id, user or "
+            "director), the check (empty, short, echo, loop, duplicate, unfinished, supporter, directive_name, "
+            "directive_copy, directive_invalid) and what followed (regenerate, exclude, cut, reprompt).",
+            ["component", "persona", "reason", "action"], registry=r)
         self.safety_events = Counter(
             "mascot_safety_events_total", "Safety gate actions.", ["category"], registry=r)
         self.conversations_active = Gauge(

@@ -14,12 +14,14 @@ from mascot.director.directive import (
     DirectiveError,
     ParsedDirective,
     check_cap,
+    action_verbs,
+    check_content,
     directive_regex,
     fallback_directive,
     fallback_persona,
     parse_directive,
 )
-from mascot.director.prompts import fit_messages
+from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
 
 MODEL, RETRY, FALLBACK, RANDOM = "model", "retry", "fallback", "random"
 
@@ -36,6 +38,7 @@ class Decision:
         parse_errors: The error of each failed attempt.
         model_choice: Persona the model named in its last attempt that named exactly one, before the cap; '' if none.
         generated_tokens: Tokens generated over all attempts.
+        rejection_reasons: :attr:`DirectiveError.reason` of each failed attempt.
     """
 
     directive: ParsedDirective
@@ -44,6 +47,7 @@ class Decision:
     parse_errors: list[str] = field(default_factory=list)
     model_choice: str = ""
     generated_tokens: int = 0
+    rejection_reasons: list[str] = field(default_factory=list)
 
     @property
     def retries(self) -> int:
@@ -56,9 +60,16 @@ class Decision:
         return self.raw_attempts[-1] if self.raw_attempts else ""
 
 
+def recent_speakers(history: Sequence[HistoryTurn], n: int) -> set[str]:
+    """Persona ids of the last ``n`` agent turns of ``history`` (empty for ``n`` <= 0)."""
+    if n <= 0:
+        return set()
+    return {t.persona_id for t in [t for t in history if t.role == "agent"][-n:]}
+
+
 async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
                  context: Sequence[tuple[str, str]], cfg: Any, *, adapter: str | None = None,
-                 seed: int | None = None) -> Decision:
+                 seed: int | None = None, exclude: Sequence[str] = ()) -> Decision:
     """Ask the director model for the next directive.
 
     Args:
@@ -68,34 +79,48 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         context: Seed context lines.
         cfg: :class:`~mascot.core.config.DirectorConfig` (constrained, max_retries, max_consecutive_turns, ...).
         adapter: Director LoRA adapter name, or None.
-        seed: Sampling seed (used when ``cfg.temperature > 0``).
+        seed: Sampling seed (used when ``cfg.temperature > 0``; a retry samples at ``cfg.retry_temperature``).
+        exclude: Persona ids that may not be chosen (their reply was refused for this turn); the prompt lists and
+            the grammar allows only the others. Personas of the last ``cfg.rest_turns`` agent turns and those at
+            the consecutive-turn cap are left out of the grammar too (while another persona remains).
 
     Returns:
         A :class:`Decision`; after ``1 + max_retries`` invalid attempts the fallback persona (least recent, cap
         respected). When the cap excludes everyone, the least recent persona regardless of the cap.
 
     Raises:
-        ValueError: empty roster, or the prompt cannot fit the context window.
+        ValueError: empty roster, every persona excluded, or the prompt cannot fit the context window.
     """
     if not roster:
         raise ValueError("empty roster")
+    all_names = {c.id: c.name for c in roster}
+    if exclude:
+        roster = [c for c in roster if c.id not in set(exclude)]
+        if not roster:
+            raise ValueError("every persona is excluded")
     if getattr(cfg, "policy", "model") == "random":
         # MASCOT-C ablation (REFERENCE.md 8.4): a seeded uniform choice among the personas the cap allows, with the
         # fallback action and the persona's default tone; no model call.
         allowed = [c for c in roster if consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns]
         card = random.Random(seed).choice(allowed or list(roster))
         return Decision(directive=fallback_directive(card), source=RANDOM, model_choice=card.id)
+    recent = recent_speakers(history, min(cfg.rest_turns, len(roster) - 1))
+    choosable = [c for c in roster if c.id not in recent
+                 and consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns] or list(roster)
     structured = None
     if cfg.constrained and engine.supports_structured_output:
-        structured = StructuredOutput(regex=directive_regex(roster, max_action_chars=cfg.max_action_chars,
-                                                            max_tone_chars=cfg.max_tone_chars,
-                                                            max_think_chars=cfg.max_think_chars))
+        structured = StructuredOutput(regex=directive_regex(
+            choosable, max_action_chars=cfg.max_action_chars, max_tone_chars=cfg.max_tone_chars,
+            max_think_chars=cfg.max_think_chars,
+            verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None))
     decision = Decision(directive=fallback_directive(roster[0]), source=FALLBACK)
     failed: list[tuple[str, str]] = []
     for attempt in range(1 + cfg.max_retries):
         msgs = fit_messages(roster, history, context, cfg.max_consecutive_turns, failed, engine.render_chat,
-                            engine.count_tokens, engine.max_context_tokens - cfg.max_tokens)
-        sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                            engine.count_tokens, engine.max_context_tokens - cfg.max_tokens, all_names)
+        # a retry must change something that takes effect: at temperature 0 it samples at retry_temperature
+        temp = cfg.temperature if attempt == 0 or cfg.temperature > 0 else cfg.retry_temperature
+        sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp,
                             seed=None if seed is None else seed + attempt)
         result = await engine.generate(GenerationRequest(engine.render_chat(msgs), sp, adapter=adapter,
                                                          structured=structured))
@@ -106,8 +131,15 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
             parsed = parse_directive(text, roster)
             decision.model_choice = parsed.persona_id
             check_cap(parsed.persona_id, history, cfg.max_consecutive_turns)
+            if parsed.persona_id in recent and len(choosable) < len(roster):
+                raise DirectiveError(f"{parsed.persona_id} spoke in the last {len(recent)} agent turns; pick "
+                                     "another agent")
+            if cfg.check_content:
+                check_content(parsed, list(all_names.values()), history,
+                              (EXAMPLE_ACTION, *(c.goal for c in roster)), cfg.min_action_words)
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
+            decision.rejection_reasons.append(e.reason)
             failed.append((text, str(e)))
             continue
         decision.directive = parsed

@@ -26,7 +26,57 @@ class ParsedDirective:
 
 
 class DirectiveError(ValueError):
-    """The director text breaks a parse rule; the message says which, for the retry prompt."""
+    """The director text breaks a parse rule; the message says which, for the retry prompt.
+
+    Attributes:
+        reason: ``directive_invalid`` (format, unknown agent, cap), ``directive_name`` (Action or Tone is only a
+            helper's name, or too short) or ``directive_copy`` (Action repeats an earlier one or the example).
+    """
+
+    def __init__(self, message: str, reason: str = "directive_invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+_ACTION_LINE_RE = re.compile(r"^\s*action\s*:(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+def earlier_actions(history: Sequence[HistoryTurn]) -> list[str]:
+    """The Action of every earlier directive in ``history`` (agent turns' directive messages), oldest first."""
+    out = []
+    for t in history:
+        if t.role == "agent" and t.directive:
+            m = _ACTION_LINE_RE.search(visible_part(t.directive))
+            if m and m.group(1).strip():
+                out.append(m.group(1).strip())
+    return out
+
+
+def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequence[HistoryTurn],
+                  forbidden_copies: Sequence[str] = (), min_action_words: int = 4,
+                  copy_jaccard: float = 0.8) -> None:
+    """The content rules: Action has ``min_action_words``+ words that are not a helper's name, Tone is not a helper's
+    name, and Action is no copy (character 5-gram Jaccard >= ``copy_jaccard``, :func:`mascot.core.guard.jaccard`) of
+    an earlier directive's Action or of ``forbidden_copies`` (the prompt's example).
+
+    Raises:
+        DirectiveError: with reason ``directive_name`` or ``directive_copy`` and a message for the retry prompt.
+    """
+    from mascot.core.guard import char_ngrams, jaccard, words
+
+    name_words = {w for n in roster_names for w in words(n)} | {"the", "agent", "helper"}
+    rest = [w for w in words(d.action) if w not in name_words]
+    if len(rest) < min_action_words:
+        raise DirectiveError("the Action must be a sentence of at least "
+                             f"{min_action_words} words saying what to do, not a helper's name", "directive_name")
+    if not [w for w in words(d.tone) if w not in name_words]:
+        raise DirectiveError("the Tone must describe a tone (e.g. 'Warm and calm'), not name a helper",
+                             "directive_name")
+    grams = char_ngrams(d.action)
+    for earlier in [*earlier_actions(history), *forbidden_copies]:
+        if jaccard(grams, char_ngrams(earlier)) >= copy_jaccard:
+            raise DirectiveError("the Action repeats an earlier one; give a new instruction about the latest "
+                                 "message", "directive_copy")
 
 
 def visible_part(text: str) -> str:
@@ -97,18 +147,40 @@ def check_cap(persona_id: str, history: Sequence[HistoryTurn], max_consecutive: 
         raise DirectiveError(f"{persona_id} has already spoken {max_consecutive} turns in a row; pick another agent")
 
 
+
 def fallback_directive(card: PersonaCard) -> ParsedDirective:
     """The fallback directive for ``card``: the standard action and the persona's default tone."""
     return ParsedDirective(card.id, FALLBACK_ACTION, card.default_tone)
 
 
+#: Verbs an Action may open with under constrained decoding: imperative instructions to a helper. A small model
+#: copies its previous directive or a helper's goal ("Help the user see ..."); opening with a verb not used by the
+#: latest directives (:func:`action_verbs`) breaks the copy where the rest of the answer would repeat it.
+ACTION_VERBS = ("Acknowledge", "Ask", "Reflect", "Name", "Validate", "Reassure", "Suggest", "Offer", "Encourage",
+                "Invite", "Explore", "Celebrate", "Point out", "Normalise", "Praise", "Remind", "Share", "Thank",
+                "Gently ask", "Recognise")
+
+
+def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
+    """:data:`ACTION_VERBS` without those that opened the Actions of the last ``recent`` directives."""
+    used = [a.split()[0].lower() for a in earlier_actions(history)[-recent:] if a.split()] if recent else []
+    verbs = [v for v in ACTION_VERBS if v.split()[0].lower() not in used]
+    return verbs or list(ACTION_VERBS)
+
+
 def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
-                    max_think_chars: int = 0) -> str:
+                    max_think_chars: int = 0, verbs: Sequence[str] | None = None) -> str:
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
-    An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it).
+    An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it). With
+    ``verbs`` the Action opens with one of them (then a space and at least 8 more characters).
     """
     names = "|".join(regex_escape(c.name) for c in roster)
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
-    return (rf"{head}Agent: ({names})\nAction: [^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}\n"
+    if verbs:
+        opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
+        action = rf"{opening} [^\n<\t ][^\n<]{{7,{max(8, max_action_chars - 12)}}}"
+    else:
+        action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
+    return (rf"{head}Agent: ({names})\nAction: {action}\n"
             rf"Tone: [^\n<\t ][^\n<]{{0,{max_tone_chars - 1}}}")

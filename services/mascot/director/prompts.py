@@ -14,22 +14,29 @@ from mascot.core.context import fit_history
 from mascot.core.personas import PersonaCard
 from mascot.core.dialogue import HistoryTurn
 
-SYSTEM_TEMPLATE = """You are the director of a group of companion agents who talk with a user together.
-Decide which agent speaks next and tell that agent what to do, so that the group stays helpful, varied and true to each agent's role.
+SYSTEM_TEMPLATE = """You are the director of a small group of helpers who talk with a person together.
+After each message you choose which helper speaks next and tell that helper what to do, so that the group stays helpful, varied and true to each helper's role.
 
-Agents:
+Helpers:
 {roster}
 
+Answer with exactly three lines and nothing else:
+Agent: <the name of one helper>
+Action: <one sentence telling that helper what to do now about what was just said>
+Tone: <two or three words>
+
+Example, after the person said "My dog died last week and the house feels so empty.":
+Agent: {example_agent}
+Action: Acknowledge how empty the house feels without the dog and stay with that sadness.
+Tone: Gentle and calm
+
 Rules:
-- Pick exactly one agent from the list.
-- No agent may speak more than {max_consecutive} turns in a row.
-- Answer with exactly three lines and nothing else:
-Agent: <agent name>
-Action: <what the agent should do now, one sentence>
-Tone: <the tone to take, a few words>"""
+- The Action names something from the conversation; it is never just a helper's name.
+- Never repeat an earlier Action; each one asks for something new.
+- Prefer a helper who has not spoken yet. No helper speaks more than {max_consecutive} turns in a row."""
 
 RETRY_TEMPLATE = ("Your answer was invalid: {error}. Answer again with exactly three lines: "
-                  "'Agent: <name>', 'Action: <sentence>', 'Tone: <words>'.")
+                  "'Agent: <name>', 'Action: <a new sentence about the conversation>', 'Tone: <words>'.")
 
 
 def roster_block(roster: Sequence[PersonaCard]) -> str:
@@ -50,8 +57,23 @@ def transcript(items: Sequence[tuple[str, str]]) -> str:
 QUESTION = "Who speaks next, and what should they do?"
 
 
+def question(history: Sequence[HistoryTurn]) -> str:
+    """The closing question of a director prompt, quoting the latest user message (at most 300 characters) so that
+    the Action is grounded in it."""
+    last = next((t.text for t in reversed(history) if t.role == "user"), "")
+    if not last:
+        return QUESTION
+    quote = " ".join(last.split())
+    quote = quote if len(quote) <= 300 else quote[:297] + "..."
+    return f'The person\'s latest message: "{quote}"\n{QUESTION}'
+
+
+EXAMPLE_ACTION = "Acknowledge how empty the house feels without the dog and stay with that sadness."
+
+
 def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
-                   max_consecutive: int, failed: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
+                   max_consecutive: int, failed: Sequence[tuple[str, str]] = (),
+                   all_names: dict[str, str] | None = None) -> list[dict[str, str]]:
     """Chat messages for one director decision: a multi-turn chat holding the director's own earlier answers.
 
     Layout: system (roles, rules); a user message with the seed context, the transcript up to the first directed
@@ -66,13 +88,16 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
         context: Seed context lines ``(speaker, content)`` (meeting excerpt), shown first.
         max_consecutive: The consecutive-turn cap, stated in the rules.
         failed: Earlier attempts of this decision, ``(raw_text, parse_error)``, for the retry prompt.
+        all_names: Display names of personas outside ``roster`` that appear in the history (excluded ones).
 
     Returns:
         ``[{"role", "content"}, ...]``: system, user, (assistant, user)* per directed turn, then assistant/user
         pairs per failed attempt.
     """
     names = {c.id: c.name for c in roster}
+    names.update(dict(all_names or {}))
     msgs = [{"role": "system", "content": SYSTEM_TEMPLATE.format(roster=roster_block(roster),
+                                                                  example_agent=roster[0].name,
                                                                   max_consecutive=max_consecutive)}]
     chunk: list[tuple[str, str]] = []
     first = True
@@ -85,15 +110,17 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
             parts.append(("Conversation so far:\n" if first else "Since then:\n") + transcript(chunk))
         elif first:
             parts.append("The conversation has not started yet.")
-        parts.append(QUESTION)
+        parts.append(question(seen))
         msgs.append({"role": "user", "content": "\n\n".join(parts)})
 
+    seen: list[HistoryTurn] = []
     for t in history:
         if t.role == "agent" and t.directive:
             flush()
             first, chunk = False, []
             msgs.append({"role": "assistant", "content": t.directive})
         chunk.append((speaker_tag(t, names), t.text))
+        seen.append(t)
     flush()
     for raw, error in failed:
         msgs.append({"role": "assistant", "content": raw})
@@ -103,10 +130,11 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
 
 def fit_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
                  max_consecutive: int, failed: Sequence[tuple[str, str]], render: Callable[[list], str],
-                 count_tokens: Callable[[str], int], budget_tokens: int) -> list[dict[str, str]]:
+                 count_tokens: Callable[[str], int], budget_tokens: int,
+                 all_names: dict[str, str] | None = None) -> list[dict[str, str]]:
     """:func:`build_messages` with context and history trimmed oldest first to fit ``budget_tokens``.
 
     The latest user turn is never dropped. Raises ValueError when even that does not fit.
     """
-    return fit_history(lambda h, c: build_messages(roster, h, c, max_consecutive, failed), history, context, render,
-                       count_tokens, budget_tokens)
+    return fit_history(lambda h, c: build_messages(roster, h, c, max_consecutive, failed, all_names), history,
+                       context, render, count_tokens, budget_tokens)

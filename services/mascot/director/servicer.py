@@ -40,11 +40,20 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
             adapter = await self.resolver.ensure(request.adapter_version, "director")
         else:
             adapter = self.cfg.adapter or None
+        exclude = list(request.exclude_persona_ids)
+        unknown = [p for p in exclude if p not in request.persona_ids]
+        if unknown:
+            raise InvalidArgument(f"exclude_persona_ids {unknown} are not in persona_ids")
+        if exclude and set(exclude) >= set(request.persona_ids):
+            raise InvalidArgument("exclude_persona_ids excludes every persona; leave at least one allowed")
         try:
             d = await decide(self.engine, roster, history, context_from_proto(request.context), self.cfg,
-                             adapter=adapter, seed=request.seed)
+                             adapter=adapter, seed=request.seed, exclude=exclude)
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
+        for reason in d.rejection_reasons:
+            self.metrics.reply_rejections.labels(component="director", persona="director", reason=reason,
+                                                 action="reprompt").inc()
         version = adapter or BASE_ADAPTER
         self.metrics.director_decisions.labels(persona=d.directive.persona_id, source=d.source).inc()
         self.metrics.generated_tokens.labels(component="director", persona="director",

@@ -75,6 +75,9 @@ class TurnRow(Base):
     first_token_s: Mapped[float] = mapped_column(Float, default=0.0)
     director_s: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: Reply checks (migration 0004): ``{"rejections": [{persona_id, attempt, reason, text}], "cut_reason": str}``,
+    #: None when nothing was refused or cut.
+    guard: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class RoundRow(Base):
@@ -89,6 +92,8 @@ class RoundRow(Base):
     user_turn_idx: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(32), default="")
     agent_turns: Mapped[int] = mapped_column(Integer, default=0)
+    #: Refused replies of a turn that ended the round with no reply (migration 0004): ``{"rejections": [...]}``.
+    guard: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 class SafetyEventRow(Base):
@@ -134,6 +139,7 @@ class NewTurn:
     director_s: float = 0.0
     round_key: str = ""
     extra: dict = field(default_factory=dict)
+    guard: dict | None = None
 
 
 def text_digest(text: str) -> str:
@@ -340,7 +346,8 @@ class Store:
             row = TurnRow(conversation_id=conv_id, idx=int(n), round_key=turn.round_key, role=turn.role,
                           persona_id=turn.persona_id, directive=turn.directive, adapter_version=turn.adapter_version,
                           text=turn.text, think=turn.think, safety=turn.safety, latency_s=turn.latency_s,
-                          first_token_s=turn.first_token_s, director_s=turn.director_s, created_at=_now())
+                          first_token_s=turn.first_token_s, director_s=turn.director_s, created_at=_now(),
+                          guard=turn.guard)
             s.add(row)
             if director_retries or director_fallbacks:
                 conv = s.get(ConversationRow, conv_id)
@@ -349,14 +356,21 @@ class Store:
             self._add_safety_events(s, conv_id, int(n), safety_events)
         return row
 
-    def add_director_counts(self, conv_id: str, retries: int, fallbacks: int) -> None:
-        """Add to the conversation's director counters."""
-        if not (retries or fallbacks):
+    def add_director_counts(self, conv_id: str, retries: int, fallbacks: int, rejections: list | None = None,
+                            round_key: str = "") -> None:
+        """Add to the conversation's director counters; ``rejections`` of a turn that produced no reply are added to
+        the round stored under ``round_key`` (``guard.rejections``)."""
+        if not (retries or fallbacks or rejections):
             return
         with self.session() as s, s.begin():
             conv = s.get(ConversationRow, conv_id)
             conv.director_retries += retries
             conv.director_fallbacks += fallbacks
+            rnd = s.get(RoundRow, (conv_id, round_key)) if rejections and round_key else None
+            if rnd is not None:
+                g = dict(rnd.guard or {})
+                g["rejections"] = [*g.get("rejections", []), *rejections]
+                rnd.guard = g
 
     # rounds
     def get_round(self, conv_id: str, key: str) -> RoundRow | None:

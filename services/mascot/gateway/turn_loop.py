@@ -1,8 +1,9 @@
 """The turn loop (REFERENCE.md section 1): director -> speaker, per round and in self-play.
 
 Each agent turn: NextDirective on the director service, then GenerateReply on the speaker service with
-its deltas forwarded as events. An empty visible reply is retried once; then the turn goes to another
-persona (a ``fallback`` directive naming it); if that reply is empty too, the round ends. Every turn is
+its deltas forwarded as events. The speaker checks every reply before its text leaves (mascot.core.guard) and
+regenerates refused attempts; when it refuses a persona's every attempt, the director is asked again with that
+persona excluded; when the replacement is refused too, the round ends (``empty_replies``). Every turn is
 committed to the store before its TurnCompleted event is yielded.
 
 The safety gate (:mod:`mascot.gateway.safety`, README "Safety") sits ahead of the director: a risky user message
@@ -24,7 +25,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.director.v1 import director_pb2 as dirpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
-from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, directive_message, fallback_persona, history_to_proto
+from mascot.core.dialogue import HistoryTurn, directive_message, history_to_proto
 from mascot.core.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.safety import Detection, SafetyGate
@@ -58,8 +59,13 @@ def turn_to_proto(row: TurnRow, include_think: bool = False) -> dpb.Turn:
         d = row.directive
         directive = dpb.Directive(persona_id=d["persona_id"], action=d["action"], tone=d["tone"],
                                   source=SOURCE_VALUES.get(d["source"], 0), raw=d.get("raw", ""))
+    g = row.guard or {}
+    rejections = [dpb.ReplyRejection(persona_id=r.get("persona_id", ""), attempt=r.get("attempt", 0),
+                                     reason=r.get("reason", ""), text=r.get("text", ""))
+                  for r in g.get("rejections", [])] if include_think else []
     return dpb.Turn(index=row.idx, role=dpb.ROLE_USER if row.role == "user" else dpb.ROLE_AGENT,
                     persona_id=row.persona_id, directive=directive, adapter_version=row.adapter_version,
+                    rejections=rejections, cut_reason=g.get("cut_reason", "") or "",
                     text=row.text, think=row.think if include_think else "", safety=row.safety, create_time=ts,
                     timings=dpb.TurnTimings(latency=duration(row.latency_s), first_token=duration(row.first_token_s),
                                             director=duration(row.director_s)))
@@ -192,78 +198,87 @@ class TurnLoop:
             raise Unavailable("the speaker service ended the stream without a final reply; retry")
         yield final
 
-    async def agent_turn(self, st: RoundState, deadline: Callable[[], float | None] | None = None
-                         ) -> AsyncIterator[Any]:
-        """Yield the events of one agent turn; the last item is ``True`` if a turn was stored, else ``False``."""
-        t0 = time.perf_counter()
+    async def _direct(self, st: RoundState, exclude: list[str], deadline: Callable[[], float | None] | None) -> Any:
         try:
-            resp = await self.director.NextDirective(dirpb.NextDirectiveRequest(
+            return await self.director.NextDirective(dirpb.NextDirectiveRequest(
                 persona_ids=[c.id for c in st.roster], history=history_to_proto(st.history),
                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
-                seed=st.seed + len(st.history), adapter_version=st.adapter_versions.get("director", "")),
+                seed=st.seed + len(st.history) + 101 * len(exclude),
+                adapter_version=st.adapter_versions.get("director", ""), exclude_persona_ids=exclude),
                 timeout=self._timeout(deadline))
         except grpc.aio.AioRpcError as e:
             raise _rpc_error(e, "director service") from None
-        director_s = time.perf_counter() - t0
-        retries = resp.retries
-        fallbacks = 1 if resp.directive.source == dpb.DIRECTIVE_SOURCE_FALLBACK else 0
-        directive = resp.directive
+
+    async def agent_turn(self, st: RoundState, deadline: Callable[[], float | None] | None = None
+                         ) -> AsyncIterator[Any]:
+        """Yield the events of one agent turn; the last item is ``True`` if a turn was stored, else ``False``.
+
+        The director names a persona and the speaker answers under the reply checks (it regenerates refused
+        attempts itself). When the speaker refuses every attempt (``ReplyFinal.rejected``), the director is asked
+        again with that persona excluded, up to ``guard.max_personas`` personas; then no turn is stored and the
+        caller ends the round. Refused attempts are stored with the turn (or, when none follows, with the round).
+        """
+        t0 = time.perf_counter()
         index = len(st.history)
         screening = bool(st.safety_categories)  # a flagged conversation: no reply text leaves before screening
-        tried: list[str] = []
-        for attempt in range(3):
+        retries = fallbacks = 0
+        director_s = 0.0
+        excluded: list[str] = []
+        rejections: list[dict] = []
+        max_personas = min(self.cfg.guard.max_personas, len(st.roster))
+        while len(excluded) < max_personas:
+            resp = await self._direct(st, excluded, deadline)
+            if not excluded:
+                director_s = time.perf_counter() - t0
+            retries += resp.retries
+            fallbacks += 1 if resp.directive.source == dpb.DIRECTIVE_SOURCE_FALLBACK else 0
+            directive = resp.directive
             pid = directive.persona_id
             yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=directive))
+            req = spb.GenerateReplyRequest(
+                persona_id=pid, directive=directive, history=history_to_proto(st.history),
+                context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
+                roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + len(excluded) * 2,
+                adapter_version=st.adapter_versions.get(pid, ""))
             final = None
-            for repeat in range(2):  # an empty visible reply is retried once
-                req = spb.GenerateReplyRequest(
-                    persona_id=pid, directive=directive, history=history_to_proto(st.history),
-                    context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
-                    roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + attempt * 2 + repeat,
-                    adapter_version=st.adapter_versions.get(pid, ""))
-                async for item in self._speak(st, index, req, deadline):
-                    if isinstance(item, spb.ReplyFinal):
-                        final = item
-                    elif not screening:
-                        yield item
-                if final.text.strip():
-                    break
-            if final is not None and final.text.strip():
-                latency = time.perf_counter() - t0
-                first = final.first_token.ToTimedelta().total_seconds()
-                d = {"persona_id": pid, "action": directive.action, "tone": directive.tone,
-                     "source": SOURCE_NAMES.get(directive.source, "model"), "raw": directive.raw}
-                text, screened = final.text, None
-                if screening:
-                    screened = self.safety.screen(text, st.safety_categories)
-                    if screened is not None:
-                        text = self.safety.follow_up_text()
-                    yield event(turn_delta=cpb.TurnDelta(index=index, text=text))
-                events = [SafetyEvent("reply_screened", screened.category, screened.rule)] if screened else []
-                row = await self._store(st.conv_id, NewTurn(
-                    role="agent", text=text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
-                    think=final.think, safety=screened is not None, latency_s=latency, first_token_s=first,
-                    director_s=director_s, round_key=st.round_key), retries, fallbacks, events)
+            async for item in self._speak(st, index, req, deadline):
+                if isinstance(item, spb.ReplyFinal):
+                    final = item
+                elif not screening:
+                    yield item
+            rejections += [{"persona_id": pid, "attempt": r.attempt, "reason": r.reason, "text": r.text}
+                           for r in final.rejections]
+            if final.rejected or not final.text.strip():
+                excluded.append(pid)
+                continue
+            latency = time.perf_counter() - t0
+            first = final.first_token.ToTimedelta().total_seconds()
+            d = {"persona_id": pid, "action": directive.action, "tone": directive.tone,
+                 "source": SOURCE_NAMES.get(directive.source, "model"), "raw": directive.raw}
+            text, screened = final.text, None
+            if screening:
+                screened = self.safety.screen(text, st.safety_categories)
                 if screened is not None:
-                    self.count_safety([screened.category])
-                st.history.append(history_turn(self.catalog, "agent", text, pid, d))
-                st.agent_turns += 1
-                self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
-                self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
-                yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
-                yield True
-                return
-            tried.append(pid)
-            if attempt == 1:
-                break
-            card = fallback_persona(st.roster, st.history, self.cfg.director.max_consecutive_turns, exclude=tried)
-            if card is None:
-                break
-            fallbacks += 1
-            self.metrics.director_decisions.labels(persona=card.id, source="fallback").inc()
-            directive = dpb.Directive(persona_id=card.id, action=FALLBACK_ACTION, tone=card.default_tone,
-                                      source=dpb.DIRECTIVE_SOURCE_FALLBACK, raw=directive.raw)
-        await asyncio.to_thread(self.store.add_director_counts, st.conv_id, retries, fallbacks)
+                    text = self.safety.follow_up_text()
+                yield event(turn_delta=cpb.TurnDelta(index=index, text=text))
+            events = [SafetyEvent("reply_screened", screened.category, screened.rule)] if screened else []
+            guard = ({"rejections": rejections, "cut_reason": final.cut_reason}
+                     if rejections or final.cut_reason else None)
+            row = await self._store(st.conv_id, NewTurn(
+                role="agent", text=text, persona_id=pid, directive=d, adapter_version=final.adapter_version,
+                think=final.think, safety=screened is not None, latency_s=latency, first_token_s=first,
+                director_s=director_s, round_key=st.round_key, guard=guard), retries, fallbacks, events)
+            if screened is not None:
+                self.count_safety([screened.category])
+            st.history.append(history_turn(self.catalog, "agent", text, pid, d))
+            st.agent_turns += 1
+            self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
+            self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
+            yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
+            yield True
+            return
+        await asyncio.to_thread(self.store.add_director_counts, st.conv_id, retries, fallbacks, rejections,
+                                st.round_key)
         yield False
 
     async def user_turn(self, st: RoundState, user: dpb.UserSimulation,
@@ -285,10 +300,13 @@ class TurnLoop:
                 yield item
         if final is not None and final.text.strip():
             detection = await self.detect(final.text)
+            rej = [{"persona_id": "", "attempt": r.attempt, "reason": r.reason, "text": r.text}
+                   for r in final.rejections]
+            guard = {"rejections": rej, "cut_reason": final.cut_reason} if rej or final.cut_reason else None
             row = await self._store(st.conv_id, NewTurn(
                 role="user", text=final.text, think=final.think, adapter_version=final.adapter_version,
                 latency_s=time.perf_counter() - t0, first_token_s=final.first_token.ToTimedelta().total_seconds(),
-                round_key=st.round_key), safety_events=detection.events() if detection else None)
+                round_key=st.round_key, guard=guard), safety_events=detection.events() if detection else None)
             st.history.append(HistoryTurn("user", final.text))
             yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
             if detection is not None:

@@ -16,21 +16,18 @@ from mascot.core.dialogue import HistoryTurn
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
-PERSONA_TEMPLATE = """You are {name}, the {role}, one member of a group of companion agents talking with a user.
-You are {name} only: never speak as the user or as another agent, and never write their names as speaker tags.
-Goal: {goal}
-Expertise: {expertise}
-Do: {allowed}
-Never: {forbidden}
-Style: {style}
-Answer in at most {max_words} words."""
+PERSONA_TEMPLATE = ("You are {name}, the {role}, one of a small group of helpers talking with a person. {goal} "
+                    "You {allowed}. You avoid {forbidden}. Your style: {style}. Speak directly to the person in two "
+                    "or three short sentences, at most {max_words} words, as {name} only.")
 
-DIRECTIVE_TEMPLATE = "Director's instruction for your next turn as {name}.\nAction: {action}\nTone: {tone}"
+#: The director's instruction, appended to the speaker's system prompt.
+DIRECTIVE_TEMPLATE = "Your task now: {action} Tone: {tone}."
 
-USER_SIM_TEMPLATE = """You are a person talking with a group of companion agents about something in your life.
-Situation: {situation}
-{emotion_line}{personality}Write your next message as this person, in one or two sentences, in the first person.
-Never speak as the companions and never write speaker tags."""
+USER_SIM_TEMPLATE = ("You are chatting with a few supportive helpers about something that happened to you. "
+                     "What happened: {situation}\n{emotion_line}{personality}"
+                     "Reply as yourself in one or two short sentences, in the first person (I, me, my). Talk about "
+                     "your own situation and feelings; do not give advice, do not comfort the helpers, and do not "
+                     "write a letter.")
 
 _MBTI = {
     "E": "outgoing and talkative", "I": "reserved and reflective",
@@ -47,9 +44,8 @@ _BIG_FIVE = {
 }
 
 
-GENERIC_AGENT_PROMPT = """You are {name}, one member of a group of companion agents talking with a user.
-You are {name} only: never speak as the user or as another agent, and never write their names as speaker tags.
-Answer in at most {max_words} words."""
+GENERIC_AGENT_PROMPT = ("You are {name}, one of a small group of helpers talking with a person. Speak directly to "
+                        "the person in two or three short sentences, at most {max_words} words, as {name} only.")
 
 
 def generic_system_prompt(card: PersonaCard) -> str:
@@ -58,12 +54,24 @@ def generic_system_prompt(card: PersonaCard) -> str:
 
 
 def persona_system_prompt(card: PersonaCard) -> str:
-    """The persona card as a system prompt."""
-    def join(xs: Sequence[str]) -> str:
-        return "; ".join(xs) if xs else "-"
-    return PERSONA_TEMPLATE.format(name=card.name, role=card.role, goal=card.goal, expertise=join(card.expertise),
-                                   allowed=join(card.allowed_moves), forbidden=join(card.forbidden_moves),
+    """The persona card as a system prompt: name, role, goal, allowed and forbidden moves, style, length."""
+    def join(xs: Sequence[str], last: str = "and") -> str:
+        xs = [x.strip().rstrip(".") for x in xs if x.strip()]
+        if not xs:
+            return "-"
+        return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + f" {last} " + xs[-1]
+    goal = card.goal.strip()
+    return PERSONA_TEMPLATE.format(name=card.name, role=card.role, goal=goal if goal.endswith(".") else goal + ".",
+                                   allowed=join(card.allowed_moves), forbidden=join(card.forbidden_moves, "or"),
                                    style=join(card.style), max_words=card.max_answer_words)
+
+
+def directive_text(name: str, action: str, tone: str) -> str:
+    """The directive as the speaker reads it (:data:`DIRECTIVE_TEMPLATE`)."""
+    action = action.strip()
+    if action and action[-1] not in ".!?":
+        action += "."
+    return DIRECTIVE_TEMPLATE.format(name=name, action=action, tone=tone.strip().rstrip("."))
 
 
 def personality_text(mbti: str = "", big_five: dict[str, str] | None = None) -> str:
@@ -103,10 +111,25 @@ def context_message(context: Sequence[tuple[str, str]]) -> dict[str, str]:
     return {"role": "user", "content": "Meeting transcript:\n" + "\n".join(f"{s}: {c}" for s, c in context)}
 
 
+def _append_user(msgs: list[dict[str, str]], text: str) -> None:
+    """Add user-side text, joining it to the previous message when that is user-side too (one block per gap
+    between the speaker's own turns, which keeps a small model from answering each line separately)."""
+    if msgs and msgs[-1]["role"] == "user":
+        msgs[-1] = {"role": "user", "content": msgs[-1]["content"] + "\n\n" + text}
+    else:
+        msgs.append({"role": "user", "content": text})
+
+
 def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
                            action: str, tone: str, names: dict[str, str],
                            persona_prompt: bool = True) -> list[dict[str, str]]:
     """Chat messages for one persona reply.
+
+    Layout: the persona card and then the director's instruction (:func:`directive_text`) as the system message;
+    the seed context as a user message; then the history as a plain chat, the person's turns as ``user`` and every
+    agent turn as ``assistant``, without speaker tags. Small chat models continue whatever format the last message
+    shows: tagged lines or an instruction as the last user message are copied into the reply ("The Anchor: ...",
+    "(The Beacon, it is your turn.)"); a plain chat with the instruction in the system text is answered as a chat.
 
     Args:
         card: The speaking persona.
@@ -114,26 +137,24 @@ def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], co
         context: Seed context ``(speaker, content)``.
         action: Directive action.
         tone: Directive tone.
-        names: ``{persona_id: display name}`` of the roster, for speaker tags.
+        names: ``{persona_id: display name}`` of the roster (kept for callers; tags are not shown).
         persona_prompt: False replaces the card with :func:`generic_system_prompt` (MASCOT-P).
     """
     system = persona_system_prompt(card) if persona_prompt else generic_system_prompt(card)
-    msgs = [{"role": "system", "content": system}]
+    msgs = [{"role": "system", "content": system + "\n\n" + directive_text(card.name, action, tone)}]
     if context:
         msgs.append(context_message(context))
     for t in history:
-        if t.role == "agent" and t.persona_id == card.id:
-            msgs.append({"role": "assistant", "content": t.text})
-        else:
-            msgs.append({"role": "user", "content": f"{_tag(t, names)}: {t.text}"})
-    msgs.append({"role": "user", "content": DIRECTIVE_TEMPLATE.format(name=card.name, action=action, tone=tone)})
+        msgs.append({"role": "user" if t.role == "user" else "assistant", "content": t.text})
     return msgs
 
 
 def build_user_sim_messages(situation: str, emotion: str, personality: str, history: Sequence[HistoryTurn],
                             context: Sequence[tuple[str, str]], names: dict[str, str]) -> list[dict[str, str]]:
-    """Chat messages for the simulated user's next turn (REFERENCE.md section 6 step 3)."""
-    system = USER_SIM_TEMPLATE.format(situation=situation,
+    """Chat messages for the simulated user's next turn (REFERENCE.md section 6 step 3): the person's own turns as
+    ``assistant``, the helpers' turns as ``user`` messages (untagged, consecutive ones joined), so the model
+    answers the helpers as the person."""
+    system = USER_SIM_TEMPLATE.format(situation=situation.strip(),
                                       emotion_line=f"You feel {emotion}.\n" if emotion else "",
                                       personality=personality + "\n" if personality else "")
     msgs = [{"role": "system", "content": system}]
@@ -143,9 +164,9 @@ def build_user_sim_messages(situation: str, emotion: str, personality: str, hist
         if t.role == "user":
             msgs.append({"role": "assistant", "content": t.text})
         else:
-            msgs.append({"role": "user", "content": f"{_tag(t, names)}: {t.text}"})
+            _append_user(msgs, t.text)
     if not history or history[-1].role == "user":
-        msgs.append({"role": "user", "content": "(The companions are listening. Continue.)"})
+        _append_user(msgs, "Tell me a little more about what happened and how you feel.")
     return msgs
 
 

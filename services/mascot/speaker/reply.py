@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from mascot.core.context import fit_history
 from mascot.core.dialogue import HistoryTurn, strip_control_chars
 from mascot.core.engine import BASE_ADAPTER, GenerationRequest, GenerationResult, SamplingParams, StreamDelta
+from mascot.core.guard import GuardSettings, ReplyContext, SentenceGate, supporter_reason
 from mascot.core.personas import PersonaCard
 from mascot.speaker.prompts import (
     VisibleTextFilter,
     build_persona_messages,
     build_user_sim_messages,
+    directive_text,
     stop_strings,
 )
 
@@ -24,7 +26,14 @@ _VERSION_RE = re.compile(r"^(?P<persona>[a-z][a-z0-9_]*)--v(?P<n>\d+)$")
 @dataclass
 class ReplyOutcome:
     """The finished reply: ``text`` equals the joined visible deltas; neither it nor ``think`` holds a control
-    character (:data:`mascot.core.dialogue.CONTROL_CHARS` are removed from the model's output)."""
+    character (:data:`mascot.core.dialogue.CONTROL_CHARS` are removed from the model's output).
+
+    Attributes:
+        rejections: ``{"attempt", "reason", "text"}`` per attempt the reply checks refused (nothing of it was sent).
+        rejected: True when every attempt was refused (``text`` is then empty).
+        cut_reason: Why the accepted reply was cut back to a sentence end ("" when it was not).
+        attempts: Generations made (1 + regenerations).
+    """
 
     text: str
     think: str
@@ -32,6 +41,34 @@ class ReplyOutcome:
     generated_tokens: int
     first_token_seconds: float
     truncated: bool
+    rejections: list = field(default_factory=list)
+    rejected: bool = False
+    cut_reason: str = ""
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a rejected reply is generated again (the ``guard`` config section).
+
+    Attributes:
+        max_attempts: Generations per reply, >= 1.
+        penalty_step: Added to the repetition penalty per regeneration.
+        retry_temperature: Temperature of a regeneration when the configured one is 0.
+    """
+
+    max_attempts: int = 3
+    penalty_step: float = 0.1
+    retry_temperature: float = 0.7
+
+    def sampling(self, base: SamplingParams, attempt: int) -> SamplingParams:
+        """Sampling of attempt ``attempt`` (0 = ``base``): a new seed, a higher repetition penalty and, when
+        ``base`` is greedy, ``retry_temperature`` (so every regeneration changes something that takes effect)."""
+        if attempt == 0:
+            return base
+        return replace(base, seed=None if base.seed is None else base.seed + 7919 * attempt,
+                       temperature=base.temperature if base.temperature > 0 else self.retry_temperature,
+                       repetition_penalty=min(10.0, base.repetition_penalty + self.penalty_step * attempt))
 
 
 def choose_adapter(loaded: Sequence[str], persona_id: str, mode: str, shared: str = "") -> str | None:
@@ -52,31 +89,87 @@ def choose_adapter(loaded: Sequence[str], persona_id: str, mode: str, shared: st
     return best[1] if best else None
 
 
-async def _stream(engine: Any, messages: list[dict[str, str]], sampling: SamplingParams, adapter: str | None,
-                  filt: VisibleTextFilter) -> AsyncIterator[str | ReplyOutcome]:
-    t0 = time.perf_counter()
-    first = 0.0
+async def _attempt(engine: Any, prompt: str, sampling: SamplingParams, adapter: str | None,
+                   filt: VisibleTextFilter, gate: SentenceGate, t0: float, first: list[float]
+                   ) -> AsyncIterator[str | tuple[GenerationResult | None, int]]:
+    """One generation through the visible-text filter and the sentence gate: yields released text, then
+    ``(result, tokens)`` (result None when the gate stopped generation early)."""
     result: GenerationResult | None = None
-    async for item in engine.stream(GenerationRequest(engine.render_chat(messages), sampling, adapter=adapter)):
-        if isinstance(item, StreamDelta):  # control characters (NUL, ESC, ...) never reach a person or the store
-            out = filt.feed(strip_control_chars(item.text))
-        else:
-            result = item
-            out = filt.feed("", final=True)
-        if out:
-            if not first:
-                first = time.perf_counter() - t0
-            yield out
-    assert result is not None
-    yield ReplyOutcome(text=filt.visible, think=filt.think, adapter_version=adapter or BASE_ADAPTER,
-                       generated_tokens=len(result.token_ids), first_token_seconds=first, truncated=filt.truncated)
+    tokens = 0
+    agen = engine.stream(GenerationRequest(prompt, sampling, adapter=adapter))
+    try:
+        async for item in agen:
+            if isinstance(item, StreamDelta):  # control characters (NUL, ESC, ...) never reach a person or the store
+                tokens += 1
+                out = gate.feed(filt.feed(strip_control_chars(item.text)))
+            else:
+                result = item
+                tokens = len(item.token_ids)
+                out = gate.feed(filt.feed("", final=True))
+                out += gate.finish("stop" if filt.truncated else item.finish_reason)
+            if out:
+                if not first[0]:
+                    first[0] = time.perf_counter() - t0
+                yield out
+            if gate.stopped:
+                break
+    finally:
+        await agen.aclose()  # a stopped gate ends the engine request (it frees its batch slot)
+    yield (result, tokens)
+
+
+async def guarded_reply(engine: Any, build_filter: Callable[[], VisibleTextFilter], prompt: str,
+                        sampling: SamplingParams, adapter: str | None, ctx: ReplyContext, guard: GuardSettings,
+                        policy: RetryPolicy, extra_check: Callable[[str, str], str | None] | None = None
+                        ) -> AsyncIterator[str | ReplyOutcome]:
+    """Generate a reply under the reply checks: stream released sentences, then a :class:`ReplyOutcome`.
+
+    Each attempt's text goes through :class:`~mascot.speaker.prompts.VisibleTextFilter` and
+    :class:`~mascot.core.guard.SentenceGate`; an attempt whose first sentence fails is regenerated
+    (:meth:`RetryPolicy.sampling`), a later failing sentence cuts the reply there.
+    """
+    t0 = time.perf_counter()
+    first = [0.0]
+    rejections: list[dict] = []
+    tokens = 0
+    filt = build_filter()
+    for attempt in range(policy.max_attempts):
+        filt = build_filter()
+        gate = SentenceGate(ctx, guard, extra_check)
+        async for item in _attempt(engine, prompt, policy.sampling(sampling, attempt), adapter, filt, gate, t0,
+                                   first):
+            if isinstance(item, tuple):
+                tokens += item[1]
+            else:
+                yield item
+        if gate.accepted:
+            yield ReplyOutcome(text=gate.released, think=filt.think, adapter_version=adapter or BASE_ADAPTER,
+                               generated_tokens=tokens, first_token_seconds=first[0], truncated=filt.truncated,
+                               rejections=rejections, cut_reason=gate.cut_reason or "", attempts=attempt + 1)
+            return
+        rejections.append({"attempt": attempt, "reason": gate.rejected_reason or "empty",
+                           "text": gate.rejected_text[:500]})
+    yield ReplyOutcome(text="", think=filt.think, adapter_version=adapter or BASE_ADAPTER, generated_tokens=tokens,
+                       first_token_seconds=0.0, truncated=filt.truncated, rejections=rejections, rejected=True,
+                       attempts=policy.max_attempts)
+
+
+def persona_sources(card: PersonaCard, system: str, action: str, tone: str) -> list[str]:
+    """Prompt texts a persona's reply may not echo: its system prompt, its card's fields, the directive."""
+    fields = [card.goal, card.role, *card.expertise, *card.allowed_moves, *card.forbidden_moves, *card.style]
+    return [system, " ".join(fields), action, tone, directive_text(card.name, action, tone)]
 
 
 async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
                         context: Sequence[tuple[str, str]], action: str, tone: str, *, max_tokens: int,
                         temperature: float, top_p: float, seed: int | None,
-                        adapter: str | None, persona_prompt: bool = True) -> AsyncIterator[str | ReplyOutcome]:
-    """Stream a persona's visible deltas, then a :class:`ReplyOutcome` (``persona_prompt`` False: MASCOT-P).
+                        adapter: str | None, persona_prompt: bool = True, repetition_penalty: float = 1.0,
+                        frequency_penalty: float = 0.0, guard: GuardSettings | None = None,
+                        policy: RetryPolicy | None = None) -> AsyncIterator[str | ReplyOutcome]:
+    """Stream a persona's checked visible deltas, then a :class:`ReplyOutcome` (``persona_prompt`` False: MASCOT-P).
+
+    The reply is checked against its prompt (system text, card, directive), the earlier turns and the speaker tags
+    (:func:`guarded_reply`); ``guard`` None uses the default thresholds, ``policy`` None the default retries.
 
     Raises:
         ValueError: the prompt cannot fit the context window even with history trimmed.
@@ -90,17 +183,28 @@ async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[Persona
     msgs = fit_history(build, history, context, engine.render_chat, engine.count_tokens,
                        engine.max_context_tokens - max_tokens)
     others = [n for n in names.values() if n != card.name]
-    filt = VisibleTextFilter(own_tag=card.name, foreign_tags=["User", "Director", *others])
     sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                        stop=stop_strings(card.name, list(names.values())))
-    async for item in _stream(engine, msgs, sp, adapter, filt):
+                        stop=stop_strings(card.name, list(names.values())), repetition_penalty=repetition_penalty,
+                        frequency_penalty=frequency_penalty)
+    ctx = ReplyContext(sources=persona_sources(card, msgs[0]["content"], action, tone),
+                       earlier=[t.text for t in history], tags=["User", "Director", *names.values()])
+    async for item in guarded_reply(engine, lambda: VisibleTextFilter(own_tag=card.name,
+                                                                      foreign_tags=["User", "Director", *others]),
+                                    engine.render_chat(msgs), sp, adapter, ctx, guard or GuardSettings(),
+                                    policy or RetryPolicy()):
         yield item
 
 
 async def user_reply(engine: Any, situation: str, emotion: str, personality: str, roster: Sequence[PersonaCard],
                      history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]], *, max_tokens: int,
-                     temperature: float, top_p: float, seed: int | None) -> AsyncIterator[str | ReplyOutcome]:
-    """Stream the simulated user's visible deltas (base model, no adapter), then a :class:`ReplyOutcome`."""
+                     temperature: float, top_p: float, seed: int | None, repetition_penalty: float = 1.0,
+                     frequency_penalty: float = 0.0, guard: GuardSettings | None = None,
+                     policy: RetryPolicy | None = None) -> AsyncIterator[str | ReplyOutcome]:
+    """Stream the simulated user's checked visible deltas (base model, no adapter), then a :class:`ReplyOutcome`.
+
+    Besides the reply checks (echo of its instructions, loop, copy of an earlier turn) a sentence written as a
+    supporter (:func:`mascot.core.guard.supporter_reason`: a letter, comforting or advising the helpers) is refused.
+    """
     names = {c.id: c.name for c in roster}
 
     def build(h: list, c: list) -> list[dict[str, str]]:
@@ -108,8 +212,13 @@ async def user_reply(engine: Any, situation: str, emotion: str, personality: str
 
     msgs = fit_history(build, history, context, engine.render_chat, engine.count_tokens,
                        engine.max_context_tokens - max_tokens)
-    filt = VisibleTextFilter(own_tag="User", foreign_tags=["Director", *names.values()])
     sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                        stop=tuple(f"\n{n}:" for n in [*names.values(), "Director"]))
-    async for item in _stream(engine, msgs, sp, None, filt):
+                        stop=tuple(f"\n{n}:" for n in [*names.values(), "Director"]),
+                        repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty)
+    ctx = ReplyContext(sources=[msgs[0]["content"]], earlier=[t.text for t in history],
+                       tags=["Director", *names.values()])
+    async for item in guarded_reply(engine, lambda: VisibleTextFilter(own_tag="User",
+                                                                      foreign_tags=["Director", *names.values()]),
+                                    engine.render_chat(msgs), sp, None, ctx, guard or GuardSettings(),
+                                    policy or RetryPolicy(), supporter_reason):
         yield item

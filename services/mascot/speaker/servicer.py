@@ -36,15 +36,38 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
         metrics: :class:`~mascot.core.metrics.Metrics`.
         resolver: :class:`~mascot.core.adapters.reconcile.AdapterResolver` for pinned ``adapter_version`` requests;
             None builds one without a store (only loaded adapters resolve).
+        guard_cfg: :class:`~mascot.core.config.GuardConfig` (reply checks and regeneration); None = defaults.
     """
 
     def __init__(self, engine: Any, catalog: PersonaCatalog, speaker_cfg: Any, selfplay_cfg: Any, metrics: Any,
-                 resolver: Any = None) -> None:
+                 resolver: Any = None, guard_cfg: Any = None) -> None:
         from mascot.core.adapters.reconcile import AdapterResolver
+        from mascot.core.config import GuardConfig
+
+        self.guard = guard_cfg if guard_cfg is not None else GuardConfig()
 
         self.engine, self.catalog, self.cfg, self.selfplay, self.metrics = (
             engine, catalog, speaker_cfg, selfplay_cfg, metrics)
         self.resolver = resolver or AdapterResolver(engine, None, metrics)
+
+    def _guard_kwargs(self) -> dict:
+        from mascot.speaker.reply import RetryPolicy
+
+        g = self.guard
+        return {"repetition_penalty": self.cfg.repetition_penalty, "frequency_penalty": self.cfg.frequency_penalty,
+                "guard": g.settings(), "policy": RetryPolicy(max_attempts=g.max_attempts if g.enabled else 1,
+                                                              penalty_step=g.retry_penalty_step,
+                                                              retry_temperature=g.retry_temperature)}
+
+    def _count_rejections(self, label: str, item: ReplyOutcome) -> None:
+        """Count refused attempts (regenerate; the last one ``exclude`` when every attempt was refused) and a cut."""
+        m = self.metrics.reply_rejections
+        for k, r in enumerate(item.rejections):
+            last = item.rejected and k == len(item.rejections) - 1
+            m.labels(component="speaker", persona=label, reason=r["reason"],
+                     action="exclude" if last else "regenerate").inc()
+        if item.cut_reason:
+            m.labels(component="speaker", persona=label, reason=item.cut_reason, action="cut").inc()
 
     async def GenerateReply(self, request: pb.GenerateReplyRequest, context: Any) -> AsyncIterator[pb.GenerateReplyResponse]:
         if not 0 <= request.max_tokens <= MAX_TOKENS_LIMIT:
@@ -71,7 +94,7 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             gen = persona_reply(self.engine, card, roster or [card], history, ctx, request.directive.action,
                                 request.directive.tone, max_tokens=request.max_tokens or self.cfg.max_tokens,
                                 temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed, adapter=adapter,
-                                persona_prompt=self.cfg.persona_prompts)
+                                persona_prompt=self.cfg.persona_prompts, **self._guard_kwargs())
         elif which == "user_simulation":
             u = request.user_simulation
             if not u.situation.strip():
@@ -87,7 +110,8 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             label = "user"
             gen = user_reply(self.engine, u.situation, u.emotion, personality, roster, history, ctx,
                              max_tokens=request.max_tokens or self.selfplay.user_max_tokens,
-                             temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
+                             temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed,
+                             **self._guard_kwargs())
         else:
             raise InvalidArgument("set exactly one speaker: persona_id or user_simulation")
         try:
@@ -95,10 +119,15 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
                 if isinstance(item, ReplyOutcome):
                     self.metrics.generated_tokens.labels(component="speaker", persona=label,
                                                          adapter_version=item.adapter_version).inc(item.generated_tokens)
+                    self._count_rejections(label, item)
+                    pid = "" if label == "user" else label
                     yield pb.GenerateReplyResponse(final=pb.ReplyFinal(
                         text=item.text, think=item.think, adapter_version=item.adapter_version,
                         generated_tokens=item.generated_tokens, first_token=_duration(item.first_token_seconds),
-                        truncated=item.truncated))
+                        truncated=item.truncated, rejected=item.rejected, cut_reason=item.cut_reason,
+                        attempts=item.attempts, rejections=[dpb.ReplyRejection(
+                            persona_id=pid, attempt=r["attempt"], reason=r["reason"], text=r["text"])
+                            for r in item.rejections]))
                 else:
                     yield pb.GenerateReplyResponse(delta=pb.ReplyDelta(text=item))
         except ValueError as e:  # prompt cannot fit

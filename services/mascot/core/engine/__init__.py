@@ -19,18 +19,17 @@ from mascot.core.engine.base import (  # noqa: F401  (re-exported)
 )
 
 
-def resolve_model(model: str, tiny_dir: str | Path) -> str:
-    """Return what to load: ``model`` if given, else the tiny random Qwen3 at ``tiny_dir`` (built on first use)."""
-    if model:
-        return model
-    tiny = Path(tiny_dir)
-    if not (tiny / "config.json").is_file() or not (tiny / "tokenizer.json").is_file():
-        from mascot.core.engine.tiny import build_tiny_qwen3
+def resolve_model(model: str, tiny_dir: str | Path, cache_dir: str | Path = ".cache/models") -> str:
+    """Return what to load for a model setting: empty = the default real model (SmolLM2-135M-Instruct, converted on
+    first use, :mod:`mascot.core.engine.default_model`), ``tiny`` = the tiny random Qwen3 at ``tiny_dir`` (built on
+    first use), anything else as given (a model directory or a Hugging Face id).
 
-        tmp = tiny.with_name(tiny.name + ".tmp")
-        build_tiny_qwen3(tmp)
-        tmp.replace(tiny) if not tiny.exists() else None
-    return str(tiny)
+    Raises:
+        DefaultModelError: the default model is needed and cannot be prepared (the message says what to run).
+    """
+    from mascot.core.engine.default_model import resolve_model_name
+
+    return resolve_model_name(model, tiny_dir, cache_dir)
 
 
 def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> Engine:
@@ -39,17 +38,18 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
     Raises:
         ValueError: an unknown engine kind.
     """
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if not cfg.model else "float32")
     if cfg.kind == "transformers":
         from mascot.core.engine.transformers import TransformersEngine
 
-        return TransformersEngine(resolve_model(cfg.model, cfg.tiny_dir), dtype=cfg.dtype,
+        return TransformersEngine(resolve_model(cfg.model, cfg.tiny_dir, cfg.cache_dir), dtype=dtype,
                                   max_model_len=cfg.max_model_len, max_batch_size=cfg.max_batch_size,
                                   batch_wait_ms=cfg.batch_wait_ms, adapters=cfg.adapters, metrics=metrics,
                                   component=component, threads=cfg.threads)
     if cfg.kind == "vllm":
         from mascot.core.engine.vllm import VllmEngine
 
-        return VllmEngine(resolve_model(cfg.model, cfg.tiny_dir), dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+        return VllmEngine(resolve_model(cfg.model, cfg.tiny_dir, cfg.cache_dir), dtype=dtype, max_model_len=cfg.max_model_len,
                           max_batch_size=cfg.max_batch_size, adapters=cfg.adapters, max_loras=cfg.max_loras,
                           max_lora_rank=cfg.max_lora_rank, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           enforce_eager=cfg.enforce_eager, prefix_caching=cfg.prefix_caching,

@@ -24,6 +24,12 @@ class SamplingParams:
         top_p: Nucleus mass in (0, 1]; 1 disables it.
         seed: Seed of this request's own random generator; None draws one.
         stop: Strings that end generation; the stop string itself is not returned.
+        repetition_penalty: CTRL-style penalty on every token id already in the prompt or the output, > 0: a
+            positive logit is divided by it, a negative one multiplied (Keskar et al. 2019, section 4.1; the meaning
+            of vLLM's ``SamplingParams.repetition_penalty`` and transformers' ``RepetitionPenaltyLogitsProcessor``).
+            1 disables it; it applies at temperature 0 too.
+        frequency_penalty: Subtracted from a token's logit once per time it already occurs in the generated text
+            (not the prompt), in [-2, 2]; 0 disables it (OpenAI's and vLLM's ``frequency_penalty``).
     """
 
     max_tokens: int = 128
@@ -31,6 +37,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -39,6 +47,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
 
 
 @dataclass(frozen=True)

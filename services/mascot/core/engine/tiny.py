@@ -84,3 +84,14 @@ def build_tiny_qwen3(out_dir: str | Path, *, vocab_size: int = 2000, hidden_size
 def is_tiny(model: str | Path) -> bool:
     """True for a model directory built by :func:`build_tiny_qwen3` (random weights, not trained)."""
     return bool(model) and (Path(model) / TINY_MARKER).is_file()
+
+
+def ensure_tiny(tiny_dir: str | Path) -> Path:
+    """The tiny random Qwen3 at ``tiny_dir``, built there on first use (in a temporary sibling, then renamed)."""
+    tiny = Path(tiny_dir)
+    if not (tiny / "config.json").is_file() or not (tiny / "tokenizer.json").is_file():
+        tmp = tiny.with_name(tiny.name + ".tmp")
+        build_tiny_qwen3(tmp)
+        if not tiny.exists():
+            tmp.replace(tiny)
+    return tiny

@@ -334,7 +334,7 @@ class TransformersEngine(HFTokenizerMixin):
                     if j.cancelled:
                         j.done = True
                         continue
-                    tok = self._choose(logits[i], j.request.sampling, gens[i])
+                    tok = self._choose(logits[i], j.request.sampling, gens[i], j)
                     next_tokens[i, 0] = tok
                     self._advance(j, tok, matchers[i], n)
                 if all(j.done for j in batch):
@@ -348,9 +348,16 @@ class TransformersEngine(HFTokenizerMixin):
                 self._finish(j, "length", n)
 
     @staticmethod
-    def _choose(logits: Any, sp: Any, gen: Any) -> int:
+    def _choose(logits: Any, sp: Any, gen: Any, job: _Job | None = None) -> int:
         import torch
 
+        if sp.repetition_penalty != 1.0 and job is not None:  # vLLM's meaning: prompt and output ids, once each
+            seen = torch.tensor(sorted(set(job.prompt_ids) | set(job.ids)), dtype=torch.long)
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+        if sp.frequency_penalty and job is not None and job.ids:  # vLLM's meaning: generated ids, per occurrence
+            ids, counts = torch.tensor(job.ids, dtype=torch.long).unique(return_counts=True)
+            logits[ids] -= sp.frequency_penalty * counts.to(logits.dtype)
         if sp.temperature == 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / sp.temperature, dim=-1)

@@ -292,7 +292,8 @@ class VllmEngine(HFTokenizerMixin):
             else:
                 structured = StructuredOutputsParams(json=request.structured.json_schema)
         return SamplingParams(n=1, max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
-                              seed=sp.seed, stop=list(sp.stop) or None, structured_outputs=structured,
+                              seed=sp.seed, stop=list(sp.stop) or None,
+                              repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty, structured_outputs=structured,
                               output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
 
     # ---------------------------------------------------------------- public API

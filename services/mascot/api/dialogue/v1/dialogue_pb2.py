@@ -26,31 +26,33 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%mascot/api/dialogue/v1/dialogue.proto\x12\x16mascot.api.dialogue.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x01\n\tDirective\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04tone\x18\x03 \x01(\t\x12\x37\n\x06source\x18\x04 \x01(\x0e\x32\'.mascot.api.dialogue.v1.DirectiveSource\x12\x0b\n\x03raw\x18\x05 \x01(\t\"\x96\x01\n\x0bTurnTimings\x12*\n\x07latency\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x66irst_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08\x64irector\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xb8\x02\n\x04Turn\x12\r\n\x05index\x18\x01 \x01(\x05\x12*\n\x04role\x18\x02 \x01(\x0e\x32\x1c.mascot.api.dialogue.v1.Role\x12\x12\n\npersona_id\x18\x03 \x01(\t\x12\x34\n\tdirective\x18\x04 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\r\n\x05think\x18\x07 \x01(\t\x12\x0e\n\x06safety\x18\x08 \x01(\x08\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x07timings\x18\n \x01(\x0b\x32#.mascot.api.dialogue.v1.TurnTimings\"4\n\x10\x43ontextUtterance\x12\x0f\n\x07speaker\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xac\x02\n\x07\x42igFive\x12\x34\n\x08openness\x18\x01 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12=\n\x11\x63onscientiousness\x18\x02 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x38\n\x0c\x65xtraversion\x18\x03 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x39\n\ragreeableness\x18\x04 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x37\n\x0bneuroticism\x18\x05 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\"\x88\x01\n\x0eUserSimulation\x12\x11\n\tsituation\x18\x01 \x01(\t\x12\x0f\n\x07\x65motion\x18\x02 \x01(\t\x12\x0e\n\x04mbti\x18\x03 \x01(\tH\x00\x12\x33\n\x08\x62ig_five\x18\x04 \x01(\x0b\x32\x1f.mascot.api.dialogue.v1.BigFiveH\x00\x42\r\n\x0bpersonality\"\x84\x01\n\x07Persona\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04goal\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_tone\x18\x05 \x01(\t\x12\x13\n\x0bpersona_set\x18\x06 \x01(\t\x12\x18\n\x10max_answer_words\x18\x07 \x01(\x05*;\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x0e\n\nROLE_AGENT\x10\x02*\xc4\x01\n\x0f\x44irectiveSource\x12 \n\x1c\x44IRECTIVE_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44IRECTIVE_SOURCE_MODEL\x10\x01\x12\x1a\n\x16\x44IRECTIVE_SOURCE_RETRY\x10\x02\x12\x1d\n\x19\x44IRECTIVE_SOURCE_FALLBACK\x10\x03\x12\x1b\n\x17\x44IRECTIVE_SOURCE_SAFETY\x10\x04\x12\x1b\n\x17\x44IRECTIVE_SOURCE_RANDOM\x10\x05*T\n\nTraitLevel\x12\x1b\n\x17TRAIT_LEVEL_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRAIT_LEVEL_LOW\x10\x01\x12\x14\n\x10TRAIT_LEVEL_HIGH\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%mascot/api/dialogue/v1/dialogue.proto\x12\x16mascot.api.dialogue.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x01\n\tDirective\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0c\n\x04tone\x18\x03 \x01(\t\x12\x37\n\x06source\x18\x04 \x01(\x0e\x32\'.mascot.api.dialogue.v1.DirectiveSource\x12\x0b\n\x03raw\x18\x05 \x01(\t\"\x96\x01\n\x0bTurnTimings\x12*\n\x07latency\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x66irst_token\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08\x64irector\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x88\x03\n\x04Turn\x12\r\n\x05index\x18\x01 \x01(\x05\x12*\n\x04role\x18\x02 \x01(\x0e\x32\x1c.mascot.api.dialogue.v1.Role\x12\x12\n\npersona_id\x18\x03 \x01(\t\x12\x34\n\tdirective\x18\x04 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\r\n\x05think\x18\x07 \x01(\t\x12\x0e\n\x06safety\x18\x08 \x01(\x08\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x07timings\x18\n \x01(\x0b\x32#.mascot.api.dialogue.v1.TurnTimings\x12:\n\nrejections\x18\x0b \x03(\x0b\x32&.mascot.api.dialogue.v1.ReplyRejection\x12\x12\n\ncut_reason\x18\x0c \x01(\t\"S\n\x0eReplyRejection\x12\x12\n\npersona_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\"4\n\x10\x43ontextUtterance\x12\x0f\n\x07speaker\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xac\x02\n\x07\x42igFive\x12\x34\n\x08openness\x18\x01 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12=\n\x11\x63onscientiousness\x18\x02 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x38\n\x0c\x65xtraversion\x18\x03 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x39\n\ragreeableness\x18\x04 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\x12\x37\n\x0bneuroticism\x18\x05 \x01(\x0e\x32\".mascot.api.dialogue.v1.TraitLevel\"\x88\x01\n\x0eUserSimulation\x12\x11\n\tsituation\x18\x01 \x01(\t\x12\x0f\n\x07\x65motion\x18\x02 \x01(\t\x12\x0e\n\x04mbti\x18\x03 \x01(\tH\x00\x12\x33\n\x08\x62ig_five\x18\x04 \x01(\x0b\x32\x1f.mascot.api.dialogue.v1.BigFiveH\x00\x42\r\n\x0bpersonality\"\x84\x01\n\x07Persona\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04goal\x18\x04 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x61ult_tone\x18\x05 \x01(\t\x12\x13\n\x0bpersona_set\x18\x06 \x01(\t\x12\x18\n\x10max_answer_words\x18\x07 \x01(\x05*;\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x0e\n\nROLE_AGENT\x10\x02*\xc4\x01\n\x0f\x44irectiveSource\x12 \n\x1c\x44IRECTIVE_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44IRECTIVE_SOURCE_MODEL\x10\x01\x12\x1a\n\x16\x44IRECTIVE_SOURCE_RETRY\x10\x02\x12\x1d\n\x19\x44IRECTIVE_SOURCE_FALLBACK\x10\x03\x12\x1b\n\x17\x44IRECTIVE_SOURCE_SAFETY\x10\x04\x12\x1b\n\x17\x44IRECTIVE_SOURCE_RANDOM\x10\x05*T\n\nTraitLevel\x12\x1b\n\x17TRAIT_LEVEL_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRAIT_LEVEL_LOW\x10\x01\x12\x14\n\x10TRAIT_LEVEL_HIGH\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mascot.api.dialogue.v1.dialogue_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1363
-  _globals['_ROLE']._serialized_end=1422
-  _globals['_DIRECTIVESOURCE']._serialized_start=1425
-  _globals['_DIRECTIVESOURCE']._serialized_end=1621
-  _globals['_TRAITLEVEL']._serialized_start=1623
-  _globals['_TRAITLEVEL']._serialized_end=1707
+  _globals['_ROLE']._serialized_start=1528
+  _globals['_ROLE']._serialized_end=1587
+  _globals['_DIRECTIVESOURCE']._serialized_start=1590
+  _globals['_DIRECTIVESOURCE']._serialized_end=1786
+  _globals['_TRAITLEVEL']._serialized_start=1788
+  _globals['_TRAITLEVEL']._serialized_end=1872
   _globals['_DIRECTIVE']._serialized_start=131
   _globals['_DIRECTIVE']._serialized_end=262
   _globals['_TURNTIMINGS']._serialized_start=265
   _globals['_TURNTIMINGS']._serialized_end=415
   _globals['_TURN']._serialized_start=418
-  _globals['_TURN']._serialized_end=730
-  _globals['_CONTEXTUTTERANCE']._serialized_start=732
-  _globals['_CONTEXTUTTERANCE']._serialized_end=784
-  _globals['_BIGFIVE']._serialized_start=787
-  _globals['_BIGFIVE']._serialized_end=1087
-  _globals['_USERSIMULATION']._serialized_start=1090
-  _globals['_USERSIMULATION']._serialized_end=1226
-  _globals['_PERSONA']._serialized_start=1229
-  _globals['_PERSONA']._serialized_end=1361
+  _globals['_TURN']._serialized_end=810
+  _globals['_REPLYREJECTION']._serialized_start=812
+  _globals['_REPLYREJECTION']._serialized_end=895
+  _globals['_CONTEXTUTTERANCE']._serialized_start=897
+  _globals['_CONTEXTUTTERANCE']._serialized_end=949
+  _globals['_BIGFIVE']._serialized_start=952
+  _globals['_BIGFIVE']._serialized_end=1252
+  _globals['_USERSIMULATION']._serialized_start=1255
+  _globals['_USERSIMULATION']._serialized_end=1391
+  _globals['_PERSONA']._serialized_start=1394
+  _globals['_PERSONA']._serialized_end=1526
 # @@protoc_insertion_point(module_scope)

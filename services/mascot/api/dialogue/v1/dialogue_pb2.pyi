@@ -2,10 +2,11 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -68,7 +69,7 @@ class TurnTimings(_message.Message):
     def __init__(self, latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., first_token: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., director: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "role", "persona_id", "directive", "adapter_version", "text", "think", "safety", "create_time", "timings")
+    __slots__ = ("index", "role", "persona_id", "directive", "adapter_version", "text", "think", "safety", "create_time", "timings", "rejections", "cut_reason")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +80,8 @@ class Turn(_message.Message):
     SAFETY_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    CUT_REASON_FIELD_NUMBER: _ClassVar[int]
     index: int
     role: Role
     persona_id: str
@@ -89,7 +92,21 @@ class Turn(_message.Message):
     safety: bool
     create_time: _timestamp_pb2.Timestamp
     timings: TurnTimings
-    def __init__(self, index: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., persona_id: _Optional[str] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., adapter_version: _Optional[str] = ..., text: _Optional[str] = ..., think: _Optional[str] = ..., safety: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timings: _Optional[_Union[TurnTimings, _Mapping]] = ...) -> None: ...
+    rejections: _containers.RepeatedCompositeFieldContainer[ReplyRejection]
+    cut_reason: str
+    def __init__(self, index: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., persona_id: _Optional[str] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., adapter_version: _Optional[str] = ..., text: _Optional[str] = ..., think: _Optional[str] = ..., safety: _Optional[bool] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., timings: _Optional[_Union[TurnTimings, _Mapping]] = ..., rejections: _Optional[_Iterable[_Union[ReplyRejection, _Mapping]]] = ..., cut_reason: _Optional[str] = ...) -> None: ...
+
+class ReplyRejection(_message.Message):
+    __slots__ = ("persona_id", "attempt", "reason", "text")
+    PERSONA_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    persona_id: str
+    attempt: int
+    reason: str
+    text: str
+    def __init__(self, persona_id: _Optional[str] = ..., attempt: _Optional[int] = ..., reason: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ContextUtterance(_message.Message):
     __slots__ = ("speaker", "content")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mascot.api.dialogue.v1 import dialogue_pb2 as mascot_dot_api_dot_dialogue_dot_v1_dot_dialogue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%mascot/api/director/v1/director.proto\x12\x16mascot.api.director.v1\x1a%mascot/api/dialogue/v1/dialogue.proto\"\xbc\x01\n\x14NextDirectiveRequest\x12\x13\n\x0bpersona_ids\x18\x01 \x03(\t\x12-\n\x07history\x18\x02 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x39\n\x07\x63ontext\x18\x03 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\t\"\xb9\x01\n\x15NextDirectiveResponse\x12\x34\n\tdirective\x18\x01 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12\x0f\n\x07retries\x18\x02 \x01(\x05\x12\x14\n\x0craw_attempts\x18\x03 \x03(\t\x12\x14\n\x0cparse_errors\x18\x04 \x03(\t\x12\x14\n\x0cmodel_choice\x18\x05 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x06 \x01(\t2\x7f\n\x0f\x44irectorService\x12l\n\rNextDirective\x12,.mascot.api.director.v1.NextDirectiveRequest\x1a-.mascot.api.director.v1.NextDirectiveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%mascot/api/director/v1/director.proto\x12\x16mascot.api.director.v1\x1a%mascot/api/dialogue/v1/dialogue.proto\"\xd9\x01\n\x14NextDirectiveRequest\x12\x13\n\x0bpersona_ids\x18\x01 \x03(\t\x12-\n\x07history\x18\x02 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x39\n\x07\x63ontext\x18\x03 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x05 \x01(\t\x12\x1b\n\x13\x65xclude_persona_ids\x18\x06 \x03(\t\"\xb9\x01\n\x15NextDirectiveResponse\x12\x34\n\tdirective\x18\x01 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12\x0f\n\x07retries\x18\x02 \x01(\x05\x12\x14\n\x0craw_attempts\x18\x03 \x03(\t\x12\x14\n\x0cparse_errors\x18\x04 \x03(\t\x12\x14\n\x0cmodel_choice\x18\x05 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x06 \x01(\t2\x7f\n\x0f\x44irectorService\x12l\n\rNextDirective\x12,.mascot.api.director.v1.NextDirectiveRequest\x1a-.mascot.api.director.v1.NextDirectiveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mascot.api.director.v1.dire
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NEXTDIRECTIVEREQUEST']._serialized_start=105
-  _globals['_NEXTDIRECTIVEREQUEST']._serialized_end=293
-  _globals['_NEXTDIRECTIVERESPONSE']._serialized_start=296
-  _globals['_NEXTDIRECTIVERESPONSE']._serialized_end=481
-  _globals['_DIRECTORSERVICE']._serialized_start=483
-  _globals['_DIRECTORSERVICE']._serialized_end=610
+  _globals['_NEXTDIRECTIVEREQUEST']._serialized_end=322
+  _globals['_NEXTDIRECTIVERESPONSE']._serialized_start=325
+  _globals['_NEXTDIRECTIVERESPONSE']._serialized_end=510
+  _globals['_DIRECTORSERVICE']._serialized_start=512
+  _globals['_DIRECTORSERVICE']._serialized_end=639
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from mascot.api.dialogue.v1 import dialogue_pb2 as mascot_dot_api_dot_dialogue_dot_v1_dot_dialogue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#mascot/api/speaker/v1/speaker.proto\x12\x15mascot.api.speaker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a%mascot/api/dialogue/v1/dialogue.proto\"\xf1\x02\n\x14GenerateReplyRequest\x12\x14\n\npersona_id\x18\x01 \x01(\tH\x00\x12\x41\n\x0fuser_simulation\x18\x02 \x01(\x0b\x32&.mascot.api.dialogue.v1.UserSimulationH\x00\x12\x34\n\tdirective\x18\x03 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12-\n\x07history\x18\x04 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x39\n\x07\x63ontext\x18\x05 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x1a\n\x12roster_persona_ids\x18\x06 \x03(\t\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\t \x01(\tB\t\n\x07speaker\"\x1a\n\nReplyDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x9f\x01\n\nReplyFinal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05think\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x05\x12.\n\x0b\x66irst_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\ttruncated\x18\x06 \x01(\x08\"\x88\x01\n\x15GenerateReplyResponse\x12\x32\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32!.mascot.api.speaker.v1.ReplyDeltaH\x00\x12\x32\n\x05\x66inal\x18\x02 \x01(\x0b\x32!.mascot.api.speaker.v1.ReplyFinalH\x00\x42\x07\n\x05\x65vent2~\n\x0eSpeakerService\x12l\n\rGenerateReply\x12+.mascot.api.speaker.v1.GenerateReplyRequest\x1a,.mascot.api.speaker.v1.GenerateReplyResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#mascot/api/speaker/v1/speaker.proto\x12\x15mascot.api.speaker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a%mascot/api/dialogue/v1/dialogue.proto\"\xf1\x02\n\x14GenerateReplyRequest\x12\x14\n\npersona_id\x18\x01 \x01(\tH\x00\x12\x41\n\x0fuser_simulation\x18\x02 \x01(\x0b\x32&.mascot.api.dialogue.v1.UserSimulationH\x00\x12\x34\n\tdirective\x18\x03 \x01(\x0b\x32!.mascot.api.dialogue.v1.Directive\x12-\n\x07history\x18\x04 \x03(\x0b\x32\x1c.mascot.api.dialogue.v1.Turn\x12\x39\n\x07\x63ontext\x18\x05 \x03(\x0b\x32(.mascot.api.dialogue.v1.ContextUtterance\x12\x1a\n\x12roster_persona_ids\x18\x06 \x03(\t\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x03\x12\x17\n\x0f\x61\x64\x61pter_version\x18\t \x01(\tB\t\n\x07speaker\"\x1a\n\nReplyDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x93\x02\n\nReplyFinal\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05think\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x05\x12.\n\x0b\x66irst_token\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12:\n\nrejections\x18\x07 \x03(\x0b\x32&.mascot.api.dialogue.v1.ReplyRejection\x12\x10\n\x08rejected\x18\x08 \x01(\x08\x12\x12\n\ncut_reason\x18\t \x01(\t\x12\x10\n\x08\x61ttempts\x18\n \x01(\x05\"\x88\x01\n\x15GenerateReplyResponse\x12\x32\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32!.mascot.api.speaker.v1.ReplyDeltaH\x00\x12\x32\n\x05\x66inal\x18\x02 \x01(\x0b\x32!.mascot.api.speaker.v1.ReplyFinalH\x00\x42\x07\n\x05\x65vent2~\n\x0eSpeakerService\x12l\n\rGenerateReply\x12+.mascot.api.speaker.v1.GenerateReplyRequest\x1a,.mascot.api.speaker.v1.GenerateReplyResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLYDELTA']._serialized_start=505
   _globals['_REPLYDELTA']._serialized_end=531
   _globals['_REPLYFINAL']._serialized_start=534
-  _globals['_REPLYFINAL']._serialized_end=693
-  _globals['_GENERATEREPLYRESPONSE']._serialized_start=696
-  _globals['_GENERATEREPLYRESPONSE']._serialized_end=832
-  _globals['_SPEAKERSERVICE']._serialized_start=834
-  _globals['_SPEAKERSERVICE']._serialized_end=960
+  _globals['_REPLYFINAL']._serialized_end=809
+  _globals['_GENERATEREPLYRESPONSE']._serialized_start=812
+  _globals['_GENERATEREPLYRESPONSE']._serialized_end=948
+  _globals['_SPEAKERSERVICE']._serialized_start=950
+  _globals['_SPEAKERSERVICE']._serialized_end=1076
 # @@protoc_insertion_point(module_scope)

@@ -39,20 +39,28 @@ class ReplyDelta(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class ReplyFinal(_message.Message):
-    __slots__ = ("text", "think", "adapter_version", "generated_tokens", "first_token", "truncated")
+    __slots__ = ("text", "think", "adapter_version", "generated_tokens", "first_token", "truncated", "rejections", "rejected", "cut_reason", "attempts")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     THINK_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    CUT_REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     text: str
     think: str
     adapter_version: str
     generated_tokens: int
     first_token: _duration_pb2.Duration
     truncated: bool
-    def __init__(self, text: _Optional[str] = ..., think: _Optional[str] = ..., adapter_version: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., first_token: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    rejections: _containers.RepeatedCompositeFieldContainer[_dialogue_pb2.ReplyRejection]
+    rejected: bool
+    cut_reason: str
+    attempts: int
+    def __init__(self, text: _Optional[str] = ..., think: _Optional[str] = ..., adapter_version: _Optional[str] = ..., generated_tokens: _Optional[int] = ..., first_token: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., truncated: _Optional[bool] = ..., rejections: _Optional[_Iterable[_Union[_dialogue_pb2.ReplyRejection, _Mapping]]] = ..., rejected: _Optional[bool] = ..., cut_reason: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class GenerateReplyResponse(_message.Message):
     __slots__ = ("delta", "final")

@@ -1,0 +1,332 @@
+"""Reply checks: what a delivered reply may never be (an echo of its prompt, a loop, a copy of an earlier turn, a
+fragment), and the sentence gate that releases streamed text only after it passed them.
+
+A small real model drifts into a handful of failure modes: it copies its system prompt or the director's instruction
+("You are The Anchor only. Expertise: ..."), repeats one phrase until ``max_tokens`` ("The Beacon\\n\\nThe Beacon"),
+repeats an earlier turn nearly word for word, or stops mid-sentence at ``max_tokens``. The speaker runs every reply
+through a :class:`SentenceGate`: text is held until a sentence is complete, the sentence is checked, and only then
+released to the client. A failing first sentence rejects the attempt (nothing of it was sent: the speaker generates
+again with another seed and a stronger repetition penalty); a failing later sentence cuts the reply back to the last
+released sentence, so the reply still ends on a sentence end. The checks are plain functions of text, used the same
+way by the speaker, the simulated user and the evaluation baselines.
+
+Definitions (all on lower-cased text):
+
+- words: runs of letters, digits and apostrophes;
+- echo: a sentence shares a word n-gram (``echo_ngram``, 8) with a source text (system prompt, persona card,
+  directive), or, shorter than that, is contained whole (6+ words) in one; or it opens with a prompt label
+  (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
+- loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, or a sentence repeats
+  an earlier sentence of the same reply;
+- near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
+  whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
+  of an earlier turn, or between the whole reply and an earlier turn.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+_WORD_RE = re.compile(r"[a-z0-9']+")
+#: A sentence ends at . ! ? or an ellipsis (optionally followed by closing quotes/brackets or emoji), then
+#: whitespace; or at a line break.
+_SENT_END_RE = re.compile(r"(?:[.!?…]+[\"')\]]*|\n)(?=\s)")
+_LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|instruction|system|user|assistant)"
+                       r"\b\s*[:'’]", re.IGNORECASE)
+
+#: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
+REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name", "directive_copy",
+           "directive_invalid")
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (letters, digits, apostrophes)."""
+    return _WORD_RE.findall(text.lower().replace("’", "'"))
+
+
+def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
+    """The set of ``n``-grams of ``tokens`` (empty when shorter than ``n``)."""
+    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def char_ngrams(text: str, n: int = 5) -> set[str]:
+    """Character ``n``-grams of lower-cased, whitespace-normalised ``text`` (the text itself when shorter)."""
+    t = " ".join(text.lower().split())
+    return {t[i:i + n] for i in range(len(t) - n + 1)} if len(t) >= n else ({t} if t else set())
+
+
+def jaccard(a: set, b: set) -> float:
+    """|a ∩ b| / |a ∪ b| in [0, 1]; 0 when both are empty."""
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text`` (stripped, non-empty), split after . ! ? … or a line break."""
+    out, start = [], 0
+    for m in _SENT_END_RE.finditer(text + " "):
+        s = text[start:m.end()].strip()
+        if s:
+            out.append(s)
+        start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        out.append(tail)
+    return out
+
+
+def shares_ngram(text: str, sources: Iterable[str], n: int) -> bool:
+    """True when ``text`` and any source share a word ``n``-gram."""
+    grams = ngrams(words(text), n)
+    return bool(grams) and any(grams & ngrams(words(s), n) for s in sources)
+
+
+def is_echo(sentence: str, sources: Sequence[str], n: int = 8, tags: Sequence[str] = ()) -> bool:
+    """An echo of the prompt: a shared word ``n``-gram with a source, a 4+-word sentence contained whole in a source,
+    or a line opening with a prompt label or a speaker tag (``"The Anchor:"``)."""
+    if _LABEL_RE.match(sentence):
+        return True
+    low = sentence.strip().lower()
+    if any(low.startswith(t.lower() + ":") for t in tags if t):
+        return True
+    if shares_ngram(sentence, sources, n):
+        return True
+    w = words(sentence)
+    if 6 <= len(w) < n:
+        joined = " ".join(w)
+        return any(joined in " ".join(words(s)) for s in sources)
+    return False
+
+
+def loop_count(text: str, n: int = 4) -> int:
+    """How often the most frequent word ``n``-gram of ``text`` occurs (0 for text shorter than ``n`` words)."""
+    w = words(text)
+    c = Counter(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+    return max(c.values(), default=0)
+
+
+def _repeats_within(text: str) -> bool:
+    keys = [" ".join(words(s)) for s in split_sentences(text)]
+    keys = [k for k in keys if k]
+    lines = [" ".join(words(ln)) for ln in text.splitlines() if ln.strip()]
+    lines = [k for k in lines if k]
+    return len(set(keys)) < len(keys) or len(set(lines)) < len(lines)
+
+
+def is_loop(text: str, n: int = 4, count: int = 3) -> bool:
+    """A loop: a word ``n``-gram ``count``+ times in ``text``, or a sentence or line of it repeated."""
+    return loop_count(text, n) >= count or _repeats_within(text)
+
+
+def max_similarity(text: str, earlier: Iterable[str]) -> float:
+    """Highest character 5-gram Jaccard similarity between ``text`` and any of ``earlier`` (0 when none)."""
+    a = char_ngrams(text)
+    return max((jaccard(a, char_ngrams(e)) for e in earlier if e.strip()), default=0.0)
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """Thresholds of the reply checks (the ``guard`` config section; see the module docstring)."""
+
+    enabled: bool = True
+    echo_ngram: int = 8
+    loop_ngram: int = 4
+    loop_count: int = 3
+    duplicate_jaccard: float = 0.6
+    duplicate_min_words: int = 5
+    min_words: int = 3
+
+
+@dataclass
+class ReplyContext:
+    """What a reply is checked against.
+
+    Attributes:
+        sources: Prompt texts it must not echo (system prompt, persona card, directive action and tone).
+        earlier: Texts of earlier turns it must not copy.
+        tags: Speaker names whose ``Name:`` at a sentence start is a leaked tag.
+    """
+
+    sources: list[str] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    _earlier_sentences: list[set] | None = field(default=None, repr=False)
+
+    def earlier_sentence_grams(self) -> list[set]:
+        """Character 5-gram sets of every earlier turn's sentences (computed once)."""
+        if self._earlier_sentences is None:
+            self._earlier_sentences = [char_ngrams(s) for t in self.earlier for s in split_sentences(t)
+                                       if len(words(s)) >= 3]
+        return self._earlier_sentences
+
+
+def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
+    """The reason ``sentence`` may not follow ``released`` (the reply's text so far), or None when it may.
+
+    Reasons: ``echo``, ``loop``, ``duplicate`` (see the module docstring).
+    """
+    if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags):
+        return "echo"
+    candidate = (released + " " + sentence).strip()
+    if is_loop(candidate, s.loop_ngram, s.loop_count):
+        return "loop"
+    if len(words(sentence)) >= s.duplicate_min_words:
+        g = char_ngrams(sentence)
+        if any(jaccard(g, e) >= s.duplicate_jaccard for e in ctx.earlier_sentence_grams()):
+            return "duplicate"
+    if ctx.earlier and len(words(candidate)) >= s.duplicate_min_words and \
+            max_similarity(candidate, ctx.earlier) >= s.duplicate_jaccard:
+        return "duplicate"
+    return None
+
+
+def check_reply(text: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
+    """The first reason a whole reply fails (``empty``, ``echo``, ``loop``, ``duplicate``), or None. Used for
+    replies generated in full (screened conversations, evaluation baselines)."""
+    if len(words(text)) == 0:
+        return "empty"
+    released = ""
+    for sent in split_sentences(text):
+        r = check_sentence(sent, released, ctx, s)
+        if r:
+            return r
+        released = (released + " " + sent).strip()
+    return None
+
+
+#: Phrases of a supporter, not of the person being supported: letters, comfort, advice, assistant talk. A simulated
+#: user's sentence matching one is refused (``supporter``).
+SUPPORTER_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
+    r"^\W*dear\b", r"hope (this|my) (message|letter|email) finds you", r"\b(best|kind|warm) regards\b",
+    r"\bsincerely\b", r"\byours truly\b", r"\[(name|your name)\]",
+    r"\bi'?m (so |very |really )?sorry (to hear|that you|for your|you're|you are)",
+    r"\bit sounds like you\b", r"\b(it'?s|that'?s) (completely |totally )?(understandable|normal|okay|ok) (that you|to feel)",
+    r"\byou'?re not alone\b", r"\bi'?m (always )?here (for you|to (help|support|listen))",
+    r"\bremember (that )?you\b", r"\bas an ai\b", r"\bhow (can|may) i (help|assist)",
+    r"\bthank you for (sharing|opening up|reaching out)", r"\byou should\b", r"\byou (could|might|can) (try|consider)\b",
+    r"\bfeel free to\b", r"\bi (understand|hear) (how|that) you\b", r"\byour feelings are (valid|normal)\b",
+))
+
+
+def supporter_reason(sentence: str, released: str = "") -> str | None:
+    """``supporter`` when a simulated user's sentence speaks as a helper (:data:`SUPPORTER_PATTERNS`), else None."""
+    text = sentence.replace("’", "'")
+    return "supporter" if any(p.search(text) for p in SUPPORTER_PATTERNS) else None
+
+
+class SentenceGate:
+    """Release streamed visible text sentence by sentence, each after it passed :func:`check_sentence`.
+
+    Feed visible deltas with :meth:`feed` (it returns the text to send now); call :meth:`finish` with the engine's
+    finish reason. After a failing sentence :attr:`stopped` is True (stop generating): when something was released
+    the reply is cut there (:attr:`cut_reason`), else the attempt is rejected (:attr:`rejected_reason`). The joined
+    returns of ``feed``/``finish`` always equal :attr:`released`.
+
+    Args:
+        ctx: What the reply is checked against.
+        settings: Thresholds; with ``enabled`` False the text passes through unchecked and uncut (only a reply with
+            no visible text is refused, as ``empty``).
+        extra_check: Optional ``(sentence, released) -> reason | None`` run after the built-in checks (the simulated
+            user's ``supporter`` check).
+    """
+
+    def __init__(self, ctx: ReplyContext, settings: GuardSettings, extra_check=None) -> None:
+        self.ctx, self.s, self.extra = ctx, settings, extra_check
+        self.released = ""
+        self._keys: set[str] = set()
+        self.held = ""
+        self.pending = ""
+        self.stopped = False
+        self.cut_reason: str | None = None
+        self.rejected_reason: str | None = None
+        self.rejected_text = ""
+
+    def _check(self, sentence: str) -> str | None:
+        if not self.s.enabled:
+            return None
+        key = " ".join(words(sentence))
+        if key and key in self._keys:
+            return "loop"  # a sentence or line of this reply again
+        self._keys.add(key)
+        r = check_sentence(sentence, (self.released + " " + self.held).strip(), self.ctx, self.s)
+        if r is None and self.extra is not None:
+            r = self.extra(sentence, self.released)
+        return r
+
+    def _offer(self, sentence: str) -> str:
+        reason = self._check(sentence)
+        if reason is not None:
+            self.stopped = True
+            if self.released:
+                self.cut_reason = reason
+            else:
+                self.rejected_reason = reason
+                self.rejected_text = (self.held + " " + sentence).strip()
+                self.held = ""
+            return ""
+        if self.released:
+            self.released += " " + sentence
+            return " " + sentence
+        self.held = (self.held + " " + sentence).strip()
+        if len(words(self.held)) < self.s.min_words:
+            return ""  # the first words are held until the reply is long enough to be worth sending
+        self.released, self.held = self.held, ""
+        return self.released
+
+    def feed(self, delta: str) -> str:
+        """Consume visible text; return what may be sent now ('' while a sentence is incomplete or after a stop)."""
+        if self.stopped:
+            return ""
+        if not self.s.enabled:  # checks off: the visible text passes through as it comes
+            self.released += delta
+            return delta
+        self.pending += delta
+        out = ""
+        while not self.stopped:
+            m = _SENT_END_RE.search(self.pending)
+            if m is None or m.end() >= len(self.pending):
+                break  # the terminator must be followed by whitespace we have seen
+            sentence, self.pending = self.pending[:m.end()].strip(), self.pending[m.end():].lstrip(" \t")
+            if sentence:
+                out += self._offer(sentence)
+        return out
+
+    def finish(self, finish_reason: str) -> str:
+        """The end of generation: the unfinished tail is offered as a last sentence after an end of sequence
+        (``stop``) and dropped after ``length`` (it would end mid-sentence); held first words that never reached
+        ``min_words`` reject the attempt (``short``). Returns the text to send now."""
+        if self.stopped:
+            return ""
+        if not self.s.enabled:
+            if not self.released.strip():
+                self.rejected_reason = "empty"
+            return ""
+        tail, self.pending = self.pending.strip(), ""
+        out = ""
+        if tail:
+            if finish_reason == "length" and not re.search(r"[.!?…][\"')\]]*$", tail):
+                if self.released:
+                    self.cut_reason = "unfinished"
+                elif not self.held:
+                    self.rejected_reason, self.rejected_text = "unfinished", tail
+                    return ""
+            else:
+                out = self._offer(tail)
+                if self.stopped:
+                    return out
+        if not self.released:
+            if self.held and (not self.s.enabled or len(words(self.held)) >= 1 and not self.s.min_words):
+                self.released, self.held = self.held, ""
+                return out + self.released
+            if self.rejected_reason is None:
+                self.rejected_reason = "short" if self.held else "empty"
+                self.rejected_text = self.held
+            self.held = ""
+        return out
+
+    @property
+    def accepted(self) -> bool:
+        """True when a reply was released (it may have been cut back: :attr:`cut_reason`)."""
+        return bool(self.released.strip())

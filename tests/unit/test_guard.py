@@ -1,0 +1,146 @@
+"""The reply checks (mascot.core.guard), the retry policy, and the fixed defect detectors of the quality bench."""
+
+import pytest
+
+from mascot.core.engine import SamplingParams
+from mascot.core.guard import (GuardSettings, ReplyContext, SentenceGate, check_reply, is_echo, is_loop,
+                               split_sentences, supporter_reason)
+from mascot.eval import defects
+from mascot.speaker.reply import RetryPolicy
+
+SYSTEM = ("You are The Anchor, the Emotional Validator, one of a small group of helpers talking with a person. "
+          "Validate and normalise the user's feelings and give them a sense of emotional safety.")
+CTX = ReplyContext(sources=[SYSTEM, "Validate the fear about the dog."],
+                   earlier=["My dog ran away yesterday and I cannot stop crying about it.",
+                            "That sounds so painful, and it makes sense that you are crying."],
+                   tags=["User", "The Beacon", "The Anchor"])
+ON = GuardSettings()
+
+
+def gate_run(chunks, finish="stop", ctx=CTX, settings=ON, extra=None):
+    g = SentenceGate(ctx, settings, extra)
+    out = ""
+    for c in chunks:
+        out += g.feed(c)
+        if g.stopped:
+            break
+    out += g.finish(finish)
+    return g, out
+
+
+def test_clean_reply_streams_sentence_by_sentence_and_joins_to_the_released_text():
+    g = SentenceGate(CTX, ON)
+    assert g.feed("I am here with you") == ""          # no sentence end yet: nothing leaves
+    first = g.feed(" right now. Losing a friend")
+    assert first == "I am here with you right now."     # the first sentence, once it ended
+    rest = g.feed(" like that hurts. ") + g.finish("stop")
+    assert first + rest == g.released == "I am here with you right now. Losing a friend like that hurts."
+    assert g.accepted and not g.cut_reason and not g.rejected_reason
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("You are The Anchor, the Emotional Validator, one of a small group of helpers. Hi.", "echo"),
+    ("Action: Validate the fear. I hear you.", "echo"),
+    ("The Beacon: you are doing great today.", "echo"),
+    ("My dog ran away yesterday and I cannot stop crying about it.", "duplicate"),
+    ("", "empty"),
+    ("Okay.", "short"),
+])
+def test_a_failing_first_sentence_rejects_the_attempt_and_sends_nothing(text, reason):
+    g, out = gate_run([text[i:i + 4] for i in range(0, len(text), 4)])
+    assert out == "" and not g.accepted and g.rejected_reason == reason
+
+
+def test_a_failing_later_sentence_cuts_back_to_the_last_released_sentence():
+    text = "I hear how much you miss him. I am here with you. I am here with you. I am here"
+    g, out = gate_run([text])
+    assert out == g.released == "I hear how much you miss him. I am here with you."
+    assert g.cut_reason == "loop" and g.stopped
+
+
+def test_max_tokens_mid_sentence_cuts_the_fragment_and_never_ends_mid_word():
+    g, out = gate_run(["I hear how much you miss him. You have been carrying so mu"], finish="length")
+    assert out == "I hear how much you miss him." and g.cut_reason == "unfinished"
+    g, out = gate_run(["You have been carrying so mu"], finish="length")
+    assert out == "" and g.rejected_reason == "unfinished"
+    g, out = gate_run(["You have been carrying so much"], finish="stop")  # an end of sequence ends cleanly
+    assert out == "You have been carrying so much"
+
+
+def test_disabled_checks_pass_the_text_through():
+    off = GuardSettings(enabled=False)
+    g, out = gate_run(["Action: echo", " echo echo echo echo echo"], finish="length", settings=off)
+    assert out == g.released == "Action: echo echo echo echo echo echo" and g.accepted
+    g, out = gate_run(["  "], settings=off)
+    assert not g.accepted and g.rejected_reason == "empty"
+
+
+def test_loop_and_echo_definitions():
+    assert is_loop("the same old thing, the same old thing, the same old thing")
+    assert is_loop("The Beacon\n\nThe Beacon")
+    assert not is_loop("I hear you. That sounds hard. Tell me more.")
+    assert is_echo("validate and normalise the user's feelings and give them a sense", [SYSTEM])
+    assert not is_echo("I'm here with you.", [SYSTEM])
+    assert split_sentences("One. Two?  Three!\nFour") == ["One.", "Two?", "Three!", "Four"]
+    assert check_reply("I hear you. I hear you.", CTX, ON) == "loop"
+    assert check_reply("That must have been a shock for you and your family.", CTX, ON) is None
+
+
+@pytest.mark.parametrize("text", ["Dear [name], I hope this message finds you well.", "I'm so sorry to hear that.",
+                                  "It sounds like you are under a lot of pressure.", "You should talk to him.",
+                                  "Remember that you are not alone."])
+def test_supporter_sentences_are_refused_for_the_simulated_user(text):
+    assert supporter_reason(text) == "supporter"
+
+
+@pytest.mark.parametrize("text", ["I was so scared when he followed us.", "My mom held my hand the whole time.",
+                                  "Thanks, that helps a bit."])
+def test_a_person_talking_about_themselves_passes(text):
+    assert supporter_reason(text) is None
+
+
+def test_every_regeneration_changes_something_that_takes_effect():
+    p = RetryPolicy(max_attempts=3, penalty_step=0.1, retry_temperature=0.7)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, seed=5)
+    assert p.sampling(greedy, 0) == greedy
+    r1, r2 = p.sampling(greedy, 1), p.sampling(greedy, 2)
+    assert r1.temperature == 0.7 and r1.repetition_penalty == pytest.approx(1.1) and r1.seed != greedy.seed
+    assert r2.repetition_penalty == pytest.approx(1.2) and r2.seed not in (greedy.seed, r1.seed)
+    sampled = SamplingParams(max_tokens=8, temperature=0.6, seed=5)
+    assert p.sampling(sampled, 1).temperature == 0.6 and p.sampling(sampled, 1).seed != 5
+
+
+def test_bench_detectors_are_fixed():
+    assert defects.is_near_duplicate("I am here with you, always.", ["I am here with you, always!"])
+    assert not defects.is_near_duplicate("Tell me more about your dog.", ["My dog ran away yesterday."])
+    assert defects.is_echo("give them a sense of emotional safety and validate what they feel", [SYSTEM + " and validate what they feel"])
+    assert defects.is_loop("so sorry so sorry so sorry so sorry")
+    assert defects.ends_cleanly("That is hard.") and defects.ends_cleanly("Well done! 🎉")
+    assert not defects.ends_cleanly("You have been carrying so mu")
+    names = ["The Anchor", "The Beacon"]
+    assert defects.is_degenerate_directive({"source": "model", "action": "The Beacon", "tone": "Warm"}, names)
+    assert defects.is_degenerate_directive({"source": "model", "action": "Ask about the dog now please",
+                                            "tone": "The Anchor"}, names)
+    assert defects.is_degenerate_directive({"source": "fallback", "action": "Respond to the user's latest message",
+                                            "tone": "Calm"}, names)
+    act = "Acknowledge how empty the house feels without the dog."
+    assert defects.is_degenerate_directive({"source": "model", "action": act, "tone": "Calm"}, names, act)
+    assert not defects.is_degenerate_directive({"source": "model", "action": act, "tone": "Calm"}, names,
+                                               "Ask what they remember best about their walks.")
+
+
+def test_analyse_counts_what_was_delivered():
+    lines = [{"conversation_id": "c", "end_reason": "completed", "turns": [
+        {"index": 0, "role": "user", "text": "My dog ran away yesterday.", "rejections": []},
+        {"index": 1, "role": "agent", "persona_id": "anchor", "text": "I am so sorry. I am so sorry.",
+         "directive": {"source": "model", "action": "Validate the fear about the dog.", "tone": "Calm"},
+         "rejections": [{"reason": "echo"}], "latency_seconds": 2.0, "first_delta_seconds": 0.5,
+         "director_seconds": 1.0},
+        {"index": 2, "role": "agent", "persona_id": "beacon", "text": "My dog ran away yesterday.",
+         "directive": {"source": "fallback", "action": "x", "tone": "y"}, "rejections": [],
+         "latency_seconds": 4.0, "first_delta_seconds": 0.5, "director_seconds": 1.0}]}]
+    fig = defects.analyse(lines, {"anchor": [SYSTEM]}, {"anchor": "The Anchor", "beacon": "The Beacon"})
+    assert (fig["agent_turns"], fig["loops"], fig["near_duplicates"], fig["echoes"]) == (2, 1, 1, 0)
+    assert fig["degenerate_directives"] == 0.5 and fig["persona_shares"] == {"anchor": 0.5, "beacon": 0.5}
+    assert fig["clean_endings"] == 1.0 and fig["regenerations_per_turn"] == pytest.approx(1 / 3, abs=1e-3)
+    assert fig["turn_latency_seconds"]["p50"] == 3.0 and fig["first_delta_seconds"]["p50"] == 1.5
