@@ -36,3 +36,29 @@ def test_load_bench_small_size_loses_nothing_and_refuses_the_overload(tiny_model
     admitted, refused, counted = map(int, m.groups())
     assert refused > 0 and admitted + refused == 16 and counted == refused
     assert "result: PASS" in text
+
+
+def test_dialogue_quality_bench_small_size_delivers_no_defect(real_model_dir, shared_data, tmp_path):
+    """bench/dialogue_quality.py at its CI size on the default real model: the fixed detectors find no echo, loop,
+    near-duplicate or empty reply in what users were shown, and the figures it prints are the ones it wrote."""
+    import json
+    import os
+    import re
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASCOT_")}  # the product's own defaults
+    env["MASCOT_SHARED_DIR"] = str(shared_data.parent)
+    env["OMP_NUM_THREADS"] = "2"
+    out_json = tmp_path / "quality.json"
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "dialogue_quality.py"), "--size", "small", "--json",
+                          str(out_json)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    fig = json.loads(out_json.read_text())
+    assert "guard=on" in text and fig["model"]["name"] == "SmolLM2-135M-Instruct"
+    for k in ("echoes", "loops", "near_duplicates", "empty"):
+        assert re.search(rf"^  {k}: (\d+)$", text, re.M).group(1) == str(fig[k]) == "0", (k, text)
+    assert fig["agent_turns"] >= 4 and fig["conversations"] == 2
+    assert fig["clean_endings"] >= 0.75 and fig["median_words"] >= 8
+    assert fig["degenerate_directives"] <= 0.5 and fig["max_persona_share"] <= 0.5
+    assert float(re.search(r"tokens_per_second: ([\d.]+)", text).group(1)) == fig["tokens_per_second"] > 0
+    assert re.search(r"target echoes == 0: 0 PASS", text)

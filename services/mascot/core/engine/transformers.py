@@ -1,7 +1,9 @@
 """PyTorch + PEFT engine: concurrent requests decoded together, LoRA adapters mixed in one batch.
 
 Requests queue up; a worker thread takes every request waiting (up to ``max_batch_size``, after a
-short ``batch_wait_ms`` window) and decodes them as one left-padded batch with a shared KV cache.
+short ``batch_wait_ms`` window) and decodes them as one left-padded batch with a shared KV cache. Requests that
+arrive while a batch decodes join it between steps (continuous batching: prefilled apart, their KV cache left-padded
+and concatenated to the batch's), and finished requests leave it, so a short request never waits for a long one.
 Each row keeps its own adapter (PEFT mixed-adapter batches, ``adapter_names=``), sampling
 parameters, random generator, stop strings and grammar (xgrammar token bitmasks). Deltas go back
 to each caller's event loop as they are produced. Batch sizes are recorded in
@@ -73,13 +75,15 @@ class TransformersEngine(HFTokenizerMixin):
         metrics: A :class:`mascot.core.metrics.Metrics`, or None.
         component: Label of ``mascot_engine_batch_size``.
         threads: torch intra-op threads (0 keeps the default).
+        continuous_batching: Admit requests that arrive during a batch between its decode steps.
     """
 
     supports_structured_output = True
 
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048,
                  max_batch_size: int = 16, batch_wait_ms: float = 2.0, adapters: dict[str, str] | None = None,
-                 metrics: Any = None, component: str = "engine", threads: int = 0) -> None:
+                 metrics: Any = None, component: str = "engine", threads: int = 0,
+                 continuous_batching: bool = True) -> None:
         self.model_id = model
         self.dtype = dtype
         self._max_model_len = max_model_len
@@ -99,6 +103,10 @@ class TransformersEngine(HFTokenizerMixin):
         self.model: Any = None
         self.tokenizer: Any = None
         self.batch_sizes: list[int] = []
+        #: Admit requests into a running batch between decode steps (False: a batch runs to its end first).
+        self.continuous_batching = continuous_batching
+        self._stop_seen = False
+        self._admitted: list[_Job] = []
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -272,80 +280,165 @@ class TransformersEngine(HFTokenizerMixin):
                     break
                 batch.append(nxt)
             batch = [j for j in batch if not j.cancelled]
+            self._admitted = list(batch)
             if batch:
                 try:
                     with self._lock:
                         self._decode(batch)
                 except Exception as e:  # a failed batch fails its requests, never the worker
                     log.exception("engine batch failed")
-                    for j in batch:
+                    for j in self._admitted:
                         if not j.done:
                             j.push(RuntimeError(f"generation failed: {type(e).__name__}"))
-            if stop:
+            if stop or self._stop_seen:
                 return
 
-    def _decode(self, batch: list[_Job]) -> None:
+    def _prefill(self, jobs: list[_Job]) -> dict:
+        """Prefill ``jobs`` as one left-padded batch: their KV cache, mask, next positions and first logits."""
         import torch
-        import xgrammar as xgr
         from transformers import DynamicCache
 
-        n = len(batch)
-        self.batch_sizes.append(n)
-        if self._metrics is not None:
-            self._metrics.engine_batch_size.labels(component=self._component).observe(n)
-        width = max(len(j.prompt_ids) for j in batch)
+        n = len(jobs)
+        width = max(len(j.prompt_ids) for j in jobs)
         input_ids = torch.full((n, width), self._pad, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
-        for i, j in enumerate(batch):
+        for i, j in enumerate(jobs):
             input_ids[i, width - len(j.prompt_ids):] = torch.tensor(j.prompt_ids)
             mask[i, width - len(j.prompt_ids):] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        extra: dict[str, Any] = {}
-        if self._adapters:
-            extra["adapter_names"] = [
-                _PEFT_BASE if j.request.adapter in (None, BASE_ADAPTER) else j.request.adapter for j in batch]
-        gens = []
-        for j in batch:
-            g = torch.Generator()
-            g.manual_seed(j.request.sampling.seed if j.request.sampling.seed is not None else random.getrandbits(63))
-            gens.append(g)
-        matchers: list[Any] = [xgr.GrammarMatcher(self._grammar(j.request.structured))
-                               if j.request.structured is not None else None for j in batch]
-        bitmask = xgr.allocate_token_bitmask(n, self.model.config.vocab_size) if any(matchers) else None
-        max_steps = max(j.request.sampling.max_tokens for j in batch)
         cache = DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1, **self._adapter_kw(jobs))
+        return {"rows": list(jobs), "cache": cache, "mask": mask, "pos": position_ids[:, -1:] + 1,
+                "logits": out.logits[:, -1, :].float(), "gens": [self._generator(j) for j in jobs],
+                "matchers": [self._matcher(j) for j in jobs]}
+
+    def _adapter_kw(self, rows: list[_Job]) -> dict:
+        if not self._adapters:
+            return {}
+        return {"adapter_names": [_PEFT_BASE if j.request.adapter in (None, BASE_ADAPTER) else j.request.adapter
+                                  for j in rows]}
+
+    @staticmethod
+    def _generator(j: _Job) -> Any:
+        import torch
+
+        g = torch.Generator()
+        g.manual_seed(j.request.sampling.seed if j.request.sampling.seed is not None else random.getrandbits(63))
+        return g
+
+    def _matcher(self, j: _Job) -> Any:
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self._grammar(j.request.structured)) if j.request.structured is not None else None
+
+    @staticmethod
+    def _select(state: dict, keep: list[int]) -> dict:
+        """The rows ``keep`` of a decode state (finished rows leave the batch)."""
+        import torch
+
+        idx = torch.tensor(keep, dtype=torch.long)
+        state["cache"].batch_select_indices(idx)
+        return {"rows": [state["rows"][i] for i in keep], "cache": state["cache"], "mask": state["mask"][idx],
+                "pos": state["pos"][idx], "logits": state["logits"][idx], "gens": [state["gens"][i] for i in keep],
+                "matchers": [state["matchers"][i] for i in keep]}
+
+    @staticmethod
+    def _merge(a: dict, b: dict) -> dict:
+        """One decode state from two: caches and masks left-padded to the same length, rows concatenated."""
+        import torch
+        import torch.nn.functional as F
+        from transformers import DynamicCache
+
+        la, lb = a["mask"].shape[1], b["mask"].shape[1]
+        width = max(la, lb)
+
+        def pad(t: Any, extra: int, dim: int) -> Any:
+            if not extra:
+                return t
+            shape = list(t.shape)
+            shape[dim] = extra
+            return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+
+        layers = []
+        for x, y in zip(a["cache"].layers, b["cache"].layers):
+            layers.append((torch.cat([pad(x.keys, width - la, 2), pad(y.keys, width - lb, 2)]),
+                           torch.cat([pad(x.values, width - la, 2), pad(y.values, width - lb, 2)])))
+        mask = torch.cat([F.pad(a["mask"], (width - la, 0)), F.pad(b["mask"], (width - lb, 0))])
+        return {"rows": a["rows"] + b["rows"], "cache": DynamicCache(ddp_cache_data=layers), "mask": mask,
+                "pos": torch.cat([a["pos"], b["pos"]]), "logits": torch.cat([a["logits"], b["logits"]]),
+                "gens": a["gens"] + b["gens"], "matchers": a["matchers"] + b["matchers"]}
+
+    def _admit(self, room: int) -> list[_Job]:
+        """Requests that arrived while a batch is decoding (continuous batching), up to ``room``."""
+        new: list[_Job] = []
+        while len(new) < room and not self._stop_seen:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._stop_seen = True
+                break
+            if not nxt.cancelled:
+                new.append(nxt)
+        return new
+
+    def _observe_batch(self, n: int) -> None:
+        self.batch_sizes.append(n)
+        if self._metrics is not None:
+            self._metrics.engine_batch_size.labels(component=self._component).observe(n)
+
+    def _decode(self, batch: list[_Job]) -> None:
+        """Decode ``batch`` to the end, admitting requests that arrive meanwhile between steps (continuous
+        batching: a new request is prefilled on its own and its KV cache joined to the running batch, so it does not
+        wait for the longest running request); finished rows leave the batch."""
+        import torch
+        import xgrammar as xgr
+
+        state = self._prefill(batch)
+        self._observe_batch(len(batch))
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
-            for step in range(max_steps):
-                logits = out.logits[:, -1, :].float()
-                if bitmask is not None:
-                    rows = []
+            while True:
+                rows, logits = state["rows"], state["logits"]
+                n = len(rows)
+                matchers = state["matchers"]
+                if any(m is not None for m in matchers):
+                    bitmask = xgr.allocate_token_bitmask(n, self.model.config.vocab_size)
+                    live = []
                     for i, m in enumerate(matchers):
-                        if m is not None and not batch[i].done:
+                        if m is not None and not rows[i].done:
                             m.fill_next_token_bitmask(bitmask, i)
-                            rows.append(i)
-                    if rows:
-                        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+                            live.append(i)
+                    if live:
+                        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=live)
                 next_tokens = torch.full((n, 1), self._pad, dtype=torch.long)
-                for i, j in enumerate(batch):
+                for i, j in enumerate(rows):
                     if j.done:
                         continue
                     if j.cancelled:
                         j.done = True
                         continue
-                    tok = self._choose(logits[i], j.request.sampling, gens[i], j)
+                    tok = self._choose(logits[i], j.request.sampling, state["gens"][i], j)
                     next_tokens[i, 0] = tok
                     self._advance(j, tok, matchers[i], n)
-                if all(j.done for j in batch):
-                    break
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
-                position_ids = position_ids[:, -1:] + 1
-                out = self.model(input_ids=next_tokens, attention_mask=mask, position_ids=position_ids,
-                                 past_key_values=cache, use_cache=True, **extra)
-        for j in batch:
-            if not j.done:
-                self._finish(j, "length", n)
+                keep = [i for i, j in enumerate(rows) if not j.done]
+                new = self._admit(self.max_batch_size - len(keep)) if self.continuous_batching else []
+                if not keep and not new:
+                    return
+                if keep:
+                    if len(keep) < n:
+                        state = self._select(state, keep)
+                        next_tokens = next_tokens[torch.tensor(keep, dtype=torch.long)]
+                    mask = torch.cat([state["mask"], torch.ones((len(keep), 1), dtype=torch.long)], dim=1)
+                    out = self.model(input_ids=next_tokens, attention_mask=mask, position_ids=state["pos"],
+                                     past_key_values=state["cache"], use_cache=True, **self._adapter_kw(state["rows"]))
+                    state = {**state, "mask": mask, "pos": state["pos"] + 1, "logits": out.logits[:, -1, :].float()}
+                if new:
+                    self._admitted.extend(new)
+                    fresh = self._prefill(new)
+                    state = self._merge(state, fresh) if keep else fresh
+                    self._observe_batch(len(state["rows"]))
 
     @staticmethod
     def _choose(logits: Any, sp: Any, gen: Any, job: _Job | None = None) -> int:

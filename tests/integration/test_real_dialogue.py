@@ -1,0 +1,44 @@
+"""A few turns of real language through the gateway on the default model: the reply checks on (product defaults),
+and the fixed defect detectors of the quality bench find nothing in what was delivered."""
+
+import pytest
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.personas import PersonaCatalog
+from mascot.eval.defects import analyse
+from mascot.runjob import transcript_line
+from mascot.speaker.prompts import persona_system_prompt
+from mascot.stack import start_stack
+from tests.conftest import make_config
+from tests.helpers import collect
+from tests.integration.test_dialogue import Client
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PRODUCT = {"guard": {"enabled": True}, "director": {"check_content": True, "rest_turns": 2}}
+
+
+async def test_real_model_self_play_delivers_no_defect(real_engine, real_model_dir, tmp_path):
+    stack = await start_stack(make_config(tmp_path, engine={"model": str(real_model_dir)}, **PRODUCT),
+                              engine=real_engine)
+    client = Client(stack)
+    conv = await client.start(persona_ids=["anchor", "catalyst", "beacon"])
+    events = await collect(client.stub.RunSelfPlay(cpb.RunSelfPlayRequest(
+        conversation_id=conv.id, agent_turns=3, user_speak_prob=0.5, seed=3,
+        opening_text="I failed my driving test for the second time and I feel like an idiot.",
+        user=dpb.UserSimulation(situation="I failed my driving test again.", emotion="ashamed"))))
+    got = await client.get(conv.id, think=True)
+    line = transcript_line(got, "support")
+    for t in got.conversation.turns[1:]:  # deltas join to the stored text: nothing regenerated was streamed
+        streamed = "".join(e.turn_delta.text for e in events if e.HasField("turn_delta") and e.turn_delta.index == t.index)
+        assert streamed == t.text
+    cards = {c.id: c for c in PersonaCatalog.load().in_set("support")}
+    prompts = {i: [persona_system_prompt(c)] for i, c in cards.items()}
+    fig = analyse([line], prompts, {i: c.name for i, c in cards.items()})
+    assert fig["agent_turns"] >= 2, line
+    assert (fig["echoes"], fig["loops"], fig["near_duplicates"], fig["empty"]) == (0, 0, 0, 0), fig["examples"]
+    words = [w for t in line["turns"][1:] for w in t["text"].split()]
+    assert len(words) >= 20 and sum(w.isalpha() for w in words) / len(words) > 0.7  # English words, not noise
+    await client.ch.close()
+    await stack.stop(0)
