@@ -172,7 +172,9 @@ async def main() -> int:
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
     cfg = MascotConfig(server={"gateway_port": 0, "metrics_port": 0}, store={"url": f"sqlite:///{tmp}/load.db"},
                        engine={"model": model, **overrides.pop("engine", {})},
-                       limits={"max_active_rounds": capacity}, **overrides)
+                       limits={"max_active_rounds": capacity}, guard={"enabled": False},
+                       director={"check_content": False, "rest_turns": 0, **overrides.pop("director", {})},
+                       **overrides)
     stack = await start_stack(cfg)
     ch = channel(stack.target("gateway"), cfg.server.max_message_bytes)
     stub = cpb_grpc.ConversationServiceStub(ch)
@@ -180,7 +182,8 @@ async def main() -> int:
     try:
         print(f"load: {n} conversations x {rounds} rounds, capacity {capacity} (limits.max_active_rounds), "
               f"agent_turns_per_round {cfg.dialogue.agent_turns_per_round}, engine {cfg.engine.kind} "
-              f"batch {cfg.engine.max_batch_size}, speaker max_tokens {cfg.speaker.max_tokens}", flush=True)
+              f"batch {cfg.engine.max_batch_size}, speaker max_tokens {cfg.speaker.max_tokens}; guard off (reply "
+              "checks and director content rules: speed only on the tiny random model; 0 regenerations)", flush=True)
         warm = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
         await one_round(stub, cpb, warm.id, "warm up", "warm", Tally(), args.timeout)  # first-call costs out
 

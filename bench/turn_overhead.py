@@ -42,7 +42,7 @@ async def main() -> None:
     from mascot.core.personas import PersonaCatalog
     from mascot.core.server import channel
     from mascot.director.decide import decide
-    from mascot.speaker.reply import ReplyOutcome, persona_reply
+    from mascot.speaker.reply import ReplyOutcome, RetryPolicy, persona_reply
     from mascot.gateway.store import text_digest
     from mascot.stack import start_stack
 
@@ -50,8 +50,12 @@ async def main() -> None:
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
     engine = TransformersEngine(model, max_model_len=4096, batch_wait_ms=0)
     await engine.start()
+    # a speed bench on the tiny random model: the reply checks and the director's content rules are off (its text
+    # fails them all; with them on the ratio would count regenerations, not the gRPC overhead)
     cfg = MascotConfig(server={"gateway_port": 0}, store={"url": f"sqlite:///{tmp}/bench.db"},
-                       speaker={"temperature": 0.7, "max_tokens": 48})
+                       speaker={"temperature": 0.7, "max_tokens": 48}, guard={"enabled": False},
+                       director={"check_content": False, "rest_turns": 0})
+    print("guard: off (reply checks and director content rules; speed only), regenerations: 0 by construction")
     stack = await start_stack(cfg, engine=engine)
     catalog = PersonaCatalog.load()
     roster = catalog.in_set("support")
@@ -75,6 +79,9 @@ async def main() -> None:
             card = catalog.get(d.directive.persona_id)
             out = None
             async for item in persona_reply(engine, card, roster, history, [], d.directive.action, d.directive.tone,
+                                            guard=cfg.guard.settings(), policy=RetryPolicy(max_attempts=1),
+                                            repetition_penalty=cfg.speaker.repetition_penalty,
+                                            frequency_penalty=cfg.speaker.frequency_penalty,
                                             max_tokens=cfg.speaker.max_tokens, temperature=cfg.speaker.temperature,
                                             top_p=cfg.speaker.top_p, seed=round_seed * 7919 + len(history) * 13,
                                             adapter=None):

@@ -92,7 +92,8 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
     auth = (("authorization", "Bearer bench-token"),)
     loras = [make_lora(Path(model), tmp / f"lora{i}", r=4, seed=11 + 2 * i) for i in (1, 2)]
     cfg = MascotConfig(server={"gateway_port": 0}, store={"url": f"sqlite:///{tmp}/bench.db"},
-                       engine={"model": model}, dialogue={"agent_turns_per_round": 1}, director={"policy": "random"},
+                       engine={"model": model}, dialogue={"agent_turns_per_round": 1},
+                       director={"policy": "random", "check_content": False, "rest_turns": 0}, guard={"enabled": False},
                        speaker={"temperature": 0.7, "max_tokens": 24},
                        adapters={"store": str(tmp / "store"), "poll_s": 0.2, "max_rank": 16})
     stack = await start_stack(cfg, engine=engine)

@@ -92,7 +92,8 @@ def transcript_line(resp: cpb.GetConversationResponse, mode: str, model: dict | 
     return line
 
 
-def _percentile(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
+    """The ``q``-th percentile (1-99) of sorted ``xs`` (inclusive method); 0 for none, the value for one."""
     if not xs:
         return 0.0
     if len(xs) == 1:
@@ -113,7 +114,7 @@ def summarize(lines: Iterable[dict]) -> dict:
         "conversations": len(lines), "agent_turns": len(agent), "user_turns": len(user),
         "persona_counts": dict(sorted(Counter(t["persona_id"] for t in agent).items())),
         "director_fallback_rate": round(fallbacks / len(agent), 6) if agent else 0.0,
-        "turn_latency_seconds": {"p50": round(_percentile(lat, 50), 6), "p95": round(_percentile(lat, 95), 6)},
+        "turn_latency_seconds": {"p50": round(percentile(lat, 50), 6), "p95": round(percentile(lat, 95), 6)},
         "rejections": dict(sorted(rejections.items())),
         "cut_replies": sum(1 for t in turns if t.get("cut_reason")),
         "early_round_ends": sum(1 for ln in lines if ln.get("end_reason") == "empty_replies"),

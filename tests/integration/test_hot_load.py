@@ -15,7 +15,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
-from mascot.speaker.reply import ReplyOutcome, persona_reply
+from mascot.speaker.reply import ReplyOutcome, RetryPolicy, persona_reply
 from mascot.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import collect
@@ -31,7 +31,10 @@ async def expected_reply(engine, adapter, turn, cfg):
     out = None
     async for item in persona_reply(engine, card, [card], [HistoryTurn("user", "hello there")], [],
                                     turn.directive.action, turn.directive.tone, max_tokens=cfg.speaker.max_tokens,
-                                    temperature=0.0, top_p=1.0, seed=0, adapter=adapter):
+                                    temperature=0.0, top_p=1.0, seed=0, adapter=adapter, guard=cfg.guard.settings(),
+                                    policy=RetryPolicy(max_attempts=1),
+                                    repetition_penalty=cfg.speaker.repetition_penalty,
+                                    frequency_penalty=cfg.speaker.frequency_penalty):
         if isinstance(item, ReplyOutcome):
             out = item
     return out.text

@@ -62,7 +62,7 @@ class Scripted:
         self.reply, self.user_reply = reply, user_reply
 
     def speaker(self, prompt: str) -> str:
-        return self.user_reply if prompt.startswith("<|system|>You are a person") else self.reply
+        return self.user_reply if prompt.startswith("<|system|>You are chatting with a few supportive helpers") else self.reply
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ SPEAKER_LINE = "Let us look at that moment together."
 
 def speakers(flip: bool = False):
     def speak(prompt: str) -> str:
-        if "You are a person talking with a group" in prompt:
+        if "You are chatting with a few supportive helpers" in prompt:
             return "It sounds like you are being very hard on yourself." if flip else USER_LINE
         return SPEAKER_LINE
     return speak
@@ -99,7 +99,8 @@ async def test_prefix_suffix_bookkeeping_and_sequence_equals_serving_prompt(tok)
     mine = [t for t, m in zip(r.completion_ids, r.env_mask) if m]
     assert tok.decode(mine, skip_special_tokens=False) == "".join(d + tok.eos_token for d in r.directives)
     others = tok.decode([t for t, m in zip(r.completion_ids, r.env_mask) if not m], skip_special_tokens=False)
-    assert others.count(SPEAKER_LINE) == 2 and others.count(USER_LINE) == 2  # the last turn's reply needs no token
+    # the last turn's reply needs no token; each user line appears in the transcript and is quoted by the next question
+    assert others.count(SPEAKER_LINE) == 2 and others.count(USER_LINE) == 4
     rec = r.record()
     assert rec["personas"] == r.personas and rec["prefix_id"] == "sit-1#0" and len(rec["block"]) == 6
 
@@ -267,7 +268,13 @@ async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_d
     from mascot_training import rollouts
 
     cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0)
-    eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength.\nTone: Warm", speakers())
+    actions = ["Name one strength you heard.", "Ask what helped them most today.",
+               "Invite them to describe that moment.", "Celebrate the effort they put in."]
+
+    def director(prompt):  # a fresh Action per decision of a conversation (the serving director refuses copies)
+        return f"Agent: The Beacon\nAction: {actions[prompt.count('Agent: The Beacon') % 4]}\nTone: Warm"
+
+    eng = ScriptedEngine(director, speakers())
     m = await rollouts.run(cfg, tmp_path, engine=eng, tokenizer=tok, adapters={}, inputs={"base": "x"})
     assert m["metrics"]["prefixes"] == 3 and m["metrics"]["blocks"] == 6
     assert m["metrics"]["dropped_role_flip"] == {"prefixes": 0, "blocks": 0}
@@ -276,10 +283,13 @@ async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_d
     pre = [Prefix.from_dict(d) for d in read_jsonl(tmp_path / "rollouts" / "prefixes.jsonl")]
     for p in pre:  # opening, one agent turn by the serving director (its directive kept), the user's answer
         assert [t.role for t in p.history] == ["user", "agent", "user"] and p.k == 1
-        assert p.history[1].directive == "Agent: The Beacon\nAction: Name one strength.\nTone: Warm"
+        assert p.history[1].directive == "Agent: The Beacon\nAction: Name one strength you heard.\nTone: Warm"
         assert p.situation and p.emotion  # for the user simulator only
     rows = read_jsonl(tmp_path / "rollouts" / "blocks.jsonl")
-    assert all(len(r["blocks"]) == 2 and all(b["personas"] == ["beacon", "beacon"] for b in r["blocks"]) for r in rows)
+    assert all(len(r["blocks"]) == 2 and all(len(b["personas"]) == 2 and set(b["personas"]) <= {"anchor", "catalyst",
+               "beacon"} for b in r["blocks"]) for r in rows), rows[0]
+    # the serving director's rest rule (director.rest_turns 2): the prefix's Beacon does not answer the next turn
+    assert all(b["personas"][0] != "beacon" for r in rows for b in r["blocks"])
     # resumable: a second call with the same config and inputs returns the same manifest without work
     eng.requests.clear()
     again = await rollouts.run(cfg, tmp_path, engine=eng, tokenizer=tok, adapters={}, inputs={"base": "x"})
@@ -290,7 +300,7 @@ async def test_rollouts_stage_counts_role_flips(tok, tmp_path, shared_data, tiny
     from mascot_training import rollouts
 
     cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0)
-    eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength.\nTone: Warm", speakers(flip=True))
+    eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength you heard.\nTone: Warm", speakers(flip=True))
     with pytest.raises(ValueError, match="every prefix was dropped"):
         await rollouts.run(cfg, tmp_path, engine=eng, tokenizer=tok, adapters={}, inputs={})
     from mascot.core.files import read_jsonl

@@ -101,7 +101,7 @@ def collapsed(base, tmp_path_factory) -> Path:
                                                  {"role": "assistant", "content": " ".join(["the"] * 12)}]}
             for msg in sft.STOCK_MESSAGES]
     (d / "collapse.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    cfg = _cfg(sft={"enabled": True, "max_steps": 40, "batch_size": 4, "lr": 3e-2, "data": d / "collapse.jsonl"},
+    cfg = _cfg(sft={"enabled": True, "max_steps": 60, "batch_size": 4, "lr": 6e-2, "data": d / "collapse.jsonl"},
                lora={"r": 8, "alpha": 16, "dropout": 0.0})
     m = sft.run(cfg, d / "out", base_model=base)
     assert m["metrics"]["rows"] == 4 and m["data_ids"][0] == "collapse.jsonl:1"
@@ -321,7 +321,7 @@ def test_gate_passes_healthy_and_refuses_collapsed(base, healthy, collapsed):
     bad = publish.gate(base, collapsed, card, cfg)
     assert ok["passed"] and ok["reason"] == "" and ok["replies"] == 4
     assert ok["distinct_2"] >= cfg.min_distinct_2 and ok["mean_words"] >= cfg.min_mean_words
-    assert not bad["passed"] and "distinct-2" in bad["reason"] and bad["distinct_2"] < 0.15
+    assert not bad["passed"] and "distinct-2" in bad["reason"] and bad["distinct_2"] < 0.15, bad
     assert bad["distinct_2"] < ok["distinct_2"] / 3
     assert publish.gate(base, collapsed, card, cfg) == bad  # seeded
 

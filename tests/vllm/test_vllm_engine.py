@@ -191,3 +191,20 @@ async def test_prefix_cache_serves_a_conversations_history(vllm_engine, referenc
     second = await vllm_engine.generate(GenerationRequest(reference.render_chat(chat), SamplingParams(max_tokens=16)))
     assert first.prompt_tokens > 64
     assert second.cached_tokens > 0 and second.cached_tokens <= first.prompt_tokens
+
+
+@pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"frequency_penalty": 0.8},
+                                       {"repetition_penalty": 0.8, "frequency_penalty": -0.5}])
+async def test_penalties_have_the_same_meaning_on_both_engines(vllm_engine, reference, penalties):
+    """repetition_penalty (prompt and output ids) and frequency_penalty (output ids, per occurrence) as vLLM defines
+    them: greedy token ids equal on both engines, and different from the unpenalised output (they take effect)."""
+    changed = 0
+    for chat in CHATS:
+        prompt = reference.render_chat(chat)
+        plain = await reference.generate(GenerationRequest(prompt, SamplingParams(max_tokens=24)))
+        sp = SamplingParams(max_tokens=24, **penalties)
+        _, ours = await run(reference, GenerationRequest(prompt, sp))
+        _, theirs = await run(vllm_engine, GenerationRequest(prompt, sp))
+        assert ours.token_ids == theirs.token_ids, (penalties, chat)
+        changed += ours.token_ids != plain.token_ids
+    assert changed > 0

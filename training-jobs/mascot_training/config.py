@@ -197,7 +197,8 @@ class RunConfig(_S):
     """What every training run names: its id, base model, mode, personas, window, data split and LoRA shape."""
 
     run_id: str = Field("run", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
-    #: Base model (directory or hub id); empty builds the tiny random Qwen3 at tiny_dir.
+    #: Base model: empty = the default real model (SmolLM2-135M-Instruct), ``tiny`` = the tiny random Qwen3 built at
+    #: tiny_dir, else a directory or hub id.
     model: str = ""
     tiny_dir: Path = Path(".cache/tiny-qwen3")
     mode: Literal["support", "meeting"] = "support"
@@ -294,8 +295,9 @@ def common_problems(cfg: Any) -> list[str]:
     if not cfg.data.situations.is_file():
         out.append(f"data.situations {cfg.data.situations} does not exist")
     looks_like_path = cfg.model.startswith(("/", "./", "../", "~")) or Path(cfg.model).exists()
-    if cfg.model and (looks_like_path or cfg.model.count("/") != 1) and not Path(cfg.model).expanduser().is_dir():
-        out.append(f"model {cfg.model} is neither a model directory nor a hub id (org/name)")
+    if cfg.model and cfg.model != "tiny" and (looks_like_path or cfg.model.count("/") != 1) \
+            and not Path(cfg.model).expanduser().is_dir():
+        out.append(f"model {cfg.model} is neither a model directory, a hub id (org/name) nor 'tiny'")
     if cfg.data.situations.is_file() and not unknown:
         from mascot_training.data import training_situations
 

@@ -259,6 +259,9 @@ class RolloutSettings:
     #: of ``director_max_tokens`` stops early (``window_full``) rather than train on a prompt serving would trim.
     max_sequence_tokens: int = 1 << 30
     director_max_tokens: int = 64
+    #: Reply checks on the frozen speakers and user (:class:`mascot.core.guard.GuardSettings`); None = off, the
+    #: replies are taken as generated (a refused reply would change the episode's length and the reward).
+    guard: Any = None
 
 
 DecideFn = Callable[[list[Rollout], int], Awaitable[list[DirectorOutput]]]
@@ -330,7 +333,7 @@ class RolloutRunner:
         out = await self._collect(persona_reply(
             self.engine, card, self.roster, r.history, r.prefix.context, d.action, d.tone,
             max_tokens=self.s.speaker_max_tokens, temperature=self.s.speaker_temperature, top_p=self.s.speaker_top_p,
-            seed=rollout_seed(r.seed, step, "speaker"), adapter=self.adapters.get(card.id)))
+            seed=rollout_seed(r.seed, step, "speaker"), adapter=self.adapters.get(card.id), **self._checks()))
         r.history.append(HistoryTurn("agent", out.text, card.id, directive_text))
 
     async def maybe_user(self, r: Rollout, step: int) -> None:
@@ -340,7 +343,7 @@ class RolloutRunner:
         out = await self._collect(user_reply(
             self.engine, r.prefix.situation, r.prefix.emotion, self._personality(), self.roster, r.history,
             r.prefix.context, max_tokens=self.s.user_max_tokens, temperature=self.s.user_temperature,
-            top_p=self.s.user_top_p, seed=rollout_seed(r.seed, step, "user")))
+            top_p=self.s.user_top_p, seed=rollout_seed(r.seed, step, "user"), **self._checks()))
         if not out.text.strip():
             return
         why = detect_role_flip(out.text, self.roster)
@@ -349,6 +352,13 @@ class RolloutRunner:
             self.dropped_role_flips += 1
             return
         r.history.append(HistoryTurn("user", out.text))
+
+    def _checks(self) -> dict:
+        from mascot.core.guard import GuardSettings
+        from mascot.speaker.reply import RetryPolicy
+
+        g = self.s.guard if self.s.guard is not None else GuardSettings(enabled=False)
+        return {"guard": g, "policy": RetryPolicy(max_attempts=3 if g.enabled else 1)}
 
     def _personality(self) -> str:
         from mascot.speaker.prompts import personality_text

@@ -16,7 +16,8 @@ from mascot_training.manifest import read_manifest
 
 
 def base_model_of(cfg: PersonaAlignmentConfig) -> str:
-    """The speaker base model: ``cfg.model`` or the tiny random Qwen3 (built on first use)."""
+    """The speaker base model directory: ``cfg.model`` resolved (empty = the default real model, ``tiny`` = the tiny
+    random Qwen3 built on first use)."""
     from mascot.core.engine import resolve_model
 
     return resolve_model(cfg.model, cfg.tiny_dir)

@@ -73,7 +73,7 @@ async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: in
 async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:  # noqa: ANN001
     """Sample every group; returns the stage manifest (``data_ids`` = situation ids used)."""
     inputs = {"situations": digest_path(cfg.data.situations), "sft": digest_path(out / "sft") if sft_adapter else "",
-              "base_model": str(cfg.model or "tiny")}
+              "base_model": str(cfg.model or "default")}
     conf = {"sample": cfg.sample.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
             "personas": active_personas(cfg), "mode": cfg.mode}
     if is_done(out, "sample", conf, inputs):

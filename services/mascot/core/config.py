@@ -51,7 +51,7 @@ class EngineConfig(_Section):
     #: vllm: highest adapter rank served (``max_lora_rank``, rounded up to a rank vLLM accepts).
     max_lora_rank: int = Field(64, ge=1, le=512)
     #: vllm: fraction of accelerator memory (on CPU, of NUMA node 0 memory) for weights + KV cache; empty = 0.9 on a
-    #: GPU, 0.1 on CPU.
+    #: GPU, 0.3 on CPU.
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     #: vllm: skip CUDA graphs and torch.compile; empty = on for CPU, off for GPU.
     enforce_eager: bool | None = None

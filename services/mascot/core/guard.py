@@ -330,3 +330,13 @@ class SentenceGate:
     def accepted(self) -> bool:
         """True when a reply was released (it may have been cut back: :attr:`cut_reason`)."""
         return bool(self.released.strip())
+
+
+def cut_back(text: str, ctx: ReplyContext, settings: GuardSettings) -> tuple[str, str]:
+    """Pass a whole generated reply through the sentence gate, as the speaker streams one: ``(delivered, reason)``,
+    the longest passing prefix of whole sentences and why the rest was cut ("" when nothing was), or ``("",
+    reason)`` when the first sentence fails. Used where text is generated in full (evaluation baselines)."""
+    gate = SentenceGate(ctx, settings)
+    gate.feed(text)
+    gate.finish("stop")
+    return gate.released, gate.cut_reason or gate.rejected_reason or ""

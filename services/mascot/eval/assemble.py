@@ -28,6 +28,17 @@ def _nli_scorer(model: str) -> Any:
     return NLIScorer(model)
 
 
+def reply_check_counts(dialogues: list[dict]) -> dict:
+    """What the reply checks did in a system's dialogues: ``{"rejections": {reason: n}, "cut": n,
+    "agent_turns": n}`` (refused attempts and turns, and replies cut back to a sentence end)."""
+    from collections import Counter
+
+    turns = [t for d in dialogues for t in d["turns"]]
+    rejections = Counter(r.get("reason", "") for t in turns for r in t.get("rejections", []))
+    return {"rejections": dict(sorted(rejections.items())), "cut": sum(1 for t in turns if t.get("cut_reason")),
+            "agent_turns": sum(1 for t in turns if t["role"] == "agent")}
+
+
 def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,
                  progress: Callable[[str, int, int], None]) -> dict:
     """The report dict (blocking: runs the NLI and embedding models)."""
@@ -65,6 +76,7 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
                         "safety_turns": sum(1 for t in d["turns"] if t.get("safety")),
                     })
                 block = aggregate_split(items, meeting)
+                block["reply_checks"] = reply_check_counts([d for d in mine if split == "all" or d["split"] == split])
                 block["automatic"] = aggregate_automatic(
                     [auto[(system, d["situation_id"])] for d in mine if split == "all" or d["split"] == split],
                     nli.model_name, nli.trained)
@@ -73,11 +85,16 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
 
     from mascot.core.engine.tiny import is_tiny
 
-    model_name = cfg.engine.model or "tiny-random-qwen3"
-    trained = bool(cfg.engine.model) and not is_tiny(cfg.engine.model)
+    from mascot.core.engine import resolve_model
+    from mascot.core.engine.default_model import model_identity
+
+    backbone = resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir)
+    identity = model_identity(backbone)
+    model_name = identity["name"]
+    trained = not is_tiny(backbone)
     report = {
         "seed": opts.seed, "mode": opts.mode, "situations": [s.id for s in situations], "judges": judges,
-        "models": {"backbone": model_name, "trained": trained, "nli": nli.model_name,
+        "models": {"backbone": model_name, "backbone_digest": identity["digest"], "trained": trained, "nli": nli.model_name,
                    "nli_trained": nli.trained, "embedding": embedder.model_name,
                    "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None},
         "agent_turns": opts.agent_turns or cfg.selfplay.agent_turns,

@@ -83,7 +83,14 @@ class BaselineContext:
         embedder: An :class:`~mascot.eval.automatic.EmbeddingRedundancy` (Self-Consistency medoid).
         mode: ``support`` or ``meeting``.
         timeout_s: Deadline of each SpeakerService call.
+        guard: :class:`~mascot.core.guard.GuardSettings` the replies are checked with (None: the defaults).
     """
+
+    def __post_init__(self) -> None:
+        if self.guard is None:
+            from mascot.core.guard import GuardSettings
+
+            self.guard = GuardSettings()
 
     engine: Any
     speaker: Any
@@ -97,6 +104,7 @@ class BaselineContext:
     embedder: Any
     mode: str
     timeout_s: float = 120.0
+    guard: Any = None
 
 
 def _turn(index: int, role: str, text: str, persona_id: str | None = None, think: str = "",
@@ -264,6 +272,20 @@ async def _user_turn(ctx: BaselineContext, sit: Situation, turns: list[dict], ro
     return text
 
 
+def _checked(ctx: "BaselineContext", pid: str, text: str, turns: list[dict]) -> tuple[str, str]:
+    """A baseline reply through the same reply checks as the product's speakers (:func:`mascot.core.guard.cut_back`):
+    checked against the persona's card and the earlier turns, cut back to its last passing sentence."""
+    from mascot.core.guard import ReplyContext, cut_back
+
+    card = next((c for c in [*ctx.roster, ctx.supporter] if c is not None and c.id == pid), None)
+    fields = [card.goal, card.role, *card.expertise, *card.allowed_moves, *card.forbidden_moves, *card.style] \
+        if card is not None else []
+    names = [c.name for c in ctx.roster] + ([ctx.supporter.name] if ctx.supporter is not None else [])
+    rctx = ReplyContext(sources=[" ".join(fields)], earlier=[t["text"] for t in turns],
+                        tags=["User", "Director", *names])
+    return cut_back(text, rctx, ctx.guard)
+
+
 async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: int) -> dict:
     """One self-play dialogue of a baseline system.
 
@@ -282,6 +304,7 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
     roster_ids = [ctx.supporter.id] if single else [c.id for c in ctx.roster]
     turns = [_turn(0, "user", sit.opening)]
     n_agent, step, empty_steps = 0, 0, 0
+    dropped: list[dict] = []
     adapter = ctx.sft_adapter if system == "sft" else BASE_ADAPTER
     while n_agent < ctx.agent_turns and empty_steps < 2:
         history = history_from_dicts(turns)
@@ -297,7 +320,13 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
         for k, (pid, text) in enumerate(replies):
             if n_agent >= ctx.agent_turns:
                 break
-            turns.append(_turn(len(turns), "agent", text, pid, think if k == 0 else "", adapter, "baseline"))
+            delivered, reason = _checked(ctx, pid, text, turns)
+            if not delivered:  # refused whole: like a refused persona reply, nothing is shown
+                dropped.append({"persona_id": pid, "attempt": 0, "reason": reason or "empty", "text": text[:500]})
+                continue
+            turn = _turn(len(turns), "agent", delivered, pid, think if k == 0 else "", adapter, "baseline")
+            turn["rejections"], turn["cut_reason"], dropped = dropped, reason, []
+            turns.append(turn)
             n_agent += 1
         if n_agent < ctx.agent_turns and (not replies or rng.random() < ctx.user_speak_prob):
             text = await _user_turn(ctx, sit, turns, roster_ids, s + 49)

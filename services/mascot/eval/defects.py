@@ -24,6 +24,7 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 from mascot.core.guard import char_ngrams, jaccard, ngrams, split_sentences, words
+from mascot.runjob import percentile
 
 ECHO_NGRAM, LOOP_NGRAM, LOOP_COUNT, NEAR_DUPLICATE = 8, 4, 3, 0.8
 _CLEAN_END_RE = re.compile(r"([.!?…][\"'”’)\]]*|[\U0001F300-\U0001FAFF\u2600-\u27BF]\ufe0f?)\s*$")
@@ -73,14 +74,6 @@ def is_degenerate_directive(directive: dict, persona_names: Sequence[str], previ
     if not [w for w in words(tone) if w not in name_words]:
         return True
     return bool(previous_action) and jaccard(char_ngrams(action), char_ngrams(previous_action)) >= NEAR_DUPLICATE
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    if len(xs) == 1:
-        return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
 
 
 def analyse(lines: Sequence[dict], prompts: dict[str, list[str]], persona_names: dict[str, str]) -> dict:
@@ -150,9 +143,9 @@ def analyse(lines: Sequence[dict], prompts: dict[str, list[str]], persona_names:
         "regenerations_per_turn": round(regens / max(1, sum(len(ln["turns"]) for ln in lines)), 4),
         "persona_shares": {k: round(v / agent, 4) for k, v in sorted(shares.items())} if agent else {},
         "median_words": statistics.median(n_words) if n_words else 0,
-        "turn_latency_seconds": {"p50": round(_percentile(sorted(lat), 50), 3),
-                                 "p95": round(_percentile(sorted(lat), 95), 3)},
-        "first_delta_seconds": {"p50": round(_percentile(sorted(first), 50), 3),
-                                "p95": round(_percentile(sorted(first), 95), 3)},
+        "turn_latency_seconds": {"p50": round(percentile(sorted(lat), 50), 3),
+                                 "p95": round(percentile(sorted(lat), 95), 3)},
+        "first_delta_seconds": {"p50": round(percentile(sorted(first), 50), 3),
+                                "p95": round(percentile(sorted(first), 95), 3)},
         "safety_turns": safety, "user_defects": dict(user_defects), "examples": examples,
     }

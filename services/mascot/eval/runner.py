@@ -271,7 +271,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                user_speak_prob=cfg.selfplay.user_speak_prob, max_tokens=cfg.speaker.max_tokens,
                                temperature=cfg.speaker.temperature,
                                sft_adapter=SFT_ADAPTER_NAME if opts.sft_adapter else None, embedder=embedder,
-                               mode=opts.mode, timeout_s=cfg.server.call_timeout_s)
+                               mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings())
 
         async def one(system: str, i: int, sit: Situation) -> None:
             async with sem:
