@@ -57,7 +57,7 @@ $(MODEL_STAMP): $(STAMP)
 setup: $(STAMP) $(MODEL_STAMP) $(CHECKOV_STAMP) system-deps
 
 demo: setup
-	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 12 --concurrency 12 --out runs/demo
+	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 10 --concurrency 4 --out runs/demo
 
 test: setup
 	$(BIN)/python -m pytest -m "not gpu and not e2e" --durations=15 $(PYTEST_ARGS)

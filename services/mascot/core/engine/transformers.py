@@ -22,6 +22,7 @@ import queue
 import random
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -99,7 +100,8 @@ class TransformersEngine(HFTokenizerMixin):
         self._adapters: dict[str, str] = {}
         self._worker: threading.Thread | None = None
         self._grammar_compiler: Any = None
-        self._grammar_cache: dict[tuple[str, str], Any] = {}
+        #: Compiled grammars, least recently used dropped past 256 (directive regexes vary with the roster choice).
+        self._grammar_cache: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
         self.model: Any = None
         self.tokenizer: Any = None
         self.batch_sizes: list[int] = []
@@ -223,6 +225,9 @@ class TransformersEngine(HFTokenizerMixin):
             else:
                 self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(
                     structured.json_schema, any_whitespace=False, separators=(",", ":"))  # vLLM's compact JSON
+        self._grammar_cache.move_to_end(key)
+        while len(self._grammar_cache) > 256:
+            self._grammar_cache.popitem(last=False)
         return self._grammar_cache[key]
 
     # ---------------------------------------------------------------- public API
