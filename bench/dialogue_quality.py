@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--model", default="", help="model (default: the default real model; 'tiny' for speed only)")
     ap.add_argument("--concurrency", type=int, default=0, help="override the size's concurrency")
+    ap.add_argument("--conversations", type=int, default=0, help="override the size's number of conversations")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-guard", action="store_true", help="switch the reply checks off (guard.enabled false)")
     ap.add_argument("--json", default="", help="write the figures to this file")
@@ -102,6 +103,8 @@ def main() -> None:
     from mascot.runjob import read_records
 
     size = dict(SIZES[args.size])
+    if args.conversations:
+        size["conversations"] = args.conversations
     conc = args.concurrency or size["concurrency"]
     path = SHARED / "data" / "empathetic_dialogues" / "test_situations.jsonl"
     records = read_records(path, "support", size["conversations"])
