@@ -8,7 +8,7 @@ PIP := $(BIN)/pip -q --disable-pip-version-check
 SHARED ?= ../shared
 BUF_VERSION ?= 1.75.0
 # checkov (the Helm chart scan, tests/contract/test_helm_checkov.py) pins packages that clash with the main set, so it
-# gets its own virtual environment (STACK.md section 13).
+# gets its own virtual environment.
 CHECKOV_VERSION ?= 3.3.30
 CHECKOV_VENV := .venv-checkov
 CHECKOV_STAMP := $(CHECKOV_VENV)/.setup-stamp-$(CHECKOV_VERSION)

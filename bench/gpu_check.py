@@ -1,4 +1,4 @@
-"""GPU check (issue 6, item 7): on a machine with a CUDA GPU and the GPU vLLM build, run the vllm engine tests and
+"""GPU check: on a machine with a CUDA GPU and the GPU vLLM build, run the vllm engine tests and
 one generation at real size, and print the figures. Never needed for CI.
 
 Real size means the Qwen3-8B architecture: either the weights at ``--weights DIR`` (a local Qwen3-8B snapshot), or,

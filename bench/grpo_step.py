@@ -1,4 +1,4 @@
-"""Per-step time of our ``persona_grpo`` stage vs a bare TRL ``GRPOTrainer`` (issue 4; goal ratio <= 1.10).
+"""Per-step time of our ``persona_grpo`` stage vs a bare TRL ``GRPOTrainer``.
 
 Same tiny policy, same tiny reward model, same prompt rows (real persona prompts) and the same GRPO config, measured
 side by side in one run: the repetitions alternate (ours, bare, bare, ours, ...). "Ours" is

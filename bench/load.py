@@ -1,4 +1,4 @@
-"""Load on the gateway (issue 8, item 4): N concurrent conversations x R rounds on loopback with the tiny model.
+"""Load on the gateway: N concurrent conversations x R rounds on loopback with the tiny model.
 
 The embedded stack (gateway, director, speaker sharing one engine built from the default config) runs in this
 process on 127.0.0.1; every conversation sends its R messages one after another, all conversations at once, within

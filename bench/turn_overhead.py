@@ -1,4 +1,4 @@
-"""Per-turn wall time through the gRPC services vs the same engine calls made in-process (issue 2, item 10).
+"""Per-turn wall time through the gRPC services vs the same engine calls made in-process.
 
 Same tiny model, same inputs, the same per-turn sampling seeds so both paths generate the same tokens, measured side by side
 in one run (interleaved: one gRPC round, then the same round in-process). Prints the ratio; goal <= 1.05.

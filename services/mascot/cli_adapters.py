@@ -1,5 +1,5 @@
 """``mascot adapters``: list, publish, promote, roll back and retire adapter versions through the gateway's
-AdapterService (the registry's only writer, DESIGN.md section 5). The admin token comes from ``MASCOT_ADMIN_TOKEN``
+AdapterService (the registry's only writer). The admin token comes from ``MASCOT_ADMIN_TOKEN``
 (or ``--token-file``), never from a flag value. TLS: ``mascot adapters --tls-ca CA [--tls-cert C --tls-key K] ...`` or
 ``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` (README "Security")."""
 

@@ -83,7 +83,7 @@ def collaborative(
     stage: list[str] = typer.Option([], "--stage", help="Run only these stages (repeatable): speakers, rollouts, "
                                     "group-rm, director-grpo, publish. Default: all, in order."),
 ) -> None:
-    """Run phase 2 end to end: speakers → rollouts → group_rm → director_grpo → publish (REFERENCE.md §6)."""
+    """Run phase 2 end to end: speakers → rollouts → group_rm → director_grpo → publish."""
     from mascot_training.collab_config import STAGES
 
     chosen = tuple(s.replace("-", "_") for s in stage) or STAGES

@@ -1,4 +1,4 @@
-"""Assemble and start components in one process (embedded mode, DESIGN.md section 1) or one at a time.
+"""Assemble and start components in one process (embedded mode) or one at a time.
 
 Embedded mode runs the director and speaker services on 127.0.0.1 free ports and the gateway on its
 port, all sharing ONE engine; the gateway reaches the others over real gRPC on loopback, exactly as
@@ -22,7 +22,7 @@ COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
 #: What ``mascot serve`` runs by default (the dialogue path); judge and reward join on request.
 DEFAULT_COMPONENTS = ("gateway", "director", "speaker")
 ENGINE_COMPONENTS = {"director", "speaker", "judge"}
-#: The model services (DESIGN.md section 1): each runs alone under KServe (``mascot serve-model``) or in the stack.
+#: The model services: each runs alone under KServe (``mascot serve-model``) or in the stack.
 MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
 
 
@@ -302,7 +302,7 @@ def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -
 
 
 def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
-    """AdapterService on ``adapters.store`` (the gateway is the registry's only writer, DESIGN.md section 5)."""
+    """AdapterService on ``adapters.store`` (the gateway is the registry's only writer)."""
     from mascot.api.adapter.v1 import adapter_pb2_grpc
     from mascot.core.engine import resolve_model
     from mascot.gateway.admin import AdapterServicer, read_admin_token

@@ -1,4 +1,4 @@
-"""The Helm chart helm/mascot (issue 7, DESIGN.md section 6), rendered offline with helm-python-sdk for every
+"""The Helm chart helm/mascot, rendered offline with helm-python-sdk for every
 helm/mascot/ci/*.yaml: the kinds rendered per file, strict lint (Kubernetes 1.33), every object valid (core kinds with
 kubernetes-validate strict 1.33; InferenceService, ServiceMonitor and PrometheusRule against the CRD schemas in
 ../shared/crds/), values.schema.json rejections, secure defaults, and the contracts the chart keeps with the code:
@@ -56,7 +56,7 @@ LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernete
 
 # ----------------------------------------------------------------------------------------------- CRD schemas
 def crd_to_jsonschema(node, strict: bool = True):
-    """A CRD openAPIV3Schema as JSON Schema draft 7 (STACK.md section 9): ``nullable`` -> a null type,
+    """A CRD openAPIV3Schema as JSON Schema draft 7: ``nullable`` -> a null type,
     ``x-kubernetes-int-or-string`` -> integer or string, and in strict mode objects with ``properties`` accept no
     other key unless ``x-kubernetes-preserve-unknown-fields`` (the API server would prune it silently)."""
     if isinstance(node, list):
@@ -92,7 +92,7 @@ def crd_validators() -> dict:
     import jsonschema
 
     crds = shared_path() / "crds"
-    need(crds.is_dir(), f"{crds} not found: the shared CRD schemas must sit beside the checkout (STACK.md section 9)")
+    need(crds.is_dir(), f"{crds} not found: the shared CRD schemas must sit beside the checkout")
     validators = {}
     for kind, (rel, version) in CRD_KINDS.items():
         with open(crds / rel, encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""checkov (its own virtual environment, .venv-checkov, built by `make setup`; STACK.md section 13) on the chart
+"""checkov (its own virtual environment, .venv-checkov, built by `make setup`) on the chart
 rendered for every helm/mascot/ci/*.yaml. checkov knows only built-in kinds, so each InferenceService predictor is
 also scanned as the Deployment KServe makes of it (RawDeployment), and each training Job template (a ConfigMap
 entry the gateway instantiates) as the Job it becomes. Zero failed checks apart from the reviewed skip list

@@ -1,5 +1,5 @@
-"""The chart's monitoring (issue 7): every metric named in the PrometheusRule and the Grafana dashboard exists in
-mascot.core.metrics (the DESIGN.md section 4 catalog; counters end in _total, histograms are read through
+"""The chart's monitoring: every metric named in the PrometheusRule and the Grafana dashboard exists in
+mascot.core.metrics (the docs catalog; counters end in _total, histograms are read through
 _bucket/_sum/_count), the rules pass `promtool check rules` and the unit tests of tests/contract/promtool/ (Debian's
 `prometheus` package), the dashboard queries parse, and the ServiceMonitors scrape the ports that serve /metrics."""
 

@@ -1,4 +1,4 @@
-"""The images (services/Dockerfile, training-jobs/Dockerfile) and the training Job manifests (issues 4, 5 and 7:
+"""The images (services/Dockerfile, training-jobs/Dockerfile) and the training Job manifests the requirements:
 the same image and command run as a Kubernetes Job).
 No Docker engine or cluster exists here, so this checks what can be checked: the Dockerfile's bases are pinned, it
 runs as a non-root user and its entrypoint is our CLI; each Job validates strictly against the Kubernetes 1.33
@@ -82,7 +82,7 @@ def test_service_dockerfile_has_pinned_non_root_gpu_and_cpu_targets():
         assert users and users[-1].split(":")[0] not in ("root", "0"), target
         entry = re.search(r"^ENTRYPOINT\s+(\[.*\])", stages[target], flags=re.M)
         assert entry and yaml.safe_load(entry.group(1)) == ["mascot", "serve"], target
-    for port in ("50051", "50061", "50062", "50063", "50064", "9464"):  # DESIGN.md section 3 ports
+    for port in ("50051", "50061", "50062", "50063", "50064", "9464"):  # the docs ports
         assert port in stages["cpu"] and port in stages["gpu"]
     p = subprocess.run([sys.executable, "-m", "mascot.cli", "serve", "--help"], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""The adapter store on S3 (issue 6 item 3): moto's S3 server on 127.0.0.1 (a free port, no network) behind the
+"""The adapter store on S3: moto's S3 server on 127.0.0.1 (a free port, no network) behind the
 gateway's AdapterService and a model service's AdapterResolver with the tiny transformers engine.
 
 Publish / list / promote / rollback / retire over gRPC, a writer race and a writer outside the lock (the same gRPC

@@ -1,4 +1,4 @@
-"""AdapterService on the gateway over real gRPC (issue 6, registry part): admin token, atomic checked publish,
+"""AdapterService on the gateway over real gRPC: admin token, atomic checked publish,
 promote / canary / rollback / retire with compare-and-swap, the `mascot adapters` CLI, and training Jobs
 publishing through the gateway."""
 
@@ -314,7 +314,7 @@ async def test_a_broken_or_missing_registry_stops_writes_not_chat(admin, loras):
 
 async def test_retired_versions_unload_when_unused_and_load_again_on_first_use(engine, tiny_model_dir, loras,
                                                                               tmp_path):
-    """Issue 6 item 4 (part): a version no longer served is unloaded once unused for ``retired_unload_s``; a
+    """the requirements (part): a version no longer served is unloaded once unused for ``retired_unload_s``; a
     conversation pinned to it loads it again on its next turn (ensure). The clock is injected; no sleeps."""
     from mascot.core.adapters import registry as rg
     from mascot.core.adapters import store as st

@@ -20,7 +20,7 @@ def test_turn_overhead_bench_prints_ratio(tiny_model_dir):
 
 def test_load_bench_small_size_loses_nothing_and_refuses_the_overload(tiny_model_dir):
     """bench/load.py at its CI size: 0 errors, 0 lost turns within capacity; at 4x capacity the excess is
-    RESOURCE_EXHAUSTED and no conversation holds half a round (issue 8, item 4)."""
+    RESOURCE_EXHAUSTED and no conversation holds half a round."""
     import re
 
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "load.py"), "--size", "small", "--model",

@@ -1,4 +1,4 @@
-"""Serving follows the registry (issue 6, reconcile part) with the real tiny engine: a conversation is pinned to
+"""Serving follows the registry with the real tiny engine: a conversation is pinned to
 the versions it started with, every turn names its adapter version, greedy output equals the engine with that
 adapter, promote / rollback / canary change only new conversations, and no request fails."""
 

@@ -1,4 +1,4 @@
-"""JudgeService and RewardService over real gRPC on 127.0.0.1:0 (issue 3, items 1-2)."""
+"""JudgeService and RewardService over real gRPC on 127.0.0.1:0."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model services under KServe (issue 6 item 2): the one-port ModelServer serves our gRPC service and the Open
+"""Model services under KServe: the one-port ModelServer serves our gRPC service and the Open
 Inference Protocol on one gRPC port (same greedy result both ways, also over REST v2), gRPC health and KServe
 readiness follow the engine and the adapter registry, /metrics lists mascot_ series, bad OIP input is
 INVALID_ARGUMENT / 400, and `mascot serve-model` stops on SIGTERM."""
@@ -31,7 +31,7 @@ from mascot.core.server import channel
 from tests.conftest import ROOT, make_config
 from tests.integration.test_adapters import make_lora
 
-argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import (STACK.md section 8)
+argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import
 try:
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as v2
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc

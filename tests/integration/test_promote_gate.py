@@ -1,4 +1,4 @@
-"""The evaluation gate of PromoteAdapter (issue 6, item 3): a staged persona version is scored against the stable
+"""The evaluation gate of PromoteAdapter: a staged persona version is scored against the stable
 one (here the base model) with the judge on held-out situations; the test computes every score itself, from the
 speaker's replies and the scripted judge's scoring rule, and checks the gate's decisions against them."""
 

@@ -1,5 +1,4 @@
-"""TrainingService on the gateway over real gRPC, against kmock (a stateful Kubernetes API emulator, STACK.md section
-11): the chart's Job templates instantiated per run id, dedupe, status following the Job, list, cancel, the
+"""TrainingService on the gateway over real gRPC, against kmock (a stateful Kubernetes API emulator): the chart's Job templates instantiated per run id, dedupe, status following the Job, list, cancel, the
 concurrency limit, bad input and auth, mascot_training_runs_total, and `mascot retrain ... --wait`.
 
 kmock has no controllers: the tests patch each Job's status (the Job controller's part) themselves. It also ignores

@@ -1,4 +1,4 @@
-"""Prompt injection through the chat template (issue 8, items 2 and 5): text that spells the model's control tokens
+"""Prompt injection through the chat template: text that spells the model's control tokens
 (``<|im_end|>``, ``<|im_start|>``, ``<think>``) must reach the model as ordinary text, never as control tokens.
 
 Prompts are rendered to one string by the chat template and tokenized afterwards, so without neutralisation a user

@@ -1,4 +1,4 @@
-"""Faults (issue 8, item 3): a model service dies mid-round, a model service hangs past the deadline, the gateway is
+"""Faults: a model service dies mid-round, a model service hangs past the deadline, the gateway is
 SIGKILLed on PostgreSQL. The round ends with a clear status (or completes), nothing acknowledged is lost, and the
 conversation goes on once the service is back."""
 

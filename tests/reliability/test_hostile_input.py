@@ -1,4 +1,4 @@
-"""Hostile-input corpus (issue 8, item 2) through the real gRPC API on 127.0.0.1:0 with a scripted engine.
+"""Hostile-input corpus through the real gRPC API on 127.0.0.1:0 with a scripted engine.
 
 Every entry is its own test case with its expected status. Valid but unusual text (emoji, right-to-left,
 combining, prompt injection, tabs and newlines) must give a normal round with the text stored verbatim as the user's

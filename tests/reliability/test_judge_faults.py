@@ -1,4 +1,4 @@
-"""Faults (issue 8, item 3): the judge service is SIGKILLed while ``mascot train judge`` (``judge.target``) and
+"""Faults: the judge service is SIGKILLed while ``mascot train judge`` (``judge.target``) and
 ``mascot eval --judge-target`` use it. Both resume (by riding the outage out with retries, or on a rerun) and count
 nothing twice; a judge that never answers stops them with one clear line and nothing half written; a bad address
 is a configuration error (exit 2).

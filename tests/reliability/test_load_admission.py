@@ -1,4 +1,4 @@
-"""Admission control (issue 8, item 4): at 4x ``limits.max_active_rounds`` the excess is refused with
+"""Admission control: at 4x ``limits.max_active_rounds`` the excess is refused with
 RESOURCE_EXHAUSTED (retry-after metadata) before anything is stored, the admitted rounds complete whole, a slot is
 freed when a round ends or its caller goes away, and RunSelfPlay shares the same capacity.
 

@@ -1,6 +1,6 @@
 """A message within ``dialogue.max_message_chars`` is valid whatever the model's window: on the real tiny model
 (window 2048 tokens) a 4000-character message (and one of 4000 emoji) completes its round, every turn of it; the
-prompts show the message with its middle elided, the store keeps every character (issue 8, item 2)."""
+prompts show the message with its middle elided, the store keeps every character."""
 
 from __future__ import annotations
 

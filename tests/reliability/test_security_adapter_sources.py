@@ -1,4 +1,4 @@
-"""Adapter sources restricted to an allowlist (issue 8 item 5; README "Security"): PublishAdapter reads only absolute
+"""Adapter sources restricted to an allowlist: PublishAdapter reads only absolute
 local directories inside ``adapters.allowed_source_prefixes`` (symlinks resolved); URIs, relative paths, paths
 outside and symlinks leading out are INVALID_ARGUMENT with a message naming the setting, and nothing is written."""
 

@@ -1,4 +1,4 @@
-"""Who may call what (issue 8 item 5; README "Security"): the admin token on AdapterService and TrainingService,
+"""Who may call what: the admin token on AdapterService and TrainingService,
 optional per-caller tokens on ConversationService with conversations visible only to their owner (NOT_FOUND for
 anyone else, exactly like an unknown id), and tokens that come only from a mounted file or the environment."""
 

@@ -1,4 +1,4 @@
-"""No user text, model text or secret in logs (issue 8 item 5; DESIGN.md section 3 "Logging"; README "Security"):
+"""No user text, model text or secret in logs:
 a round (and a safety round) with caller tokens and an adapter publish with the admin token, every logger at DEBUG
 plus the access log and whatever reaches the process's stdout/stderr; neither the messages, the replies nor any
 token appear."""

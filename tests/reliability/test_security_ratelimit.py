@@ -1,4 +1,4 @@
-"""Per-caller rate limits (issue 8 item 5; README "Security"): a token bucket per caller id (or per peer address
+"""Per-caller rate limits: a token bucket per caller id (or per peer address
 without caller tokens) on StartConversation, SendMessage and RunSelfPlay; over it RESOURCE_EXHAUSTED with a
 ``retry-after`` hint, and nothing stored for the refused call."""
 

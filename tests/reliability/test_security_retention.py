@@ -1,4 +1,4 @@
-"""Erasure (issue 8 item 5; README "Security"): DeleteConversation removes every row of the conversation in every
+"""Erasure: DeleteConversation removes every row of the conversation in every
 table (turns, rounds, safety events, ...) and nothing of any other; conversations inactive for
 ``security.retention_days`` are deleted by the gateway's sweep (an injected clock, and the periodic task); migration
 0003 (owner column) upgrades an existing database and downgrades."""

@@ -1,4 +1,4 @@
-"""TLS and mutual TLS on every gRPC server and client (issue 8 item 5; README "Security"): a throwaway CA, server
+"""TLS and mutual TLS on every gRPC server and client: a throwaway CA, server
 and client certificates made with `cryptography`; a round through a TLS (and an mTLS) stack whose gateway reaches the
 director and speaker over TLS; plaintext clients, clients without a certificate and certificates of another CA are
 refused (UNAVAILABLE); the model servers' gRPC port; the CLIs' --tls-* options."""

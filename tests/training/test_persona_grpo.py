@@ -1,4 +1,4 @@
-"""Stage ``persona_grpo`` with real TRL 1.16 GRPO + PEFT LoRA on a tiny random Qwen3 (REFERENCE.md section 5).
+"""Stage ``persona_grpo`` with real TRL 1.16 GRPO + PEFT LoRA on a tiny random Qwen3.
 
 The learning test plants a reward (+1 per occurrence of a target string in the visible answer, given as ``rm_fn``
 so it runs through the stage's reward code path). The tiny model's embeddings (std 0.02, tied) cap every logit at

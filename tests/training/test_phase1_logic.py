@@ -1,4 +1,4 @@
-"""Phase 1 pure logic: pair filtering, reward functions, config validation, id split, manifests (issue 4)."""
+"""Phase 1 pure logic: pair filtering, reward functions, config validation, id split, manifests."""
 
 from __future__ import annotations
 

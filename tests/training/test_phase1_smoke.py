@@ -1,4 +1,4 @@
-"""`mascot train persona-alignment` with the shipped smoke config: every stage, adapters that load (issue 4)."""
+"""`mascot train persona-alignment` with the shipped smoke config: every stage, adapters that load."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phase 1 sample → judge → pairs stages on the tiny model, and resumption (issue 4)."""
+"""Phase 1 sample → judge → pairs stages on the tiny model, and resumption."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Director GRPO learns (issue 5): a planted group reward that favours persona X raises X's share of the director's
+"""Director GRPO learns: a planted group reward that favours persona X raises X's share of the director's
 choices, through the real stage code (TRL GRPOTrainer + rollout_func, frozen speakers on the engine).
 
 The random tiny model never writes a valid directive, so the test first gives it the format: its embeddings are

@@ -1,4 +1,4 @@
-"""Phase 2 pure rules: I_div, the rollout reward, judge mapping, role-flip detection, config validation (issue 5)."""
+"""Phase 2 pure rules: I_div, the rollout reward, judge mapping, role-flip detection, config validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phase 2 rollouts with a scripted director and scripted frozen speakers/user (issue 5): prefix/suffix bookkeeping,
+"""Phase 2 rollouts with a scripted director and scripted frozen speakers/user: prefix/suffix bookkeeping,
 the director token sequence equals the serving prompt, invalid directives end the rollout, role flips drop the
 episode, group advantages on a hand-made group through TRL, and zero gradient from speaker and user tokens."""
 

@@ -1,4 +1,4 @@
-"""`mascot train collaborative` with the shipped smoke config on a fresh run directory (issue 5): every stage, a
+"""`mascot train collaborative` with the shipped smoke config on a fresh run directory: every stage, a
 director adapter in the store that loads onto the base model, the manifest fields, and a resume that redoes
 nothing."""
 

@@ -1,4 +1,4 @@
-"""SFT stage, publish gate and the atomic adapter store (DESIGN.md section 5), with real TRL/PEFT on a tiny Qwen3.
+"""SFT stage, publish gate and the atomic adapter store, with real TRL/PEFT on a tiny Qwen3.
 
 Why the test base is "sharpened": a random-init tiny Qwen3 cannot collapse. Its logits are the final RMSNorm output
 (norm about sqrt(hidden) = 8, norm weights 1) dotted with tied embedding rows of std 0.02 (norm about 0.16), so

@@ -1,4 +1,4 @@
-"""Adapter registry state transitions and the canary draw (DESIGN.md section 5), on plain registry dicts."""
+"""Adapter registry state transitions and the canary draw, on plain registry dicts."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_a_retired_version_can_be_promoted_again():
 
 
 def test_store_uris_resolve_to_one_filesystem_and_root(tmp_path):
-    """DESIGN.md section 5: a local directory, file://, pvc:// (KServe: the claim is mounted at the PVC root and the
+    """the docs: a local directory, file://, pvc:// (KServe: the claim is mounted at the PVC root and the
     URI's path is below it) and s3:// (no request is made to open it)."""
     from mascot.core.adapters import store as st
 

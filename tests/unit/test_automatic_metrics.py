@@ -1,4 +1,4 @@
-"""Automatic non-redundancy metrics (REFERENCE.md section 7): real sacrebleu, a tiny random NLI model, real MiniLM."""
+"""Automatic non-redundancy metrics: real sacrebleu, a tiny random NLI model, real MiniLM."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Human preference study export/import (REFERENCE.md section 7): real krippendorff and scipy, no mocks."""
+"""Human preference study export/import: real krippendorff and scipy, no mocks."""
 
 import csv
 import json

@@ -1,4 +1,4 @@
-"""Judge answer parsing (REFERENCE.md section 4.3) and the 0-100 score mapping."""
+"""Judge answer parsing and the 0-100 score mapping."""
 
 from __future__ import annotations
 

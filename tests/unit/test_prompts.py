@@ -128,7 +128,7 @@ def test_unclosed_think_yields_no_visible_text():
 
 
 MID_REPLY = {
-    # raw reply -> (visible, think): tags later in a reply never reach the user (issue 8: a random or cut-off model)
+    # raw reply -> (visible, think): tags later in a reply never reach the user
     "think-block-mid-reply": ("Hello there <think>secret plan</think> friend.", "Hello there friend.", "secret plan"),
     "stray-close-tag": ("Valid</think>tionale", "Validtionale", ""),
     "unclosed-open-tag": ("I hear you.<think> and then my private reasoning", "I hear you.", "and then my private "

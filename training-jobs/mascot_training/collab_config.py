@@ -1,4 +1,4 @@
-"""Phase 2 (collaborative dialogue optimisation) run configuration (REFERENCE.md section 6).
+"""Phase 2 (collaborative dialogue optimisation) run configuration.
 
 One YAML file configures the chain ``speakers → rollouts → group_rm → director_grpo → publish``. The section
 ``phase2`` carries the algorithm's named defaults (``phase2.num_generations``, ``phase2.suffix_agent_turns``,
@@ -42,9 +42,9 @@ class SpeakersConfig(_S):
 
 
 class UserSimConfig(_S):
-    """The frozen simulated user: the base model without adapters (REFERENCE.md section 6, step 3)."""
+    """The frozen simulated user: the base model without adapters."""
 
-    #: MBTI type (four letters) given to the user simulator (REFERENCE.md section 3.4); empty = none.
+    #: MBTI type (four letters) given to the user simulator; empty = none.
     personality: str = ""
     max_tokens: int = Field(64, ge=4, le=1024)
     temperature: float = Field(0.8, ge=0.0, le=2.0)
@@ -55,7 +55,7 @@ class GroupRewardConfig(_S):
     """R_group: a group reward model (phase 1 recipe on judge-scored blocks) or the judge directly."""
 
     source: Literal["rm", "judge"] = "rm"
-    #: Block continuations per prefix scored by the judge for the group RM (REFERENCE.md section 6: K = 8).
+    #: Block continuations per prefix scored by the judge for the group RM.
     k: int = Field(8, ge=2, le=64)
     judge: JudgeStageConfig = JudgeStageConfig()
     pairs: PairsConfig = PairsConfig()
@@ -63,7 +63,7 @@ class GroupRewardConfig(_S):
 
 
 class Phase2Config(_S):
-    """The algorithm of REFERENCE.md section 6, each default a setting."""
+    """The algorithm of the docs, each default a setting."""
 
     #: G: suffixes per prefix (range 4-8; 4 in the CPU profile).
     num_generations: int = Field(8, ge=2, le=64)
@@ -100,7 +100,7 @@ class DirectorPolicyConfig(_S):
     max_tokens: int = Field(64, ge=8, le=2048)
     temperature: float = Field(1.0, gt=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    #: The serving cap: a directive giving a persona more turns in a row is invalid (REFERENCE.md section 2).
+    #: The serving cap: a directive giving a persona more turns in a row is invalid.
     max_consecutive_turns: int = Field(2, ge=1, le=16)
     #: Optional warm start of a fresh director LoRA before GRPO (our addition; 0 = off): SFT steps on the serving
     #: director's decisions recorded by the rollouts stage (behaviour cloning of the constrained director), so an
@@ -110,7 +110,7 @@ class DirectorPolicyConfig(_S):
 
 
 class DirectorGrpoConfig(GrpoOptimConfig):
-    """Optimiser side of the director's GRPO (REFERENCE.md section 6: batch 16, 1 epoch). ``batch_size`` counts
+    """Optimiser side of the director's GRPO. ``batch_size`` counts
     rollouts and must be divisible by phase2.num_generations; the group reward may take ``reward_timeout_s``."""
 
     reward_timeout_s: float = Field(120.0, gt=0)
@@ -126,7 +126,7 @@ class DirectorGateConfig(_S):
 
 
 class DirectorPublishConfig(PublishTarget):
-    """Publish the director adapter as ``staged`` at ``<store>/director/v<N>`` (DESIGN.md section 5)."""
+    """Publish the director adapter as ``staged`` at ``<store>/director/v<N>``."""
 
     gate: DirectorGateConfig = DirectorGateConfig()
 

@@ -1,5 +1,5 @@
 """Run phase 2 locally or in a Kubernetes Job: ``speakers → rollouts → group_rm → director_grpo → publish``
-(``mascot train collaborative``; REFERENCE.md section 6).
+(``mascot train collaborative``).
 
 Each stage skips itself when its manifest matches (resume). One engine (base model + the frozen persona adapters,
 plus the starting director adapter for the serving director) serves the speakers, the simulated user and the local

@@ -1,4 +1,4 @@
-"""Phase 1 (persona-aware behavioural alignment) run configuration (REFERENCE.md section 5).
+"""Phase 1 (persona-aware behavioural alignment) run configuration.
 
 One YAML file configures every stage; unknown keys are rejected and :func:`validate` checks everything that can
 be checked before heavy work (divisibility of the GRPO batch, persona ids, input files) and returns all problems
@@ -31,7 +31,7 @@ class DataConfig(_S):
 
 
 class LoraConfig(_S):
-    """LoRA of the speaker policies (REFERENCE.md section 5: r 16, alpha 32, dropout 0.1, q/k/v/o)."""
+    """LoRA of the speaker policies."""
 
     r: int = Field(16, ge=1, le=256)
     alpha: int = Field(32, ge=1, le=1024)
@@ -40,7 +40,7 @@ class LoraConfig(_S):
 
 
 class SftConfig(_S):
-    """Optional SFT of the candidate policy on user dialogue data (off by default, REFERENCE.md section 5)."""
+    """Optional SFT of the candidate policy on user dialogue data (off by default)."""
 
     enabled: bool = False
     #: JSONL of {"persona_id", "messages": [{"role", "content"}, ...]} (chat format; the last message is the
@@ -53,7 +53,7 @@ class SftConfig(_S):
 
 
 class SampleConfig(_S):
-    """Candidate sampling: K per (context, persona) at T 1.0, top-p 0.95 (REFERENCE.md section 5)."""
+    """Candidate sampling: K per (context, persona) at T 1.0, top-p 0.95."""
 
     k: int = Field(8, ge=2, le=64)
     temperature: float = Field(1.0, gt=0.0, le=2.0)
@@ -63,7 +63,7 @@ class SampleConfig(_S):
 
 
 class JudgeStageConfig(_S):
-    """Judging of candidates (REFERENCE.md section 4.3): specs as in ``judge.judges`` of the service config.
+    """Judging of candidates: specs as in ``judge.judges`` of the service config.
 
     With ``target`` set, the judges are the ones configured on that JudgeService, picked by the ``name`` of each
     spec (the rest of a spec is the service's business); each call has a deadline of ``call_timeout_s`` and
@@ -114,7 +114,7 @@ class JudgeStageConfig(_S):
 
 
 class PairsConfig(_S):
-    """Pair building: margin delta 0.5, at most 4 per group, largest margin first (REFERENCE.md section 5)."""
+    """Pair building: margin delta 0.5, at most 4 per group, largest margin first."""
 
     delta: float = Field(0.5, ge=0.0, le=4.0)
     max_per_group: int = Field(4, ge=1, le=64)
@@ -123,7 +123,7 @@ class PairsConfig(_S):
 
 
 class PersonaRmConfig(_S):
-    """Reward model: Bradley-Terry with TRL RewardTrainer (REFERENCE.md section 5)."""
+    """Reward model: Bradley-Terry with TRL RewardTrainer."""
 
     #: Base of the reward model (a causal-LM or classifier directory / hub id); empty = the policy's base model.
     base_model: str = ""
@@ -134,7 +134,7 @@ class PersonaRmConfig(_S):
 
 
 class FormatRewardConfig(_S):
-    """R_format of REFERENCE.md section 5: -1 without one non-empty think block + answer, else a verbosity ramp."""
+    """R_format of the docs: -1 without one non-empty think block + answer, else a verbosity ramp."""
 
     lam: float = Field(0.5, ge=0.0)
     l_max: int = Field(80, ge=1)
@@ -158,7 +158,7 @@ class GrpoOptimConfig(_S):
 
 
 class GrpoConfig(GrpoOptimConfig):
-    """GRPO of each persona's LoRA (REFERENCE.md section 5 and 11 rows 12-13; TRL 1.16 semantics)."""
+    """GRPO of each persona's LoRA."""
 
     num_generations: int = Field(8, ge=2, le=64)
     max_completion_length: int = Field(512, ge=4)
@@ -178,7 +178,7 @@ class GateConfig(_S):
 
 
 class PublishTarget(_S):
-    """Where a run publishes its adapters as ``staged`` (DESIGN.md section 5)."""
+    """Where a run publishes its adapters as ``staged``."""
 
     #: Gateway address (host:port) of AdapterService, which must be able to read the run directory (a shared
     #: volume); the token comes from MASCOT_ADMIN_TOKEN. Empty writes straight into ``store``.

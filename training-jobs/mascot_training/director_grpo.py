@@ -1,4 +1,4 @@
-"""Stage ``director_grpo``: GRPO of the director's LoRA on prefix–suffix rollouts (REFERENCE.md section 6, step 5).
+"""Stage ``director_grpo``: GRPO of the director's LoRA on prefix–suffix rollouts.
 
 TRL 1.16 ``GRPOTrainer`` with a ``rollout_func``: the dataset's ``prompt`` column holds prefix ids (TRL repeats each
 row G = ``phase2.num_generations`` times); the rollout function runs one rollout per row with the director being
@@ -166,7 +166,7 @@ def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[st
 
 def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn, p2: Phase2Config,
                      timeout_s: float, stats: RolloutStats, metrics: Any = None) -> Callable:
-    """TRL reward function ``(prompts, completions, rollout, **kw) -> [R | None]`` (REFERENCE.md section 6, 4–6).
+    """TRL reward function ``(prompts, completions, rollout, **kw) -> [R | None]``.
 
     Invalid rollouts get ``phase2.invalid_reward``; dropped ones None; the rest R_group + η·I_div, with R_group from
     ``group_reward_fn`` in one call for the batch. A None, non-finite or timed-out R_group masks the rollout (None)

@@ -1,7 +1,7 @@
-"""Stage ``group_rm``: the group reward model of REFERENCE.md section 6, step 4 (``group_reward.source = rm``).
+"""Stage ``group_rm``: the group reward model of the docs (``group_reward.source = rm``).
 
 The phase 1 recipe on blocks: the judge scores every block of ``rollouts/blocks.jsonl`` on the collective rubric
-(REFERENCE.md section 4.2; in-process judges with the JudgeService code, a content-hash cache in the partial
+(the docs; in-process judges with the JudgeService code, a content-hash cache in the partial
 directory so a killed stage resumes without repeating answered calls); within each prefix's K blocks, pairs whose
 mean scores differ by at least δ (largest margin first, at most ``pairs.max_per_group``); Bradley–Terry with TRL
 ``RewardTrainer`` on :func:`mascot.core.formatting.group_reward_model_text` (the input the director's reward

@@ -1,4 +1,4 @@
-"""``judge`` stage: the agent-specific rubric on every candidate (REFERENCE.md sections 4.1, 4.3, 5).
+"""``judge`` stage: the agent-specific rubric on every candidate.
 
 Judging runs in-process on the local engine (or any configured OpenAI-compatible judge) with the same rubric
 prompts, retry/drop rule and content-hash cache as JudgeService; with ``judge.target`` set it calls a running

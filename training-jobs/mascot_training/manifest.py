@@ -1,4 +1,4 @@
-"""Stage manifests and resumption (issue 4: each stage writes its artefacts and a ``manifest.json``).
+"""Stage manifests and resumption.
 
 A stage's outputs live in ``<out>/<stage>/``; its ``manifest.json`` is written last, atomically, and records
 input digests, the data ids used, the stage's config, library versions, metrics and timings. A stage is done when

@@ -1,4 +1,4 @@
-"""``pairs`` stage: preference pairs from judged candidates (REFERENCE.md section 5).
+"""``pairs`` stage: preference pairs from judged candidates.
 
 Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) whose judge means differ by at least
 δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement and

@@ -1,4 +1,4 @@
-"""Stage ``persona_grpo``: GRPO of one LoRA per persona (REFERENCE.md section 5, "Speaker RL").
+"""Stage ``persona_grpo``: GRPO of one LoRA per persona.
 
 Each persona gets a fresh LoRA (``cfg.lora``) on the base model, trained with TRL 1.16 ``GRPOTrainer`` against the
 composite reward r = w_rm·ẑ + w_fmt·R_format (:func:`mascot_training.rewards.composite_reward`), where ẑ is the
@@ -204,7 +204,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
                   work_dir: Path, callbacks: Sequence = (), init_adapter: str | None = None) -> tuple[object, dict]:
     """GRPO of a LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
 
-    The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter, REFERENCE.md section 5: π_SFT) when given.
+    The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter: π_SFT) when given.
 
     ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean composite reward of the first / last logged
     step with a finite value; None if none), ``seconds``.

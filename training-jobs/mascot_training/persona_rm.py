@@ -1,4 +1,4 @@
-"""Stage ``persona_rm``: one Bradley–Terry reward model for all personas (REFERENCE.md section 5).
+"""Stage ``persona_rm``: one Bradley–Terry reward model for all personas.
 
 Input ``OUT/pairs/pairs.jsonl`` (format in :mod:`mascot_training`); output ``OUT/persona_rm/model/``: an
 ``AutoModelForSequenceClassification`` (``num_labels=1``) with its tokenizer and ``mascot_reward.json``.
@@ -179,7 +179,7 @@ def load_rm_tokenizer(base: str) -> Any:
 
 def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed: int, model_dir: Path,
                      trainer_dir: Path) -> tuple[int, float | None]:
-    """Bradley–Terry training with TRL ``RewardTrainer`` (REFERENCE.md section 5) and save to ``model_dir``.
+    """Bradley–Terry training with TRL ``RewardTrainer`` and save to ``model_dir``.
 
     Args:
         base: Base of the reward model (a causal-LM or classifier directory / hub id); a 1-label head is added.

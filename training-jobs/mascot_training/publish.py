@@ -1,4 +1,4 @@
-"""Gate and publish persona LoRA adapters into the adapter store as ``staged`` (DESIGN.md section 5).
+"""Gate and publish persona LoRA adapters into the adapter store as ``staged``.
 
 The store, its registry and the atomic publish live in :mod:`mascot.core.adapters.store`; with ``publish.gateway``
 set, adapters go through the gateway's AdapterService instead (:func:`publish_via_gateway`).

@@ -1,4 +1,4 @@
-"""Reward functions of phase 1 (REFERENCE.md section 5) and phase 2 (section 6) as pure functions.
+"""Reward functions of phase 1 and phase 2 (section 6) as pure functions.
 
 - :func:`format_reward`: R_format = −1 unless the output starts with exactly one non-empty ``<think>…</think>``
   block followed by a non-empty answer; otherwise max(−1, 1 − λ·max(0, w − L_max)/L_max), w = answer words.
@@ -26,7 +26,7 @@ def split_think(text: str) -> tuple[str | None, str]:
 
 
 def format_reward(text: str, l_max: int = 80, lam: float = 0.5) -> float:
-    """R_format in [−1, 1] (REFERENCE.md section 5, ``phase1.format.*``).
+    """R_format in [−1, 1].
 
     Args:
         text: The completion.
@@ -53,11 +53,11 @@ def composite_reward(z_rm: float | None, r_format: float | None, w_rm: float = 1
     return w_rm * z_rm + w_fmt * r_format
 
 
-# ----------------------------------------------------------------------------- phase 2 (REFERENCE.md section 6)
+# ----------------------------------------------------------------------------- phase 2
 
 
 def i_div(personas: Sequence[str], min_distinct: int = 2) -> int:
-    """The diversity indicator of REFERENCE.md section 6, step 4.
+    """The diversity indicator of the docs.
 
     Args:
         personas: Persona ids of the suffix's agent turns, in order.
@@ -71,7 +71,7 @@ def i_div(personas: Sequence[str], min_distinct: int = 2) -> int:
 
 def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, personas: Sequence[str], eta: float,
                    min_distinct: int, invalid_reward: float) -> float | None:
-    """R = R_group + η·I_div (REFERENCE.md section 6, steps 4 and 6).
+    """R = R_group + η·I_div.
 
     Args:
         invalid: The rollout ended at an invalid directive.
@@ -96,7 +96,7 @@ def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, perso
 
 
 def judge_group_reward(mean_score: float) -> float:
-    """R_group from the judge's mean collective score s ∈ [1, 5]: (s − 1)/4 ∈ [0, 1] (REFERENCE.md section 6).
+    """R_group from the judge's mean collective score s ∈ [1, 5]: (s − 1)/4 ∈ [0, 1].
 
     Raises:
         ValueError: ``mean_score`` outside [1, 5].

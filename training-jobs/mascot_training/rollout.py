@@ -1,4 +1,4 @@
-"""Prefix–suffix rollouts of the director with frozen speakers and a frozen simulated user (REFERENCE.md section 6).
+"""Prefix–suffix rollouts of the director with frozen speakers and a frozen simulated user.
 
 A *prefix* is the user's opening plus k agent turns by the serving system; a *rollout* continues it with N agent
 turns (suffix), each a director directive and the named frozen speaker's reply; after every agent turn the frozen
@@ -80,7 +80,7 @@ def detect_role_flip(text: str, roster: Sequence[PersonaCard]) -> str:
 class Prefix:
     """The start of a rollout: the user's opening and k agent turns (user turns in between allowed).
 
-    ``situation`` and ``emotion`` go only to the user simulator (REFERENCE.md section 6, step 1).
+    ``situation`` and ``emotion`` go only to the user simulator.
     """
 
     prefix_id: str
@@ -432,7 +432,7 @@ class RolloutRunner:
 
     # -- directors -------------------------------------------------------------------------------------------
     def policy_decider(self, director: PolicyDirector, seed: int) -> DecideFn:
-        """A :data:`DecideFn` sampling from ``director`` unconstrained (REFERENCE.md section 6: one attempt)."""
+        """A :data:`DecideFn` sampling from ``director`` unconstrained."""
 
         async def decide(active: list[Rollout], step: int) -> list[DirectorOutput]:
             gens = director.generate([r.prompt_ids + r.completion_ids for r in active], rollout_seed(seed, step))

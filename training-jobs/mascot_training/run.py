@@ -1,6 +1,6 @@
 """Run phase 1 locally or in a Kubernetes Job: the whole chain or one stage (``mascot train``).
 
-Chain: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish (REFERENCE.md section 5). Each stage
+Chain: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish. Each stage
 skips itself when its manifest matches (resume); the same image and command run as a Job.
 """
 

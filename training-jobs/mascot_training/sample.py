@@ -1,4 +1,4 @@
-"""``sample`` stage: K candidates per (context x, persona ρ) from the candidate policy (REFERENCE.md section 5).
+"""``sample`` stage: K candidates per (context x, persona ρ) from the candidate policy.
 
 The context of a group is a training situation's opening user message (its seed context in meeting mode); the
 prompt is exactly the speaker prompt serving uses (persona card, tagged history, a directive with the fallback

@@ -1,4 +1,4 @@
-"""Optional SFT of the speaker (candidate) policy: one LoRA on the base model (REFERENCE.md section 5, ``sft.*``).
+"""Optional SFT of the speaker (candidate) policy: one LoRA on the base model.
 
 Off by default: the paper gives no SFT data and its SFT baseline scores below zero-shot prompting. When enabled,
 TRL ``SFTTrainer`` trains a LoRA (``cfg.lora``, PEFT ``task_type="CAUSAL_LM"``) on a conversational dataset and

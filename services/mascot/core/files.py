@@ -1,4 +1,4 @@
-"""Atomic file writes: a crashed writer leaves the old file or none, never a half-written one (DESIGN.md section 3)."""
+"""Atomic file writes: a crashed writer leaves the old file or none, never a half-written one."""
 
 from __future__ import annotations
 

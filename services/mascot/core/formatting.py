@@ -1,7 +1,7 @@
-"""The one formatter of reward-model and judge inputs (DESIGN.md section 2: serving = training).
+"""The one formatter of reward-model and judge inputs.
 
 The reward service, the judge service and the training Jobs all build their inputs here, so a reward
-model scores at serving time exactly the text it was trained on (REFERENCE.md section 5: "Input: persona
+model scores at serving time exactly the text it was trained on (the docs: "Input: persona
 card + context + answer"). Thinking text never appears: callers pass visible text only.
 
 Text layout of a reward-model input (plain text, no chat template)::
@@ -32,7 +32,7 @@ FORMAT_VERSION = "1"
 
 
 def persona_card_text(card: PersonaCard) -> str:
-    """One paragraph describing a persona card (REFERENCE.md section 3.3 fields)."""
+    """One paragraph describing a persona card."""
     def join(xs: Sequence[str]) -> str:
         return "; ".join(xs) if xs else "-"
     return (f"{card.name}, {card.role}. Goal: {card.goal} Do: {join(card.allowed_moves)}. "
@@ -69,7 +69,7 @@ def _reward_layout(card: PersonaCard, history: Sequence[HistoryTurn], context: S
 def reward_text(card: PersonaCard, history: Sequence[HistoryTurn], reply: str, *,
                 context: Sequence[tuple[str, str]] = (), names: Mapping[str, str] | None = None,
                 count_tokens: Callable[[str], int] | None = None, budget_tokens: int = 0) -> tuple[str, bool]:
-    """The reward-model input for one reply (REFERENCE.md section 5: persona card + context + answer).
+    """The reward-model input for one reply.
 
     Args:
         card: The persona that wrote ``reply``.
@@ -137,7 +137,7 @@ def roster_text(cards: Sequence[PersonaCard]) -> str:
 
 def group_reward_text(cards: Sequence[PersonaCard], history: Sequence[HistoryTurn], block: Sequence[HistoryTurn],
                       context: Sequence[tuple[str, str]] = ()) -> str:
-    """Group reward-model input: roster, context, the prefix and the N-turn block (REFERENCE.md section 6)."""
+    """Group reward-model input: roster, context, the prefix and the N-turn block."""
     names = {c.id: c.name for c in cards}
     parts = ["[Personas]\n" + roster_text(cards)]
     if context:
@@ -150,7 +150,7 @@ def group_reward_text(cards: Sequence[PersonaCard], history: Sequence[HistoryTur
 def group_reward_model_text(tokenizer: Any, max_length: int, cards: Sequence[PersonaCard],
                             history: Sequence[HistoryTurn], block: Sequence[HistoryTurn],
                             context: Sequence[tuple[str, str]] = ()) -> tuple[str, bool]:
-    """The exact group reward-model input of one N-turn block (REFERENCE.md section 6), for serving and training:
+    """The exact group reward-model input of one N-turn block, for serving and training:
     :func:`group_reward_text` with context and prefix history dropped oldest first until it fits
     ``max_length - SPECIAL_TOKEN_ROOM`` tokens of ``tokenizer`` (roster and block are never dropped), plus EOS.
 

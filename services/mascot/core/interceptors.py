@@ -1,7 +1,6 @@
 """The boundary interceptor: request id, ServiceError -> status, RPC metrics, access log (no user text).
 
-Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes (DESIGN.md
-section 3). A request whose bytes do not parse as the method's message (e.g. a proto3 string field that is not
+Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes. A request whose bytes do not parse as the method's message (e.g. a proto3 string field that is not
 UTF-8) is INVALID_ARGUMENT before the handler runs; a database that cannot be reached (connection refused or lost,
 e.g. while PostgreSQL restarts) is UNAVAILABLE; any other exception becomes INTERNAL with a generic message; the
 trace goes to the log.

@@ -1,4 +1,4 @@
-"""Create, follow, list and cancel training runs as Kubernetes Jobs (DESIGN.md sections 1 and 6).
+"""Create, follow, list and cancel training runs as Kubernetes Jobs.
 
 One run is one ``batch/v1`` Job made from the phase's Job template (the chart's ``/etc/mascot/training/<phase>.yaml``
 or ``training-jobs/k8s/<phase>-job.yaml``): the template's ``metadata.name`` is a prefix, the Job is named

@@ -1,4 +1,4 @@
-"""The metric catalog (DESIGN.md section 4): every name, label set and bucket, defined once.
+"""The metric catalog: every name, label set and bucket, defined once.
 
 Build one :class:`Metrics` per process (or per test) on a ``CollectorRegistry`` and pass it through
 constructors; there is no module-level registry use. Labels stay bounded: never a conversation,

@@ -2,7 +2,7 @@
 (:class:`ComponentRuntime`) and the Open Inference Protocol model (:class:`ComponentModel`, the JSON-in-BYTES codec
 described in :mod:`mascot.core.modelserver`).
 
-Importing this module imports ``kserve``, which parses ``sys.argv`` at import (STACK.md section 8): import it through
+Importing this module imports ``kserve``, which parses ``sys.argv`` at import: import it through
 ``mascot serve-model``, which clears ``sys.argv`` first.
 """
 

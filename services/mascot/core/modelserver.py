@@ -1,4 +1,4 @@
-"""The one-port KServe ModelServer of the model services (DESIGN.md section 1, STACK.md section 8).
+"""The one-port KServe ModelServer of the model services.
 
 The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :mod:`mascot.core.model_runtime`.
 

@@ -1,7 +1,7 @@
 """Generate the Python gRPC stubs from ``protos/`` with the pinned grpcio-tools.
 
 ``make protos`` writes them into ``services/``; the contract test writes them into a temporary
-directory and byte-compares with the checked-in files (STACK.md section 3: stubs must come from
+directory and byte-compares with the checked-in files (the docs: stubs must come from
 the pinned tools because they embed a protobuf runtime-version check).
 """
 

@@ -1,4 +1,4 @@
-"""Retries of an idempotent unary gRPC call within a time budget (DESIGN.md section 3: clients retry UNAVAILABLE).
+"""Retries of an idempotent unary gRPC call within a time budget.
 
 One helper for every client that must ride out a restarting dependency (``mascot eval --judge-target``, the
 training ``judge`` stage with ``judge.target``): each attempt gets its own deadline; UNAVAILABLE and

@@ -1,6 +1,6 @@
 """build_server(): one grpc.aio server with health, reflection, the boundary interceptor and size limits.
 
-Clients come from :func:`channel` with the same message-size limits (DESIGN.md section 3: set in one
+Clients come from :func:`channel` with the same message-size limits (the docs: set in one
 place, equal on servers and clients) and a retry policy for UNAVAILABLE only.
 
 TLS (README "Security"): servers serve TLS, or mutual TLS, when ``server.tls`` names a certificate

@@ -1,4 +1,4 @@
-"""One director decision: prompt, (constrained) generation, parse, cap, retries, fallback (REFERENCE.md section 2)."""
+"""One director decision: prompt, (constrained) generation, parse, cap, retries, fallback."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         if not roster:
             raise ValueError("every persona is excluded")
     if getattr(cfg, "policy", "model") == "random":
-        # MASCOT-C ablation (REFERENCE.md 8.4): a seeded uniform choice among the personas the cap allows, with the
+        # MASCOT-C ablation: a seeded uniform choice among the personas the cap allows, with the
         # fallback action and the persona's default tone; no model call.
         allowed = [c for c in roster if consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns]
         card = random.Random(seed).choice(allowed or list(roster))

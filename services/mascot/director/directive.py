@@ -1,4 +1,4 @@
-"""Directive parsing, validation, the consecutive-turn cap and the fallback (REFERENCE.md section 2).
+"""Directive parsing, validation, the consecutive-turn cap and the fallback.
 
 Pure functions over plain data; the servicer and the Phase-2 rollouts call them directly.
 """
@@ -115,7 +115,7 @@ def match_persona(name: str, roster: Sequence[PersonaCard]) -> str:
 def parse_directive(text: str, roster: Sequence[PersonaCard]) -> ParsedDirective:
     """Parse director output into a directive.
 
-    Rules (REFERENCE.md section 2): read the text after any ``</think>``; it must hold exactly one ``Agent:``,
+    Rules: read the text after any ``</think>``; it must hold exactly one ``Agent:``,
     one ``Action:`` and one ``Tone:`` line, in that order, and nothing else (blank lines aside). Field names
     are case-insensitive. ``Agent`` must name exactly one active persona; Action and Tone must be non-empty.
 

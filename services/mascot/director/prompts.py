@@ -1,4 +1,4 @@
-"""Director prompt assembly (REFERENCE.md section 2; the wording is our default).
+"""Director prompt assembly.
 
 The director sees the roster (names, roles, goals), the seed context and the history with speaker tags,
 and answers with the Agent / Action / Tone lines. Its own earlier directives appear as its assistant turns, so the
@@ -80,7 +80,7 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
     agent turn and the question; then, for every agent turn whose ``directive`` is known, an assistant message
     with that directive followed by a user message with the turns since ("Since then:") and the question again.
     Rendering this chat with ``add_generation_prompt`` extends the previous decision's rendered prompt plus its
-    answer, so a whole rollout's director tokens form one sequence (REFERENCE.md section 6, step 5).
+    answer, so a whole rollout's director tokens form one sequence.
 
     Args:
         roster: Active personas.

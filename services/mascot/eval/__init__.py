@@ -1,1 +1,1 @@
-"""Evaluation harness (issue 3): rubric judging, automatic metrics, baselines, reports, human-preference export."""
+"""Evaluation harness: rubric judging, automatic metrics, baselines, reports, human-preference export."""

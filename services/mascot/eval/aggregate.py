@@ -1,4 +1,4 @@
-"""Turn judgements and metrics into ``report.json`` numbers (REFERENCE.md sections 4.3 and 7).
+"""Turn judgements and metrics into ``report.json`` numbers.
 
 Per dialogue: each criterion's score is the mean over the dialogue's judged agent turns of (s − 1)/4 × 100;
 the dialogue's Overall is the mean of its criteria. Per system × split: mean and population std over dialogues

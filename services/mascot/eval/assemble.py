@@ -1,6 +1,6 @@
 """Assemble ``report.json`` from dialogues, judgements and automatic metrics, and write every output.
 
-Report schema: issue 3 (``seed``, ``mode``, ``situations``, ``judges``, ``models``, ``systems`` → split →
+Report schema: the requirements (``seed``, ``mode``, ``situations``, ``judges``, ``models``, ``systems`` → split →
 criteria/overall/collective/collective_overall/automatic/safety_turns/unparseable/personas, and ``by_judge``
 when several judges ran). Splits: positive/neutral/negative/all (support), academic/committee/product/all
 (meeting).

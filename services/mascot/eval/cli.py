@@ -1,4 +1,4 @@
-"""``mascot eval`` commands: the evaluation run, and the human-preference export/import (issue 3)."""
+"""``mascot eval`` commands: the evaluation run, and the human-preference export/import."""
 
 from __future__ import annotations
 

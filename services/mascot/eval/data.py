@@ -1,7 +1,7 @@
-"""Evaluation situations, valence/domain splits and the training-overlap guard (REFERENCE.md section 7).
+"""Evaluation situations, valence/domain splits and the training-overlap guard.
 
 Support mode reads EmpatheticDialogues situation records (``id``, ``emotion``, ``situation``,
-``first_utterance``) and splits them by the ED emotion → valence table of REFERENCE.md section 7. Meeting mode
+``first_utterance``) and splits them by the ED emotion → valence table of the docs Meeting mode
 reads QMSum excerpt records (``id``, ``domain``, ``turns``, ``query``) and splits them by domain.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mascot.core.files import iter_jsonl_records
 
-#: ED emotion label → valence bucket (REFERENCE.md section 7; MIME grouping as coded in Sahandfer/CEM, with a
+#: ED emotion label → valence bucket (the docs; MIME grouping as coded in Sahandfer/CEM, with a
 #: neutral bucket carved out).
 VALENCE: dict[str, str] = {
     **{e: "positive" for e in ("confident", "joyful", "grateful", "impressed", "proud", "excited", "trusting",

@@ -1,9 +1,8 @@
 """Human preference study: blinded export of comparison items, and import of the filled ratings.
 
-Protocol (REFERENCE.md section 7 "human preference", section 11 row 25): blinded pairwise A/B with randomised
+Protocol: blinded pairwise A/B with randomised
 order, ties allowed and reported separately, at least 3 raters per item, Krippendorff's alpha. The platform exports
-the items and analyses the returned ratings; it does not host the study. The paper reports only "% preference"
-(REFERENCE.md section 8.8: 69% vs Few-Shot CoT, 68.5% vs MultiAgentESC).
+the items and analyses the returned ratings; it does not host the study. The paper reports only "% preference".
 
 Files written by :func:`export_pairs` into the study directory (every one atomically, temp file + ``os.replace``):
 
@@ -37,7 +36,7 @@ KEY_FILE = "key.json"
 RESULT_FILE = "preference.json"
 RATING_COLUMNS = ("item_id", "rater", "choice")
 CHOICES = {"pair": ("A", "B", "tie"), "threeway": ("A", "B", "C", "tie")}
-#: REFERENCE.md section 7: at least 3 raters per item.
+#: the docs: at least 3 raters per item.
 MIN_RATERS = 3
 
 
@@ -202,7 +201,7 @@ def export_pairs(eval_dir: str | os.PathLike, out_dir: str | os.PathLike, *, tar
                  against: list[str] | None = None, seed: int = 0, raters: int = 3,
                  threeway: list[str] | None = None, limit: int | None = None,
                  names: Mapping[str, str] | None = None, overwrite: bool = False) -> dict:
-    """Export blinded comparison items for a human preference study (REFERENCE.md section 7).
+    """Export blinded comparison items for a human preference study.
 
     One pairwise item per situation present for both ``target`` and a compared system; with ``threeway`` (exactly
     3 systems) also one three-way item per situation present for all three. All randomness comes from one
@@ -216,7 +215,7 @@ def export_pairs(eval_dir: str | os.PathLike, out_dir: str | os.PathLike, *, tar
         target: The system compared against every other one.
         against: Systems to compare with; default every other system present (sorted). Duplicates are dropped.
         seed: Seed of the randomisation.
-        raters: Rater rows per item in ``ratings_template.csv``, >= 1 (REFERENCE.md section 7 asks for >= 3; fewer
+        raters: Rater rows per item in ``ratings_template.csv``, >= 1 (the docs asks for >= 3; fewer
             adds a warning).
         threeway: Optional 3 distinct systems for three-way items (choice A/B/C/tie).
         limit: Optional maximum number of situations per comparison (a seeded sample), >= 1.
@@ -316,7 +315,7 @@ def export_pairs(eval_dir: str | os.PathLike, out_dir: str | os.PathLike, *, tar
                               f"would be unblinded with the wrong key. Choose a new output directory, or overwrite "
                               f"the old export on purpose (overwrite=True)")
     if raters < MIN_RATERS:
-        warnings.append(f"{raters} rater(s) per item; REFERENCE.md section 7 asks for at least {MIN_RATERS}")
+        warnings.append(f"{raters} rater(s) per item asks for at least {MIN_RATERS}")
     files = ["pairs.csv", "ratings_template.csv", "form.html", KEY_FILE]
     _write_atomic(out / "pairs.csv", _csv_text(("item_id", "situation", "dialogue_a", "dialogue_b"),
                                                ([it["item_id"], it["situation"], *it["dialogues"]] for it in items)))
@@ -451,7 +450,7 @@ def import_pairs(out_dir: str | os.PathLike, ratings_files: Sequence[str | os.Pa
 
     Per comparison (target vs other), over the judgements (one per item and rater):
 
-    - ``win_rate = wins / (wins + losses)``; ties are reported separately (REFERENCE.md section 7).
+    - ``win_rate = wins / (wins + losses)``; ties are reported separately.
     - ``preference_rate = (wins + 0.5 * ties) / n`` with ``n = wins + losses + ties``: ties count as half a win.
     - ``p_value``: two-sided exact binomial test of ``wins`` out of ``wins + losses`` under p = 0.5
       (``scipy.stats.binomtest``). Judgements are treated as independent, although raters of one item are not.
@@ -537,7 +536,7 @@ def import_pairs(out_dir: str | os.PathLike, ratings_files: Sequence[str | os.Pa
     short = sorted(i for i in items if len(by_item.get(i, {})) < MIN_RATERS)
     if short:
         warnings.append(f"{len(short)} of {len(items)} item(s) have fewer than {MIN_RATERS} ratings "
-                        f"(REFERENCE.md section 7 asks for at least {MIN_RATERS}), e.g. {', '.join(short[:5])}")
+                        f", e.g. {', '.join(short[:5])}")
     result = {"target": target, "key": str(key_path), "ratings_files": [str(f) for f in ratings_files],
               "raters": sorted({r for _, r in ratings}), "judgements": len(ratings),
               "missing": sum(missing.values()), "pairs": pairs, "threeway": three, "alpha_all_pairs": alpha_all,

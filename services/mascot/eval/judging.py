@@ -1,8 +1,7 @@
-"""Judge evaluation dialogues through JudgeService over gRPC (REFERENCE.md sections 4.1-4.3, 7).
+"""Judge evaluation dialogues through JudgeService over gRPC.
 
 Support mode: every non-empty agent turn on the agent-specific rubric (context = the turns before it) and the
-dialogue's block after the opening message on the collective rubric. Meeting mode: the collective rubric only
-(REFERENCE.md section 7). One request per item.
+dialogue's block after the opening message on the collective rubric. Meeting mode: the collective rubric only. One request per item.
 
 Resumption without counting twice: every answered request is appended (and fsynced) to a
 :class:`JudgeResults` file keyed by the SHA-256 of the judge's identity and the serialized request; a rerun reads

@@ -1,7 +1,7 @@
 """The MASCOT paper's published numbers, transcribed once, and the mapping from our system ids to its names.
 
 Source: Wang, Jin, Cabral, Hester, *MASCOT: Towards Multi-Agent Socio-Collaborative Companion Systems*,
-arXiv 2601.14230, as transcribed in ``../shared/REFERENCE.md``:
+arXiv 2601.14230, as transcribed from the paper:
 
 - section 8.1: ED agent-specific scores per valence (Positive, Negative, Neutral) -> :data:`AGENT_SPECIFIC`;
 - section 8.2: ED collective scores (Positive and Negative only) -> :data:`COLLECTIVE`;
@@ -11,10 +11,10 @@ arXiv 2601.14230, as transcribed in ``../shared/REFERENCE.md``:
   our ``no-persona``), read off a figure (about +/-1) -> :data:`ABLATION`, :data:`ABLATION_CRITERIA`;
 - section 8.7: automatic metrics, mean +/- std of per-dialogue rates in [0, 1] -> :data:`AUTOMATIC`.
 
-All judge scores are on 0-100 (REFERENCE.md section 4.3 maps 1-5 to (s - 1) / 4 * 100); NLI rates and
+All judge scores are on 0-100 (the docs maps 1-5 to (s - 1) / 4 * 100); NLI rates and
 Self-BLEU are in [0, 1]. The paper reports no std for sections 8.1-8.4 and no split for 8.4 and 8.7.
 
-Derived identity (REFERENCE.md section 4.2): a table's Overall equals the unweighted mean of its criterion
+Derived identity: a table's Overall equals the unweighted mean of its criterion
 columns up to rounding. Every row of sections 8.1 and 8.2 satisfies it within 0.1 (the largest gap is 0.06,
 Negative Self-Consistency agent-specific). The figure-read section 8.3 rows satisfy it within 0.1 except
 MultiAgentESC Academic: mean of the four columns 62.175 against Overall ~63.4 (gap 1.225), which is inside the
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-#: Agent-specific criterion keys (REFERENCE.md section 4.1), in the paper's column order.
+#: Agent-specific criterion keys, in the paper's column order.
 AGENT_KEYS: tuple[str, ...] = (
     "emotional_expressiveness",
     "empathetic_support_quality",
@@ -46,7 +46,7 @@ AGENT_COLUMNS: dict[str, str] = {
     "response_relevance": "Relevance",
     "social_contribution": "Contribution",
 }
-#: Collective criterion keys (REFERENCE.md section 4.2), in the paper's column order.
+#: Collective criterion keys, in the paper's column order.
 COLLECTIVE_KEYS: tuple[str, ...] = (
     "fidelity",
     "originality_specificity",

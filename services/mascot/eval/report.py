@@ -4,12 +4,11 @@ Input: the report dict built by the evaluation runner (the ``report.json`` schem
 (``"support"`` | ``"meeting"``), ``situations``, ``judges``, ``generated_at``, ``models`` (``backbone``,
 ``trained``, free-form extras), ``systems`` ``{system: {split: stats}}`` and, with more than one judge,
 ``by_judge`` ``{judge: {system: {split: stats}}}``. ``stats`` holds ``n``, ``criteria`` / ``collective``
-``{key: {"mean", "std"}}``, ``overall`` / ``collective_overall`` ``{"mean", "std"}`` (judge scores on 0-100,
-REFERENCE.md section 4.3), ``automatic`` (NLI rates, Self-BLEU, distinct-1/2 in [0, 1]; embedding redundancy,
-a mean cosine similarity in [-1, 1]; REFERENCE.md section 7), ``safety_turns``, ``unparseable`` and
+``{key: {"mean", "std"}}``, ``overall`` / ``collective_overall`` ``{"mean", "std"}`` (judge scores on 0-100), ``automatic`` (NLI rates, Self-BLEU, distinct-1/2 in [0, 1]; embedding redundancy,
+a mean cosine similarity in [-1, 1]), ``safety_turns``, ``unparseable`` and
 ``personas`` ``{persona: {key: mean}}``. Any mean or std may be ``None`` (no data) and is rendered as "–".
 
-The paper's numbers beside ours come from :mod:`mascot.eval.paper` (REFERENCE.md sections 8.1-8.4, 8.7); a value
+The paper's numbers beside ours come from :mod:`mascot.eval.paper`; a value
 read off a figure is prefixed "~". Charts use matplotlib's Agg canvas on bare ``Figure`` objects (never
 registered with pyplot, so no display is needed and nothing accumulates); every file is written to a temporary
 name in its folder and moved into place with ``os.replace``.
@@ -171,7 +170,7 @@ def _header(report: Mapping[str, Any], mode: str) -> list[str]:
         f"- Situations: {len(report.get('situations') or [])} (per split and system: see Run counts)",
         f"- Generated at: {report.get('generated_at', DASH)}",
         "- Scores are 0–100 (judge 1–5 mapped by (s − 1)/4 × 100), shown as mean ± std over dialogues; "
-        "\"(paper X)\" is the paper's number for the same system, split and column (REFERENCE.md §8; "
+        "\"(paper X)\" is the paper's number for the same system, split and column ("
         "\"~\" = read off a figure). \"–\" = no data.",
         "",
     ]
@@ -212,7 +211,7 @@ def _ablation(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
     if not any(s in systems for s in paper.ABLATION_SYSTEMS):
         return []
     with_paper = mode == "support"
-    note = ("Our values are on split `all`. Paper: REFERENCE.md §8.4 (figure, ~±1; split not stated); MASCOT-C = "
+    note = ("Our values are on split `all`. Paper (figure, ~±1; split not stated); MASCOT-C = "
             "random speaking order (`no-director`), MASCOT-P = no persona prompts (`no-persona`); Coherence = the "
             "collective Relevance & Coherence criterion.")
     if not with_paper:
@@ -238,7 +237,7 @@ def _ablation(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
 def _automatic(systems: Mapping[str, Any], order: list[str], splits: list[str], mode: str, h: str) -> list[str]:
     note = ("NLI label rates between consecutive agent turns, Self-BLEU (0–1, lower = more diverse), distinct-1/2 "
             "and embedding redundancy (mean pairwise cosine of turn embeddings), mean ± std over dialogues. "
-            "Paper: REFERENCE.md §8.7 (ED, split not stated), "
+            "Paper (ED, split not stated), "
             "shown beside our `all` split in support mode; the paper's \"Few-Shot CoT\" is our `few-shot-cot`.")
     lines = [f"{h} Automatic metrics (paper §8.7)", "", note, ""]
     for split in splits:
@@ -293,17 +292,17 @@ def _body(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
         lines += _score_tables(
             systems, order, splits, h, title="Agent-specific scores (paper §8.1)", keys=AGENT_KEYS,
             columns=AGENT_COLUMNS, section="criteria", overall="overall", ref=paper.AGENT_SPECIFIC,
-            note="Paper: REFERENCE.md §8.1 (no std published); no paper numbers for split `all` or the ablations.")
+            note="Paper (no std published); no paper numbers for split `all` or the ablations.")
         lines += _score_tables(
             systems, order, splits, h, title="Collective scores (paper §8.2)", keys=COLLECTIVE_KEYS,
             columns=COLLECTIVE_COLUMNS, section="collective", overall="collective_overall", ref=paper.COLLECTIVE,
-            note="Paper: REFERENCE.md §8.2, Positive and Negative splits only (no std published).")
+            note="Paper: Positive and Negative splits only (no std published).")
     else:
         lines += _score_tables(
             systems, order, splits, h, title="Collective scores per QMSum domain (paper §8.3)", keys=COLLECTIVE_KEYS,
             columns=COLLECTIVE_COLUMNS, section="collective", overall="collective_overall",
             ref=paper.QMSUM_COLLECTIVE, approx=True,
-            note="Paper: REFERENCE.md §8.3, a dot plot (~±1), MASCOT and MultiAgentESC only. Agent-specific scores "
+            note="Paper: a dot plot (~±1), MASCOT and MultiAgentESC only. Agent-specific scores "
                  "are not computed in meeting mode.")
     lines += _ablation(systems, mode, h)
     lines += _automatic(systems, order, splits, mode, h)
@@ -315,7 +314,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     """Render ``report.md``: a header, then the paper-style tables with the paper's numbers beside ours.
 
     Sections (each per split or domain): run counts (n, unparseable judgements, safety turns); in support mode the
-    agent-specific table (REFERENCE.md §8.1) and the collective table (§8.2, paper numbers for Positive and
+    agent-specific table and the collective table (§8.2, paper numbers for Positive and
     Negative only); in meeting mode the per-domain collective table (§8.3, MASCOT and MultiAgentESC); the ablation
     table (§8.4) when ``no-director`` or ``no-persona`` is present; automatic metrics (§8.7); the persona-level
     breakdown. Rows follow the paper's system order, then the ablations, then unknown ids. With a ``by_judge``
@@ -425,7 +424,7 @@ def _radar_chart(systems: Mapping[str, Any], system: str, splits: list[str], key
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the PNG charts of the report's ``systems`` block (the mean over judges) into ``out_dir``.
 
-    Charts: ``bar_<key>.png`` for every agent criterion (REFERENCE.md §4.1) and collective criterion (§4.2), as
+    Charts: ``bar_<key>.png`` for every agent criterion and collective criterion (§4.2), as
     grouped bars (systems × splits) with the std as error bars on a 0–100 axis; ``radar_<system>.png`` per
     system, with the agent criteria (support mode) or the collective criteria (meeting mode), one polygon per
     split. A chart without data (every mean ``None``; for a radar, no split with all criteria) is skipped. Each

@@ -33,7 +33,7 @@ from mascot.eval.data import Situation, check_no_overlap, load_situations
 
 SYSTEMS = ("mascot", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "no-director",
            "no-persona", "multiagentesc", "sft")
-#: MASCOT variants: config overrides of the embedded stack (REFERENCE.md section 8.4 ablations).
+#: MASCOT variants: config overrides of the embedded stack.
 VARIANTS: dict[str, dict] = {"mascot": {}, "no-director": {"director": {"policy": "random"}},
                              "no-persona": {"speaker": {"persona_prompts": False}}}
 SFT_ADAPTER_NAME = "sft"

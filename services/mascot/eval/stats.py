@@ -1,7 +1,7 @@
 """Small shared statistics for evaluation reports.
 
 Every ``{"mean", "std"}`` pair in ``report.json`` is computed here: the arithmetic mean and the population
-standard deviation (numpy's default, ddof = 0) over dialogues (REFERENCE.md section 4.3: "± is the standard
+standard deviation (numpy's default, ddof = 0) over dialogues (the docs: "± is the standard
 deviation over dialogues"). An empty sample gives ``{"mean": None, "std": None}`` so a report never invents a
 number.
 """
@@ -35,7 +35,7 @@ def mean_std(xs: Iterable[float]) -> dict[str, float | None]:
 
 
 def to_percent(score: float) -> float:
-    """Map a 1-5 rubric score to 0-100: (s - 1) / 4 * 100 (REFERENCE.md section 4.3).
+    """Map a 1-5 rubric score to 0-100: (s - 1) / 4 * 100.
 
     Raises:
         ValueError: ``score`` outside [1, 5].

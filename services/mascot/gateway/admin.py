@@ -1,4 +1,4 @@
-"""AdapterService: the admin plane of the adapter registry, hosted by the gateway (DESIGN.md sections 1 and 5).
+"""AdapterService: the admin plane of the adapter registry, hosted by the gateway.
 
 The gateway is the only writer of ``<store>/registry.json``; the store is any URI
 :func:`mascot.core.adapters.store.open_store` takes (a local directory, ``pvc://<claim>/<path>``,

@@ -1,10 +1,10 @@
-"""The evaluation gate of PromoteAdapter (issue 6, item 3): a staged persona version is scored against the
+"""The evaluation gate of PromoteAdapter: a staged persona version is scored against the
 persona's stable version (or the base model when there is none) with the judge on held-out situations, and promoted
 only when it is not worse by more than a set margin.
 
 Per situation, both versions answer the same opening (the situation's first utterance) with the persona's fallback
 directive and the same seed, through the SpeakerService with ``adapter_version`` pinned; the JudgeService scores
-each reply with the agent rubric (REFERENCE.md section 4.3: five criteria, 1-5, mean ``s(y)``). The gate compares
+each reply with the agent rubric (the docs: five criteria, 1-5, mean ``s(y)``). The gate compares
 the mean of the per-situation means over the situations where both judgements parsed (paired comparison). An empty
 reply is not sent to the judge: it scores the rubric's minimum, 1.0.
 """

@@ -1,4 +1,4 @@
-"""The safety gate (issue 8; README "Safety"): risk detection ahead of the director, safety turns from a fixed
+"""The safety gate: risk detection ahead of the director, safety turns from a fixed
 template per locale, and screening of replies once a conversation is flagged.
 
 Every user message (live chat and the simulated user in self-play) goes through :meth:`SafetyGate.detect`: the

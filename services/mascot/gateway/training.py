@@ -1,4 +1,4 @@
-"""TrainingService: trigger and follow retraining runs (Kubernetes Jobs) from the gateway (DESIGN.md sections 1, 6).
+"""TrainingService: trigger and follow retraining runs (Kubernetes Jobs) from the gateway.
 
 The servicer translates proto <-> :mod:`mascot.core.jobs` and checks the admin token (the same token and check as
 AdapterService: :func:`mascot.gateway.admin.check_admin_token`). Kubernetes calls are synchronous and run in

@@ -1,4 +1,4 @@
-"""The turn loop (REFERENCE.md section 1): director -> speaker, per round and in self-play.
+"""The turn loop: director -> speaker, per round and in self-play.
 
 Each agent turn: NextDirective on the director service, then GenerateReply on the speaker service with
 its deltas forwarded as events. The speaker checks every reply before its text leaves (mascot.core.guard) and

@@ -1,1 +1,1 @@
-"""JudgeService: LLM-judge rubric scoring (REFERENCE.md section 4)."""
+"""JudgeService: LLM-judge rubric scoring."""

@@ -1,4 +1,4 @@
-"""Judge model backends: the local engine, or any OpenAI-compatible chat endpoint (REFERENCE.md section 4.3).
+"""Judge model backends: the local engine, or any OpenAI-compatible chat endpoint.
 
 Both take chat messages and return the judge's raw answer text at temperature 0, asking for JSON that
 matches the rubric's schema (xgrammar locally; ``response_format`` on an OpenAI-compatible server).

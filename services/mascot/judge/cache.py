@@ -1,4 +1,4 @@
-"""Judgement cache keyed by content hash (issue 3: a rerun or a resume repeats no judge call).
+"""Judgement cache keyed by content hash.
 
 The key is the SHA-256 of (judge name, model, rubric version, the rendered first-attempt messages). Any
 SQLAlchemy URL works (a SQLite file by default; PostgreSQL for several judge replicas). Each judgement

@@ -1,4 +1,4 @@
-"""Judge one item with retries, the drop rule and the cache (REFERENCE.md section 4.3).
+"""Judge one item with retries, the drop rule and the cache.
 
 An answer that does not parse (or has a score out of range) is re-prompted with the reason, up to
 ``max_retries`` times; after that the item is dropped: its verdict has status ``unparseable`` and is
@@ -54,7 +54,7 @@ class Judge:
     Args:
         name: The judge's name (requests select it; part of the cache key).
         backend: Where answers come from.
-        max_retries: Re-prompts after an invalid answer (REFERENCE.md section 4.3: 2).
+        max_retries: Re-prompts after an invalid answer.
         cache: Optional persistent cache.
         metrics: Optional :class:`~mascot.core.metrics.Metrics` (judge scores and unparseable counters).
     """

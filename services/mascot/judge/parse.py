@@ -1,4 +1,4 @@
-"""Parse and validate a judge's answer (REFERENCE.md section 4.3).
+"""Parse and validate a judge's answer.
 
 A valid answer is one JSON object holding an integer 1-5 for every criterion of the rubric and a string
 ``rationale``. Text around the object (e.g. a code fence) is tolerated; anything else is rejected with a
@@ -26,7 +26,7 @@ class Parsed:
 
     @property
     def mean(self) -> float:
-        """Unweighted mean of the scores, 1.0-5.0 (REFERENCE.md section 5, s(y))."""
+        """Unweighted mean of the scores, 1.0-5.0 (the docs, s(y))."""
         return sum(self.scores.values()) / len(self.scores)
 
 

@@ -1,4 +1,4 @@
-"""Rubric definitions and judge prompts (REFERENCE.md sections 4.1-4.3).
+"""Rubric definitions and judge prompts.
 
 The agent-specific rubric scores one reply in context on five criteria; the collective rubric scores an
 N-turn block on four. Every criterion is an integer 1-5 with the anchors 1 = absent or violating,

@@ -1,1 +1,1 @@
-"""RewardService: persona-conditioned reward-model scoring (REFERENCE.md section 5)."""
+"""RewardService: persona-conditioned reward-model scoring."""

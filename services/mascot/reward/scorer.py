@@ -1,4 +1,4 @@
-"""Score replies with a sequence-classification reward model (REFERENCE.md section 5).
+"""Score replies with a sequence-classification reward model.
 
 Inputs are built by :func:`mascot.core.formatting.reward_text` plus the tokenizer's EOS (as TRL's
 ``RewardTrainer`` appends it), so serving scores exactly what training saw. The model's metadata file
@@ -136,7 +136,7 @@ class RewardScorer:
                            blocks: Sequence[Sequence[HistoryTurn]], context: Sequence[tuple[str, str]] = ()
                            ) -> list[tuple[str, bool]]:
         """``(text, truncated)`` per N-turn block for a group reward model
-        (:func:`formatting.group_reward_model_text`, REFERENCE.md section 6).
+        (:func:`formatting.group_reward_model_text`).
 
         Raises:
             ValueError: the roster and a block alone do not fit ``max_length``.
@@ -165,7 +165,7 @@ class RewardScorer:
         return scores
 
     def standardize(self, raw: float) -> float:
-        """ẑ = (r − μ) / σ (REFERENCE.md section 5)."""
+        """ẑ = (r − μ) / σ."""
         return (raw - self.meta.mu) / self.meta.sigma
 
 

@@ -1,8 +1,8 @@
-"""Speaker and simulated-user prompt assembly, and the visible-text filter (REFERENCE.md sections 1-3, 10).
+"""Speaker and simulated-user prompt assembly, and the visible-text filter.
 
 Prompt: persona card (system), then the history with speaker tags, then the directive (Action and Tone)
 as the final instruction. A speaker sees only its own turns as ``assistant``; everyone else appears as
-tagged user-side messages (guard against role flipping, REFERENCE.md section 10). Replies are cut at
+tagged user-side messages (guard against role flipping). Replies are cut at
 the first foreign speaker tag; a leading ``<think>...</think>`` block is split off and never shown.
 """
 
@@ -49,7 +49,7 @@ GENERIC_AGENT_PROMPT = ("You are {name}, one of a small group of helpers talking
 
 
 def generic_system_prompt(card: PersonaCard) -> str:
-    """A persona-free system prompt (name and length only): the MASCOT-P ablation (REFERENCE.md section 8.4)."""
+    """A persona-free system prompt (name and length only): the MASCOT-P ablation."""
     return GENERIC_AGENT_PROMPT.format(name=card.name, max_words=card.max_answer_words)
 
 
@@ -75,7 +75,7 @@ def directive_text(name: str, action: str, tone: str) -> str:
 
 
 def personality_text(mbti: str = "", big_five: dict[str, str] | None = None) -> str:
-    """Two sentences describing an MBTI type or a Big Five profile (REFERENCE.md section 3.4); '' for none.
+    """Two sentences describing an MBTI type or a Big Five profile; '' for none.
 
     Args:
         mbti: Four letters (E/I, S/N, T/F, J/P), case-insensitive.
@@ -151,7 +151,7 @@ def build_persona_messages(card: PersonaCard, history: Sequence[HistoryTurn], co
 
 def build_user_sim_messages(situation: str, emotion: str, personality: str, history: Sequence[HistoryTurn],
                             context: Sequence[tuple[str, str]], names: dict[str, str]) -> list[dict[str, str]]:
-    """Chat messages for the simulated user's next turn (REFERENCE.md section 6 step 3): the person's own turns as
+    """Chat messages for the simulated user's next turn: the person's own turns as
     ``assistant``, the helpers' turns as ``user`` messages (untagged, consecutive ones joined), so the model
     answers the helpers as the person."""
     system = USER_SIM_TEMPLATE.format(situation=situation.strip(),
@@ -171,7 +171,7 @@ def build_user_sim_messages(situation: str, emotion: str, personality: str, hist
 
 
 def stop_strings(own_name: str, roster_names: Sequence[str], user_tag: str = "User") -> tuple[str, ...]:
-    """Stop sequences: a new line opening with another speaker's tag (REFERENCE.md section 10)."""
+    """Stop sequences: a new line opening with another speaker's tag."""
     tags = [user_tag, "Director"] + [n for n in roster_names if n != own_name]
     return tuple(f"\n{t}:" for t in tags)
 

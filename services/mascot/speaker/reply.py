@@ -74,7 +74,7 @@ class RetryPolicy:
 def choose_adapter(loaded: Sequence[str], persona_id: str, mode: str, shared: str = "") -> str | None:
     """Pick the LoRA adapter for a persona.
 
-    ``per_persona``: the highest loaded version named ``<persona_id>--v<N>`` (DESIGN.md section 5), else none;
+    ``per_persona``: the highest loaded version named ``<persona_id>--v<N>``, else none;
     ``shared``: ``shared`` if loaded; ``none``: no adapter. Returns the adapter name or None (base model).
     """
     if mode == "shared":

@@ -1,1 +1,1 @@
-"""Adapter store, registry and state transitions (DESIGN.md section 5)."""
+"""Adapter store, registry and state transitions."""

@@ -1,4 +1,4 @@
-"""Model services follow the adapter registry (DESIGN.md section 5): load versions under their own names, pin
+"""Model services follow the adapter registry: load versions under their own names, pin
 conversations to versions, unload versions nobody uses any more.
 
 :class:`AdapterResolver` (one per engine) loads every ``stable`` and ``canary`` version of the registry

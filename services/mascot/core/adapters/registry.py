@@ -1,4 +1,4 @@
-"""State transitions of the adapter registry (DESIGN.md section 5) as functions on the registry dict.
+"""State transitions of the adapter registry as functions on the registry dict.
 
 States: ``staged`` (published, not serving) → ``canary`` (a weighted share of new conversations) → ``stable``
 (new conversations) → ``retired`` (no new conversations; unloaded once none uses it). Each persona entry holds the

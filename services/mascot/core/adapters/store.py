@@ -1,4 +1,4 @@
-"""The adapter store and its registry file (DESIGN.md section 5) on a local directory, a PVC or S3.
+"""The adapter store and its registry file on a local directory, a PVC or S3.
 
 Where (:func:`open_store`; one :class:`AdapterStore` = an fsspec filesystem + a root path, one code path for all):
 

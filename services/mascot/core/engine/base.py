@@ -1,4 +1,4 @@
-"""The one engine interface behind every generating component (DESIGN.md section 1).
+"""The one engine interface behind every generating component.
 
 An engine turns a rendered prompt into text, optionally through a named LoRA adapter, with sampling
 parameters, optional structured output (a regex or a JSON schema) and streamed deltas. Engines:

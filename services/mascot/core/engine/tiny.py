@@ -1,4 +1,4 @@
-"""Build a tiny random-init Qwen3 and a byte-level BPE tokenizer trained locally (STACK.md section 4).
+"""Build a tiny random-init Qwen3 and a byte-level BPE tokenizer trained locally.
 
 Nothing is downloaded. The model is random: its words are not language, but every code path
 (chat template, ``<think>`` tags, LoRA, batching, structured output) is the real one.
@@ -42,7 +42,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, vocab_size: int = 2000, hidden_size
     Args:
         out_dir: Target directory (created). Loads back with the ``Auto*`` classes.
         vocab_size: BPE target size; a small corpus yields fewer merges, which is expected.
-        hidden_size: Model width; ``head_dim`` is fixed to 32 (vLLM-CPU refuses 16, STACK.md section 4).
+        hidden_size: Model width; ``head_dim`` is fixed to 32 (vLLM-CPU refuses 16).
         num_layers: Decoder layers.
         max_position_embeddings: Context window in tokens.
         seed: torch seed of the random init, so that the same call gives the same weights.

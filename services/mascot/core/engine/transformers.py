@@ -173,7 +173,7 @@ class TransformersEngine(HFTokenizerMixin):
         """Load a PEFT LoRA adapter directory under ``name`` (waits for the running batch).
 
         Raises:
-            ValueError: ``name`` is already loaded (versions get new names, DESIGN.md section 5).
+            ValueError: ``name`` is already loaded (versions get new names).
             OSError/ValueError from PEFT: not an adapter directory, or made for another base.
         """
         await asyncio.to_thread(self._load_adapter_sync, name, path)

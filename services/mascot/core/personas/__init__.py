@@ -1,4 +1,4 @@
-"""Persona cards loaded from YAML (REFERENCE.md section 3.3).
+"""Persona cards loaded from YAML.
 
 A persona file holds ``persona_set`` and a list ``personas`` of cards. Unknown keys are rejected, and
 a bad file raises :class:`PersonaFileError` naming the file, the line and the field. The support and
@@ -33,7 +33,7 @@ class Disposition(BaseModel):
 
 
 class PersonaCard(BaseModel):
-    """One persona card. Field meanings: REFERENCE.md section 3.3.
+    """One persona card. Field meanings: the docs
 
     ``id`` is snake_case (1-63 characters, starts with a letter) and names adapters ``<id>--v<N>``.
     """

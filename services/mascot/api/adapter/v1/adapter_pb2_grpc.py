@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class AdapterServiceStub:
-    """AdapterService is the admin plane of the adapter registry (DESIGN.md section 5). The gateway hosts it and is the
+    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
     only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
     metadata. Every write is a compare-and-swap on the registry revision.
     """
@@ -65,7 +65,7 @@ class AdapterServiceStub:
 
 
 class AdapterServiceServicer:
-    """AdapterService is the admin plane of the adapter registry (DESIGN.md section 5). The gateway hosts it and is the
+    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
     only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
     metadata. Every write is a compare-and-swap on the registry revision.
     """
@@ -157,7 +157,7 @@ def add_AdapterServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AdapterService:
-    """AdapterService is the admin plane of the adapter registry (DESIGN.md section 5). The gateway hosts it and is the
+    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
     only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
     metadata. Every write is a compare-and-swap on the registry revision.
     """

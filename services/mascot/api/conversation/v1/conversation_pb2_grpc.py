@@ -108,7 +108,7 @@ class ConversationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RunSelfPlay(self, request, context):
-        """RunSelfPlay drives a conversation with the simulated user (REFERENCE.md section 1): the opening message,
+        """RunSelfPlay drives a conversation with the simulated user: the opening message,
         then `agent_turns` agent turns, the simulated user speaking after each with probability `user_speak_prob`.
         The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
         (ROUND_END_REASON_SAFETY).

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DirectorServiceStub:
-    """DirectorService picks the next speaker and tells it what to do (REFERENCE.md section 2).
+    """DirectorService picks the next speaker and tells it what to do.
     """
 
     def __init__(self, channel):
@@ -43,7 +43,7 @@ class DirectorServiceStub:
 
 
 class DirectorServiceServicer:
-    """DirectorService picks the next speaker and tells it what to do (REFERENCE.md section 2).
+    """DirectorService picks the next speaker and tells it what to do.
     """
 
     def NextDirective(self, request, context):
@@ -74,7 +74,7 @@ def add_DirectorServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DirectorService:
-    """DirectorService picks the next speaker and tells it what to do (REFERENCE.md section 2).
+    """DirectorService picks the next speaker and tells it what to do.
     """
 
     @staticmethod

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class JudgeServiceStub:
-    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge (REFERENCE.md section 4).
+    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge.
     """
 
     def __init__(self, channel):
@@ -43,7 +43,7 @@ class JudgeServiceStub:
 
 
 class JudgeServiceServicer:
-    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge (REFERENCE.md section 4).
+    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge.
     """
 
     def JudgeCandidates(self, request, context):
@@ -77,7 +77,7 @@ def add_JudgeServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class JudgeService:
-    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge (REFERENCE.md section 4).
+    """JudgeService scores candidates on the MASCOT rubrics with an LLM judge.
     """
 
     @staticmethod

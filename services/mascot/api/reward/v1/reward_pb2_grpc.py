@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class RewardServiceStub:
-    """RewardService scores candidate replies with the persona-conditioned reward model (REFERENCE.md section 5).
+    """RewardService scores candidate replies with the persona-conditioned reward model.
     """
 
     def __init__(self, channel):
@@ -43,7 +43,7 @@ class RewardServiceStub:
 
 
 class RewardServiceServicer:
-    """RewardService scores candidate replies with the persona-conditioned reward model (REFERENCE.md section 5).
+    """RewardService scores candidate replies with the persona-conditioned reward model.
     """
 
     def ScoreCandidates(self, request, context):
@@ -72,7 +72,7 @@ def add_RewardServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RewardService:
-    """RewardService scores candidate replies with the persona-conditioned reward model (REFERENCE.md section 5).
+    """RewardService scores candidate replies with the persona-conditioned reward model.
     """
 
     @staticmethod

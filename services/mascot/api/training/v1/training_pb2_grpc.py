@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class TrainingServiceStub:
-    """TrainingService triggers and follows retraining runs (DESIGN.md sections 1 and 6). The gateway hosts it: each run
+    """TrainingService triggers and follows retraining runs. The gateway hosts it: each run
     is one Kubernetes Job created from the phase's Job template, named `<template name>-<run id>` (Job specs are
     immutable), labelled `mascot.ai/phase` and `mascot.ai/run-id`. A finished run has published its adapters through
     AdapterService in state STAGED; promotion stays a separate, gated step (AdapterService.PromoteAdapter). Every call
@@ -62,7 +62,7 @@ class TrainingServiceStub:
 
 
 class TrainingServiceServicer:
-    """TrainingService triggers and follows retraining runs (DESIGN.md sections 1 and 6). The gateway hosts it: each run
+    """TrainingService triggers and follows retraining runs. The gateway hosts it: each run
     is one Kubernetes Job created from the phase's Job template, named `<template name>-<run id>` (Job specs are
     immutable), labelled `mascot.ai/phase` and `mascot.ai/run-id`. A finished run has published its adapters through
     AdapterService in state STAGED; promotion stays a separate, gated step (AdapterService.PromoteAdapter). Every call
@@ -143,7 +143,7 @@ def add_TrainingServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TrainingService:
-    """TrainingService triggers and follows retraining runs (DESIGN.md sections 1 and 6). The gateway hosts it: each run
+    """TrainingService triggers and follows retraining runs. The gateway hosts it: each run
     is one Kubernetes Job created from the phase's Job template, named `<template name>-<run id>` (Job specs are
     immutable), labelled `mascot.ai/phase` and `mascot.ai/run-id`. A finished run has published its adapters through
     AdapterService in state STAGED; promotion stays a separate, gated step (AdapterService.PromoteAdapter). Every call
