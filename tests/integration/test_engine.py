@@ -60,6 +60,41 @@ async def test_concurrent_calls_batch_with_mixed_adapters_and_match_sequential(a
     assert metrics.registry.get_sample_value("mascot_engine_batch_size_sum", {"component": "speaker"}) > text
 
 
+async def test_requests_join_a_running_batch_match_their_solo_output_and_the_cache_shrinks_after_rows_leave(
+        tiny_model_dir):
+    """Continuous batching: a short-prompt request admitted while a long-prompt one decodes gets exactly its solo
+    (greedy) tokens, and once the long row has left, the batch's cache is as wide as the short row alone (not as
+    wide as every step since the batch began)."""
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1)
+    await eng.start()
+    try:
+        long_req = GenerationRequest(eng.render_chat([{"role": "user", "content": "a long message " * 60}]),
+                                     SamplingParams(max_tokens=24))
+        short_req = GenerationRequest(eng.render_chat([{"role": "user", "content": "hi"}]),
+                                      SamplingParams(max_tokens=120))
+        solo_long, solo_short = await eng.generate(long_req), await eng.generate(short_req)
+        assert solo_short.finish_reason == "length", "the tiny model must decode to max_tokens for this test"
+
+        async def long_then_short():
+            joined = None
+            result = None
+            async for it in eng.stream(long_req):
+                if isinstance(it, StreamDelta) and joined is None:
+                    joined = asyncio.create_task(eng.generate(short_req))  # arrives while the long row decodes
+                elif not isinstance(it, StreamDelta):
+                    result = it
+            return result, await joined
+
+        got_long, got_short = await long_then_short()
+        assert got_long.token_ids == solo_long.token_ids
+        assert got_short.token_ids == solo_short.token_ids and list(eng.batch_sizes)[-1] == 2  # it joined the batch
+        # the short row outlived the long one by ~100 steps: its cache is prompt + output, not long prompt + steps
+        assert eng.cache_width <= solo_short.prompt_tokens + len(solo_short.token_ids)
+        assert eng.cache_width < solo_long.prompt_tokens
+    finally:
+        await eng.close()
+
+
 async def test_stream_first_delta_before_end_and_deltas_join(engine):
     prompt = engine.render_chat([{"role": "user", "content": "tell me something long"}])
     items = []

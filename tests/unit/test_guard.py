@@ -58,6 +58,18 @@ def test_a_failing_later_sentence_cuts_back_to_the_last_released_sentence():
     assert g.cut_reason == "loop" and g.stopped
 
 
+def test_an_echo_spanning_a_sentence_boundary_is_caught_like_the_bench_detector_catches_it():
+    # "... normalise the user's. Feelings and give them a sense of comfort." copies an 8-gram of the
+    # system prompt only across the full stop: each sentence alone is under 8 shared words.
+    text = "I am right here with you. Validate and normalise the user's. Feelings and give them a sense of comfort."
+    sources = CTX.sources
+    assert defects.is_echo(text, sources)
+    assert all(not is_echo(s, sources) for s in split_sentences(text))
+    g, out = gate_run([text])
+    assert out == g.released == "I am right here with you. Validate and normalise the user's." and g.cut_reason == "echo"
+    assert not defects.is_echo(g.released, sources)
+
+
 def test_max_tokens_mid_sentence_cuts_the_fragment_and_never_ends_mid_word():
     g, out = gate_run(["I hear how much you miss him. You have been carrying so mu"], finish="length")
     assert out == "I hear how much you miss him." and g.cut_reason == "unfinished"

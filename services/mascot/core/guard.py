@@ -13,8 +13,8 @@ way by the speaker, the simulated user and the evaluation baselines.
 Definitions (all on lower-cased text):
 
 - words: runs of letters, digits and apostrophes;
-- echo: a sentence shares a word n-gram (``echo_ngram``, 8) with a source text (system prompt, persona card,
-  directive), or, shorter than that, is contained whole (6+ words) in one; or it opens with a prompt label
+- echo: a sentence (or an n-gram spanning it and the text before it) shares a word n-gram (``echo_ngram``, 8)
+  with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words) in one; or it opens with a prompt label
   (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
 - loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, or a sentence repeats
   an earlier sentence of the same reply;
@@ -169,6 +169,10 @@ def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSett
     """
     if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags):
         return "echo"
+    if released:  # an n-gram that spans the boundary with the text so far is an echo too
+        bridge = words(released)[-(s.echo_ngram - 1):] + words(sentence)
+        if ngrams(bridge, s.echo_ngram) & set().union(*(ngrams(words(x), s.echo_ngram) for x in ctx.sources)):
+            return "echo"
     candidate = (released + " " + sentence).strip()
     if is_loop(candidate, s.loop_ngram, s.loop_count):
         return "loop"

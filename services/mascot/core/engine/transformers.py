@@ -22,7 +22,7 @@ import queue
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -54,6 +54,8 @@ class _Job:
     done: bool = False
     text: str = ""
     finish_reason: str = "length"
+    seen: Any = None  # bool [vocab]: ids in the prompt or output (repetition penalty)
+    counts: Any = None  # float [vocab]: occurrences in the output (frequency penalty)
 
     def push(self, item: Any) -> None:
         try:
@@ -104,7 +106,10 @@ class TransformersEngine(HFTokenizerMixin):
         self._grammar_cache: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
         self.model: Any = None
         self.tokenizer: Any = None
-        self.batch_sizes: list[int] = []
+        #: Sizes of the last 1024 decode batches (at each start or admission), for inspection.
+        self.batch_sizes: "deque[int]" = deque(maxlen=1024)
+        #: Key/value columns of the running batch after its last decode step (its longest live row, left-padded).
+        self.cache_width = 0
         #: Admit requests into a running batch between decode steps (False: a batch runs to its end first).
         self.continuous_batching = continuous_batching
         self._stop_seen = False
@@ -344,9 +349,26 @@ class TransformersEngine(HFTokenizerMixin):
 
         idx = torch.tensor(keep, dtype=torch.long)
         state["cache"].batch_select_indices(idx)
-        return {"rows": [state["rows"][i] for i in keep], "cache": state["cache"], "mask": state["mask"][idx],
-                "pos": state["pos"][idx], "logits": state["logits"][idx], "gens": [state["gens"][i] for i in keep],
-                "matchers": [state["matchers"][i] for i in keep]}
+        return TransformersEngine._trim({
+            "rows": [state["rows"][i] for i in keep], "cache": state["cache"], "mask": state["mask"][idx],
+            "pos": state["pos"][idx], "logits": state["logits"][idx], "gens": [state["gens"][i] for i in keep],
+            "matchers": [state["matchers"][i] for i in keep]})
+
+    @staticmethod
+    def _trim(state: dict) -> dict:
+        """Drop the leading cache columns that are padding for every row (left behind by rows that finished), so
+        a batch that keeps admitting requests stays as wide as its longest live row instead of growing with every
+        step since it started. Positions are explicit, so the remaining rows are unaffected."""
+        import torch
+
+        live = state["mask"].any(dim=0)
+        lead = int(torch.argmax(live.to(torch.int8))) if bool(live.any()) else 0
+        if lead:
+            for layer in state["cache"].layers:
+                layer.keys = layer.keys[:, :, lead:, :].contiguous()
+                layer.values = layer.values[:, :, lead:, :].contiguous()
+            state["mask"] = state["mask"][:, lead:]
+        return state
 
     @staticmethod
     def _merge(a: dict, b: dict) -> dict:
@@ -439,6 +461,7 @@ class TransformersEngine(HFTokenizerMixin):
                     out = self.model(input_ids=next_tokens, attention_mask=mask, position_ids=state["pos"],
                                      past_key_values=state["cache"], use_cache=True, **self._adapter_kw(state["rows"]))
                     state = {**state, "mask": mask, "pos": state["pos"] + 1, "logits": out.logits[:, -1, :].float()}
+                    self.cache_width = mask.shape[1]
                 if new:
                     self._admitted.extend(new)
                     fresh = self._prefill(new)
@@ -449,24 +472,34 @@ class TransformersEngine(HFTokenizerMixin):
     def _choose(logits: Any, sp: Any, gen: Any, job: _Job | None = None) -> int:
         import torch
 
-        if sp.repetition_penalty != 1.0 and job is not None:  # vLLM's meaning: prompt and output ids, once each
-            seen = torch.tensor(sorted(set(job.prompt_ids) | set(job.ids)), dtype=torch.long)
-            vals = logits[seen]
-            logits[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
-        if sp.frequency_penalty and job is not None and job.ids:  # vLLM's meaning: generated ids, per occurrence
-            ids, counts = torch.tensor(job.ids, dtype=torch.long).unique(return_counts=True)
-            logits[ids] -= sp.frequency_penalty * counts.to(logits.dtype)
+        if job is not None and (sp.repetition_penalty != 1.0 or sp.frequency_penalty):
+            if job.seen is None:  # per-request vocabulary tensors, updated with each chosen token
+                job.seen = torch.zeros(logits.shape[0], dtype=torch.bool)
+                job.seen[torch.tensor(job.prompt_ids + job.ids, dtype=torch.long)] = True
+                job.counts = torch.zeros(logits.shape[0], dtype=logits.dtype)
+                for t in job.ids:
+                    job.counts[t] += 1
+            if sp.repetition_penalty != 1.0:  # vLLM's meaning: prompt and output ids, once each
+                pen = torch.where(logits > 0, logits / sp.repetition_penalty, logits * sp.repetition_penalty)
+                logits = torch.where(job.seen, pen, logits)
+            if sp.frequency_penalty:  # vLLM's meaning: generated ids, per occurrence
+                logits = logits - sp.frequency_penalty * job.counts
         if sp.temperature == 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / sp.temperature, dim=-1)
-        if sp.top_p < 1.0:
-            sorted_p, idx = torch.sort(probs, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p
-            keep[0] = True
-            filtered = torch.zeros_like(probs)
-            filtered[idx[keep]] = sorted_p[keep]
-            probs = filtered / filtered.sum()
-        return int(torch.multinomial(probs, 1, generator=gen))
+            tok = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits / sp.temperature, dim=-1)
+            if sp.top_p < 1.0:
+                sorted_p, idx = torch.sort(probs, descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p
+                keep[0] = True
+                filtered = torch.zeros_like(probs)
+                filtered[idx[keep]] = sorted_p[keep]
+                probs = filtered / filtered.sum()
+            tok = int(torch.multinomial(probs, 1, generator=gen))
+        if job is not None and job.seen is not None:
+            job.seen[tok] = True
+            job.counts[tok] += 1
+        return tok
 
     def _advance(self, j: _Job, tok: int, matcher: Any, n: int) -> None:
         j.ids.append(tok)
