@@ -171,6 +171,8 @@ async def test_degenerate_directives_are_reprompted_with_the_reason(tmp_path):
         ("anchor", "Acknowledge how frightening being followed was.", dpb.DIRECTIVE_SOURCE_RETRY),
         ("beacon", "Celebrate the courage it took to speak up today.", dpb.DIRECTIVE_SOURCE_RETRY)]
     assert "not a helper's name" in prompts[1] and "repeats an earlier one" in prompts[3]
+    # the re-prompt after a copy shows neither the copied answer nor the earlier directive it copied
+    assert "Acknowledge how frightening" in prompts[2] and "Acknowledge how frightening" not in prompts[3]
     reg = metrics.registry
     for reason in ("directive_name", "directive_copy"):
         assert reg.get_sample_value("mascot_reply_rejections_total", {"component": "director", "persona": "director",

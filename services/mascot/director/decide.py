@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import random
@@ -116,7 +116,11 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
     decision = Decision(directive=fallback_directive(roster[0]), source=FALLBACK)
     failed: list[tuple[str, str]] = []
     for attempt in range(1 + cfg.max_retries):
-        msgs = fit_messages(roster, history, context, cfg.max_consecutive_turns, failed, engine.render_chat,
+        # after a copy, the re-prompt shows the conversation without the earlier directives: a small model keeps
+        # copying an Action it can see, at any temperature
+        shown = [replace(t, directive="") for t in history] if "directive_copy" in decision.rejection_reasons \
+            else history
+        msgs = fit_messages(roster, shown, context, cfg.max_consecutive_turns, failed, engine.render_chat,
                             engine.count_tokens, engine.max_context_tokens - cfg.max_tokens, all_names)
         # a retry must change something that takes effect: at temperature 0 it samples at retry_temperature
         temp = cfg.temperature if attempt == 0 or cfg.temperature > 0 else cfg.retry_temperature
@@ -140,7 +144,7 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
             decision.rejection_reasons.append(e.reason)
-            failed.append((text, str(e)))
+            failed.append(("" if e.reason == "directive_copy" else text, str(e)))  # a copy is not shown back
             continue
         decision.directive = parsed
         decision.source = MODEL if attempt == 0 else RETRY

@@ -173,13 +173,14 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
     An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it). With
-    ``verbs`` the Action opens with one of them (then a space and at least 8 more characters).
+    ``verbs`` the Action opens with one of them and is one sentence (then a space and at least 8 more characters, no
+    sentence end but an optional last one), so a small model cannot run on into a second sentence.
     """
     names = "|".join(regex_escape(c.name) for c in roster)
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
-    if verbs:
+    if verbs:  # one sentence: no sentence end inside, an optional one at the end
         opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
-        action = rf"{opening} [^\n<\t ][^\n<]{{7,{max(8, max_action_chars - 12)}}}"
+        action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{7,{max(8, max_action_chars - 12)}}}[.!?]?"
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
     return (rf"{head}Agent: ({names})\nAction: {action}\n"

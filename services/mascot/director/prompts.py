@@ -87,7 +87,8 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
         history: Visible history, oldest first (agent turns may carry ``directive``).
         context: Seed context lines ``(speaker, content)`` (meeting excerpt), shown first.
         max_consecutive: The consecutive-turn cap, stated in the rules.
-        failed: Earlier attempts of this decision, ``(raw_text, parse_error)``, for the retry prompt.
+        failed: Earlier attempts of this decision, ``(raw_text, parse_error)``, for the retry prompt; an empty
+            ``raw_text`` adds the error to the last user message without showing the rejected answer.
         all_names: Display names of personas outside ``roster`` that appear in the history (excluded ones).
 
     Returns:
@@ -123,6 +124,9 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
         seen.append(t)
     flush()
     for raw, error in failed:
+        if not raw:  # the reason without the rejected answer (a copy would be copied again)
+            msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + "\n\n" + RETRY_TEMPLATE.format(error=error)}
+            continue
         msgs.append({"role": "assistant", "content": raw})
         msgs.append({"role": "user", "content": RETRY_TEMPLATE.format(error=error)})
     return msgs
