@@ -95,6 +95,34 @@ async def test_requests_join_a_running_batch_match_their_solo_output_and_the_cac
         await eng.close()
 
 
+async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_cold_prefill(engine, tiny_model_dir):
+    """A prompt that extends a finished request's prompt + output reuses its key/value tensors (cached_tokens > 0)
+    and decodes exactly what the cache-less engine decodes; the cache stays within its token budget."""
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1, prefix_cache_tokens=600)
+    await eng.start()
+    try:
+        chat = [{"role": "system", "content": "You are a helper. " * 20}, {"role": "user", "content": "first"}]
+        first = GenerationRequest(eng.render_chat(chat), SamplingParams(max_tokens=12))
+        a = await eng.generate(first)
+        assert a.cached_tokens == 0
+        longer = chat + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "and then?"}]
+        second = GenerationRequest(eng.render_chat(longer), SamplingParams(max_tokens=16))
+        b = await eng.generate(second)
+        cold = await engine.generate(second)  # the session engine has no prefix cache
+        assert cold.cached_tokens == 0 and b.cached_tokens >= a.prompt_tokens
+        assert b.token_ids == cold.token_ids
+        # concurrent requests with a shared system text: still the cold engine's tokens
+        others = [GenerationRequest(eng.render_chat(chat[:1] + [{"role": "user", "content": f"message {i}"}]),
+                                    SamplingParams(max_tokens=8)) for i in range(4)]
+        got = await asyncio.gather(*(eng.generate(r) for r in others))
+        ref = [await engine.generate(r) for r in others]
+        assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+        assert any(g.cached_tokens for g in got)
+        assert 0 < eng.prefix_cache.tokens <= 600
+    finally:
+        await eng.close()
+
+
 async def test_stream_first_delta_before_end_and_deltas_join(engine):
     prompt = engine.render_chat([{"role": "user", "content": "tell me something long"}])
     items = []
@@ -178,3 +206,26 @@ def test_loads_hub_id_from_offline_cache(tiny_model_dir, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["4", "2048"]
+
+
+def test_prefix_cache_keeps_the_longest_prefix_per_adapter_within_its_budget():
+    import torch
+
+    from mascot.core.engine.transformers import _PrefixCache
+
+    def kv(n):
+        return [(torch.arange(n, dtype=torch.float32).view(1, 1, n, 1), torch.zeros(1, 1, n, 1))]
+
+    c = _PrefixCache(max_tokens=100, min_tokens=4)
+    c.store("base", list(range(40)), kv(40))
+    c.store("base", list(range(50)), kv(50))  # covers the first: it replaces it
+    assert c.tokens == 50
+    m, layers = c.lookup("base", list(range(45)) + [999])
+    assert m == 45 and layers[0][0].shape[2] == 45 and layers[0][0][0, 0, -1, 0] == 44
+    assert c.lookup("anchor--v1", list(range(45))) is None  # another adapter's tensors never serve
+    assert c.lookup("base", [7, 8, 9, 10, 11]) is None  # too short a shared prefix
+    assert c.lookup("base", list(range(50)))[0] == 49  # at least one prompt token is left to prefill
+    c.store("anchor--v1", list(range(100, 160)), kv(60))  # over budget: the least recently used goes
+    assert c.tokens == 60 and c.lookup("base", list(range(45))) is None
+    c.drop("anchor--v1")
+    assert c.tokens == 0

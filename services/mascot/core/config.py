@@ -57,6 +57,10 @@ class EngineConfig(_Section):
     enforce_eager: bool | None = None
     #: vllm: automatic prefix caching.
     prefix_caching: bool = True
+    #: transformers: tokens of finished requests' key/value tensors kept for reuse by a later prompt with the same
+    #: start (director decisions and persona replies extend earlier prompts); 0 disables. About 23 KB per token for
+    #: the default model in bfloat16 (32768 tokens: ~750 MB).
+    prefix_cache_tokens: int = Field(32768, ge=0, le=1_000_000)
     #: vllm: KV-cache block size in tokens (prefix-caching granularity); empty = vLLM's default (16 GPU, 128 CPU).
     block_size: int | None = Field(None, ge=1, le=1024)
 

@@ -54,6 +54,7 @@ class _Job:
     done: bool = False
     text: str = ""
     finish_reason: str = "length"
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     seen: Any = None  # bool [vocab]: ids in the prompt or output (repetition penalty)
     counts: Any = None  # float [vocab]: occurrences in the output (frequency penalty)
 
@@ -62,6 +63,72 @@ class _Job:
             self.loop.call_soon_threadsafe(self.out.put_nowait, item)
         except RuntimeError:  # the caller's loop is gone
             self.cancelled = True
+
+
+class _PrefixCache:
+    """Key/value tensors of finished requests (prompt + output), reused for a later prompt that starts with the same
+    tokens under the same adapter: the next director decision extends the previous decision's prompt and answer,
+    and a persona's next prompt extends its system text and the conversation, so most of a long prompt need not be
+    prefilled again (the idea of vLLM's automatic prefix caching, per whole request instead of per block).
+
+    Entries are least recently used first out once their tokens sum past ``max_tokens`` (0 disables the cache).
+    A hit needs at least ``min_tokens`` shared tokens and leaves at least one prompt token to prefill (its logits
+    start the decode). Only the worker thread touches it.
+    """
+
+    def __init__(self, max_tokens: int, min_tokens: int = 32) -> None:
+        self.max_tokens, self.min_tokens = max_tokens, min_tokens
+        self._entries: "OrderedDict[int, tuple[str, list[int], list]]" = OrderedDict()
+        self._next = 0
+        self.tokens = 0
+        self.hits = 0
+        self.hit_tokens = 0
+
+    def lookup(self, adapter: str, ids: list[int]) -> tuple[int, list] | None:
+        """``(m, [(keys, values) per layer, cropped to m tokens])`` for the longest cached prefix, or None."""
+        if not self.max_tokens:
+            return None
+        best, best_m = None, 0
+        for key, (a, cached, _) in self._entries.items():
+            if a != adapter:
+                continue
+            m = _common_prefix(cached, ids)
+            if m > best_m:
+                best, best_m = key, m
+        best_m = min(best_m, len(ids) - 1)
+        if best is None or best_m < self.min_tokens:
+            return None
+        self._entries.move_to_end(best)
+        layers = self._entries[best][2]
+        self.hits += 1
+        self.hit_tokens += best_m
+        return best_m, [(k[:, :, :best_m, :], v[:, :, :best_m, :]) for k, v in layers]
+
+    def store(self, adapter: str, ids: list[int], layers: list) -> None:
+        """Add an entry (dropping any entry whose tokens are a prefix of ``ids``: this one covers it)."""
+        if not self.max_tokens or len(ids) < self.min_tokens or len(ids) > self.max_tokens:
+            return
+        for key in [k for k, (a, c, _) in self._entries.items() if a == adapter and len(c) <= len(ids)
+                    and ids[:len(c)] == c]:
+            self.tokens -= len(self._entries.pop(key)[1])
+        self._entries[self._next] = (adapter, ids, layers)
+        self._next += 1
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens:
+            self.tokens -= len(self._entries.popitem(last=False)[1][1])
+
+    def drop(self, adapter: str) -> None:
+        """Forget every entry of ``adapter`` (it was unloaded)."""
+        for key in [k for k, (a, _, _) in self._entries.items() if a == adapter]:
+            self.tokens -= len(self._entries.pop(key)[1])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class TransformersEngine(HFTokenizerMixin):
@@ -86,7 +153,7 @@ class TransformersEngine(HFTokenizerMixin):
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048,
                  max_batch_size: int = 16, batch_wait_ms: float = 2.0, adapters: dict[str, str] | None = None,
                  metrics: Any = None, component: str = "engine", threads: int = 0,
-                 continuous_batching: bool = True) -> None:
+                 continuous_batching: bool = True, prefix_cache_tokens: int = 0) -> None:
         self.model_id = model
         self.dtype = dtype
         self._max_model_len = max_model_len
@@ -114,6 +181,8 @@ class TransformersEngine(HFTokenizerMixin):
         self.continuous_batching = continuous_batching
         self._stop_seen = False
         self._admitted: list[_Job] = []
+        #: Prefix cache (see :class:`_PrefixCache`); 0 tokens disables it.
+        self.prefix_cache = _PrefixCache(prefix_cache_tokens)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -215,6 +284,7 @@ class TransformersEngine(HFTokenizerMixin):
             else:
                 self.model.delete_adapter(name)
             del self._adapters[name]
+            self.prefix_cache.drop(name)
 
     def _grammar(self, structured: Any) -> Any:
         import xgrammar as xgr
@@ -304,6 +374,52 @@ class TransformersEngine(HFTokenizerMixin):
                 return
 
     def _prefill(self, jobs: list[_Job]) -> dict:
+        """Prefill ``jobs``: those with a cached prompt prefix one by one from that prefix, the others as one
+        left-padded batch; the joined decode state (KV cache, mask, next positions, first logits)."""
+        hits = [(j, self.prefix_cache.lookup(self._adapter_name(j), j.prompt_ids)) for j in jobs]
+        cold = [j for j, h in hits if h is None]
+        states = [self._prefill_from(j, h) for j, h in hits if h is not None]
+        if cold:
+            states.append(self._prefill_batch(cold))
+        state = states[0]
+        for other in states[1:]:
+            state = self._merge(state, other)
+        return state
+
+    @staticmethod
+    def _adapter_name(j: _Job) -> str:
+        return j.request.adapter or BASE_ADAPTER
+
+    def _prefill_from(self, j: _Job, hit: tuple[int, list]) -> dict:
+        """Prefill one job from ``hit`` = (m, per-layer (keys, values) of its first m prompt tokens)."""
+        import torch
+        from transformers import DynamicCache
+
+        m, layers = hit
+        rest = j.prompt_ids[m:]
+        cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+        mask = torch.ones((1, len(j.prompt_ids)), dtype=torch.long)
+        pos = torch.arange(m, len(j.prompt_ids), dtype=torch.long).unsqueeze(0)
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([rest], dtype=torch.long), attention_mask=mask,
+                             position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                             **self._adapter_kw([j]))
+        j.cached_tokens = m
+        return {"rows": [j], "cache": cache, "mask": mask, "pos": pos[:, -1:] + 1,
+                "logits": out.logits[:, -1, :].float(), "gens": [self._generator(j)], "matchers": [self._matcher(j)]}
+
+    def _remember(self, state: dict, i: int) -> None:
+        """Store row ``i``'s KV (prompt + output fed so far, padding dropped) in the prefix cache."""
+        if not self.prefix_cache.max_tokens:
+            return
+        j = state["rows"][i]
+        width = int(state["mask"][i].sum())
+        ids = (j.prompt_ids + j.ids)[:width]
+        layers = [(layer.keys[i:i + 1, :, -width:, :].clone(), layer.values[i:i + 1, :, -width:, :].clone())
+                  for layer in state["cache"].layers]
+        self.prefix_cache.store(self._adapter_name(j), ids, layers)
+
+    def _prefill_batch(self, jobs: list[_Job]) -> dict:
         """Prefill ``jobs`` as one left-padded batch: their KV cache, mask, next positions and first logits."""
         import torch
         from transformers import DynamicCache
@@ -450,6 +566,9 @@ class TransformersEngine(HFTokenizerMixin):
                     next_tokens[i, 0] = tok
                     self._advance(j, tok, matchers[i], n)
                 keep = [i for i, j in enumerate(rows) if not j.done]
+                for i, j in enumerate(rows):
+                    if j.done and not j.cancelled:
+                        self._remember(state, i)
                 new = self._admit(self.max_batch_size - len(keep)) if self.continuous_batching else []
                 if not keep and not new:
                     return
@@ -547,4 +666,4 @@ class TransformersEngine(HFTokenizerMixin):
         j.finish_reason = reason
         j.push(GenerationResult(text=text, token_ids=tuple(j.ids), finish_reason=reason,
                                 prompt_tokens=len(j.prompt_ids), adapter=j.request.adapter or BASE_ADAPTER,
-                                batch_size=n))
+                                batch_size=n, cached_tokens=j.cached_tokens))
