@@ -168,19 +168,24 @@ def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
     return verbs or list(ACTION_VERBS)
 
 
+#: Characters an Action must have after its verb under the grammar ("a solution" is too short to be an instruction).
+ACTION_MIN_CHARS = 16
+
+
 def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
                     max_think_chars: int = 0, verbs: Sequence[str] | None = None) -> str:
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
     An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it). With
-    ``verbs`` the Action opens with one of them and is one sentence (then a space and at least 8 more characters, no
-    sentence end but an optional last one), so a small model cannot run on into a second sentence.
+    ``verbs`` the Action opens with one of them and is one sentence (then a space and at least
+    :data:`ACTION_MIN_CHARS` more characters, no sentence end but an optional last one), so a small model can neither
+    run on into a second sentence nor stop at a bare "Offer a solution." that the content rules refuse.
     """
     names = "|".join(regex_escape(c.name) for c in roster)
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
     if verbs:  # one sentence: no sentence end inside, an optional one at the end
         opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
-        action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{7,{max(8, max_action_chars - 12)}}}[.!?]?"
+        action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{{ACTION_MIN_CHARS - 1},{max(ACTION_MIN_CHARS, max_action_chars - 12)}}}[.!?]?"
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
     return (rf"{head}Agent: ({names})\nAction: {action}\n"
