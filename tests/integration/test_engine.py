@@ -95,11 +95,13 @@ async def test_requests_join_a_running_batch_match_their_solo_output_and_the_cac
         await eng.close()
 
 
-async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_cold_prefill(engine, tiny_model_dir):
+async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_cold_prefill(tiny_model_dir):
     """A prompt that extends a finished request's prompt + output reuses its key/value tensors (cached_tokens > 0)
     and decodes exactly what the cache-less engine decodes; the cache stays within its token budget."""
     eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1, prefix_cache_tokens=600)
+    engine = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1)  # the same model without a cache
     await eng.start()
+    await engine.start()
     try:
         chat = [{"role": "system", "content": "You are a helper. " * 20}, {"role": "user", "content": "first"}]
         first = GenerationRequest(eng.render_chat(chat), SamplingParams(max_tokens=12))
@@ -108,7 +110,7 @@ async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_
         longer = chat + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "and then?"}]
         second = GenerationRequest(eng.render_chat(longer), SamplingParams(max_tokens=16))
         b = await eng.generate(second)
-        cold = await engine.generate(second)  # the session engine has no prefix cache
+        cold = await engine.generate(second)
         assert cold.cached_tokens == 0 and b.cached_tokens >= a.prompt_tokens
         assert b.token_ids == cold.token_ids
         # concurrent requests with a shared system text: still the cold engine's tokens
@@ -121,6 +123,7 @@ async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_
         assert 0 < eng.prefix_cache.tokens <= 600
     finally:
         await eng.close()
+        await engine.close()
 
 
 async def test_stream_first_delta_before_end_and_deltas_join(engine):

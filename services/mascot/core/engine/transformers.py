@@ -55,6 +55,7 @@ class _Job:
     text: str = ""
     finish_reason: str = "length"
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    finished: bool = False  # reached its end (stop, EOS, grammar or max_tokens), not cancelled mid-way
     seen: Any = None  # bool [vocab]: ids in the prompt or output (repetition penalty)
     counts: Any = None  # float [vocab]: occurrences in the output (frequency penalty)
 
@@ -567,7 +568,7 @@ class TransformersEngine(HFTokenizerMixin):
                     self._advance(j, tok, matchers[i], n)
                 keep = [i for i, j in enumerate(rows) if not j.done]
                 for i, j in enumerate(rows):
-                    if j.done and not j.cancelled:
+                    if j.finished:  # ended by its own stop (a caller that stops reading marks it cancelled too)
                         self._remember(state, i)
                 new = self._admit(self.max_batch_size - len(keep)) if self.continuous_batching else []
                 if not keep and not new:
@@ -663,6 +664,7 @@ class TransformersEngine(HFTokenizerMixin):
             j.push(StreamDelta(text[j.emitted:]))
             j.emitted = len(text)
         j.done = True
+        j.finished = True
         j.finish_reason = reason
         j.push(GenerationResult(text=text, token_ids=tuple(j.ids), finish_reason=reason,
                                 prompt_tokens=len(j.prompt_ids), adapter=j.request.adapter or BASE_ADAPTER,
