@@ -140,7 +140,16 @@ async def test_stream_first_delta_before_end_and_deltas_join(engine):
 
 async def test_multibyte_characters_stream_whole(engine):
     """Byte-level tokens split characters; a delta must never carry half a character. A grammar forces a
-    text whose emoji and CJK characters take several byte tokens each."""
+    text whose emoji and CJK characters take several byte tokens each (decoded token by token: jump forward would
+    feed the whole forced text in one step)."""
+    engine.jump_forward = False
+    try:
+        await _multibyte(engine)
+    finally:
+        engine.jump_forward = True
+
+
+async def _multibyte(engine):
     target = "日本語 ü é ✓ 😊 done"
     assert len(engine.tokenizer(target, add_special_tokens=False)["input_ids"]) > len(target.split())
     assert len(engine.tokenizer("😊", add_special_tokens=False)["input_ids"]) > 1
@@ -232,3 +241,101 @@ def test_prefix_cache_keeps_the_longest_prefix_per_adapter_within_its_budget():
     assert c.tokens == 60 and c.lookup("base", list(range(45))) is None
     c.drop("anchor--v1")
     assert c.tokens == 0
+
+
+# A grammar with long forced stretches: the rest of a name once its first letters are chosen, and the field labels.
+_FORCED_RX = (r"Agent: (The Anchor of the Group|The Beacon of Hope)\nAction: Acknowledge [a-z ]{4,24}\n"
+              r"Tone: (warm|calm) and steady")
+
+
+async def test_jump_forward_feeds_forced_text_in_fewer_steps_and_keeps_the_grammar(tiny_model_dir):
+    """Under a grammar the forced text is fed in one forward step (fewer decode steps than tokens); without jump
+    forward every token takes a step. Both outputs match the grammar."""
+    import re
+
+    on = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1)
+    off = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1, jump_forward=False)
+    await on.start()
+    await off.start()
+    try:
+        prompt = on.render_chat([{"role": "user", "content": "who speaks next?"}])
+        req = GenerationRequest(prompt, SamplingParams(max_tokens=80), structured=StructuredOutput(regex=_FORCED_RX))
+        a, b = await on.generate(req), await off.generate(req)
+        assert re.fullmatch(_FORCED_RX, a.text) and re.fullmatch(_FORCED_RX, b.text), (a.text, b.text)
+        # every token but the last (nothing follows it) is fed; jump forward feeds several per step
+        assert off.decode_tokens == off.decode_steps == len(b.token_ids) - 1
+        assert on.decode_tokens == len(a.token_ids) - 1
+        assert on.decode_steps < on.decode_tokens - 8, (on.decode_steps, on.decode_tokens)
+        # without a grammar nothing is forced
+        plain = GenerationRequest(prompt, SamplingParams(max_tokens=20))
+        s0, t0 = on.decode_steps, on.decode_tokens
+        r = await on.generate(plain)
+        assert on.decode_steps - s0 == on.decode_tokens - t0 == len(r.token_ids) - 1
+    finally:
+        await on.close()
+        await off.close()
+
+
+async def test_a_row_batched_with_a_jumping_row_keeps_its_solo_tokens(tiny_model_dir):
+    """A plain request decoded beside a row that jumps forward (its steps then hold padding for the plain row) gets
+    its solo greedy tokens, and the jumping row its solo text."""
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=200)
+    await eng.start()
+    try:
+        plain = GenerationRequest(eng.render_chat([{"role": "user", "content": "tell me"}]),
+                                  SamplingParams(max_tokens=12))
+        ruled = GenerationRequest(eng.render_chat([{"role": "user", "content": "pick"}]),
+                                  SamplingParams(max_tokens=80), structured=StructuredOutput(regex=_FORCED_RX))
+        solo_plain, solo_ruled = await eng.generate(plain), await eng.generate(ruled)
+        steps = eng.decode_steps
+        got_plain, got_ruled = await asyncio.gather(eng.generate(plain), eng.generate(ruled))
+        assert list(eng.batch_sizes)[-1] == 2  # decoded together from the first step
+        assert eng.decode_steps - steps < len(got_ruled.token_ids) - 1  # the longer, ruled row jumped
+        assert got_plain.token_ids == solo_plain.token_ids and got_ruled.text == solo_ruled.text
+    finally:
+        await eng.close()
+
+
+def test_a_jump_forward_step_leaves_holes_no_row_attends_to_and_the_prefix_cache_drops_them(tiny_model_dir):
+    """Numerically, on float32: in one step where row 1 feeds four tokens and row 0 one (three padding columns in
+    row 0), each row's next-token logits equal those of the same tokens fed alone, one step per token; the next
+    step (no jump) still agrees, and the key/value tensors the prefix cache keeps for row 0 are its solo ones, holes
+    dropped."""
+    import torch
+
+    from mascot.core.engine.transformers import _Job
+
+    eng = TransformersEngine(str(tiny_model_dir), prefix_cache_tokens=10_000)
+    eng._load()
+    loop = asyncio.new_event_loop()
+
+    def job(text: str) -> _Job:
+        ids = eng.tokenizer(eng.render_chat([{"role": "user", "content": text}]), add_special_tokens=False)["input_ids"]
+        return _Job(request=GenerationRequest("x", SamplingParams(max_tokens=40)), prompt_ids=ids, loop=loop,
+                    out=asyncio.Queue())
+
+    a, b = job("a short one " * 8), job("a somewhat longer message to decode")
+    feed_a, feed_b = [[11]], [[12, 13, 14, 15]]
+    with torch.inference_mode():
+        both = eng._prefill([a, b])
+        both = eng._step(both, [feed_a[0], feed_b[0]])
+        assert both["mask"][0, -4:].tolist() == [0, 0, 0, 1]  # the holes
+        both = eng._step(both, [[21], [22]])
+        alone = []
+        for j, feeds in ((job("a short one " * 8), feed_a + [[21]]), (job("a somewhat longer message to decode"),
+                                                                  [[t] for t in feed_b[0]] + [[22]])):
+            st = eng._prefill([j])
+            for f in feeds:
+                st = eng._step(st, [f])
+            alone.append(st)
+        for row in (0, 1):
+            assert torch.allclose(both["logits"][row], alone[row]["logits"][0], atol=1e-4)
+            assert int(both["pos"][row]) == int(alone[row]["pos"][0])
+        a.ids = [11, 21, 30]
+        eng._remember(both, 0)
+    (m, layers), = [eng.prefix_cache.lookup("base", a.prompt_ids + [11, 21, 99, 98])]
+    assert m == len(a.prompt_ids) + 2
+    for (k, v), solo in zip(layers, alone[0]["cache"].layers):
+        assert torch.allclose(k, solo.keys[:, :, :m, :], atol=1e-5) and torch.allclose(v, solo.values[:, :, :m, :],
+                                                                                          atol=1e-5)
+    loop.close()

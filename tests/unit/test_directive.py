@@ -82,3 +82,24 @@ def test_directive_regex_accepts_roster_names_only():
     assert not verbs.fullmatch("Agent: The Anchor\nAction: Validate the fear they felt.\nTone: Calm")  # verb not offered
     with_think = re.compile(directive_regex(ROSTER, max_action_chars=40, max_tone_chars=10, max_think_chars=20))
     assert with_think.fullmatch("<think>hmm</think>\nAgent: Action Guide\nAction: a\nTone: b")
+
+
+@pytest.mark.parametrize("action, reason", [
+    ("Acknowledge how brave you are, and I'm so proud of you.", "directive_voice"),
+    ("Offer my support for the move to the new neighbourhood.", "directive_voice"),
+    ("The Anchor", "directive_name"),
+])
+def test_content_rules_refuse_first_person_and_name_only_actions(action, reason):
+    from mascot.director.directive import ParsedDirective, check_content
+
+    with pytest.raises(DirectiveError) as e:
+        check_content(ParsedDirective("anchor", action, "Warm"), [c.name for c in ROSTER], [])
+    assert e.value.reason == reason
+
+
+def test_content_rules_accept_an_instruction_about_the_person():
+    from mascot.director.directive import ACTION_VERBS, ParsedDirective, check_content
+
+    check_content(ParsedDirective("anchor", "Acknowledge how brave the person was to speak up.", "Warm"),
+                  [c.name for c in ROSTER], [])
+    assert "Thank" not in ACTION_VERBS and "Invite" not in ACTION_VERBS  # they lead a small model into a reply

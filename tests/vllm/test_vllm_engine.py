@@ -48,8 +48,9 @@ def loras(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture
 async def reference(tiny_model_dir):
-    """A fresh transformers engine on the same tiny base (the reference for greedy equality)."""
-    eng = TransformersEngine(str(tiny_model_dir), max_model_len=1024, batch_wait_ms=5)
+    """A fresh transformers engine on the same tiny base (the reference for greedy equality), decoding token by token
+    as vLLM does (no jump forward under a grammar)."""
+    eng = TransformersEngine(str(tiny_model_dir), max_model_len=1024, batch_wait_ms=5, jump_forward=False)
     await eng.start()
     yield eng
     await eng.close()

@@ -61,6 +61,10 @@ class EngineConfig(_Section):
     #: start (director decisions and persona replies extend earlier prompts); 0 disables. About 23 KB per token for
     #: the default model in bfloat16 (32768 tokens: ~750 MB).
     prefix_cache_tokens: int = Field(32768, ge=0, le=1_000_000)
+    #: transformers: under a grammar, feed the text it forces next (``Action: `` after the Agent line, the rest of a
+    #: persona's name) in one forward step instead of one per token (jump-forward decoding). The text obeys the same
+    #: grammar; its token ids may differ from vLLM's token-by-token decoding.
+    jump_forward: bool = True
     #: vllm: KV-cache block size in tokens (prefix-caching granularity); empty = vLLM's default (16 GPU, 128 CPU).
     block_size: int | None = Field(None, ge=1, le=1024)
 

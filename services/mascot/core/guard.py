@@ -38,8 +38,8 @@ _LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|ins
                        r"\b\s*[:'’]", re.IGNORECASE)
 
 #: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
-REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name", "directive_copy",
-           "directive_invalid")
+REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name", "directive_voice",
+           "directive_copy", "directive_invalid")
 
 
 def words(text: str) -> list[str]:

@@ -30,7 +30,8 @@ class DirectiveError(ValueError):
 
     Attributes:
         reason: ``directive_invalid`` (format, unknown agent, cap), ``directive_name`` (Action or Tone is only a
-            helper's name, or too short) or ``directive_copy`` (Action repeats an earlier one or the example).
+            helper's name, or too short), ``directive_voice`` (Action speaks to the person in the first person
+            instead of instructing a helper) or ``directive_copy`` (Action repeats an earlier one or the example).
     """
 
     def __init__(self, message: str, reason: str = "directive_invalid") -> None:
@@ -52,15 +53,22 @@ def earlier_actions(history: Sequence[HistoryTurn]) -> list[str]:
     return out
 
 
+#: Words of a first-person Action ("Acknowledge how brave you are, and I'm so proud of you."): a small model
+#: continues a helper's reply inside the Action instead of instructing the helper.
+FIRST_PERSON = frozenset({"i", "i'm", "im", "i've", "i'll", "i'd", "me", "my", "mine", "myself"})
+
+
 def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequence[HistoryTurn],
                   forbidden_copies: Sequence[str] = (), min_action_words: int = 4,
                   copy_jaccard: float = 0.8) -> None:
-    """The content rules: Action has ``min_action_words``+ words that are not a helper's name, Tone is not a helper's
-    name, and Action is no copy (character 5-gram Jaccard >= ``copy_jaccard``, :func:`mascot.core.guard.jaccard`) of
-    an earlier directive's Action or of ``forbidden_copies`` (the prompt's example).
+    """The content rules: Action has ``min_action_words``+ words that are not a helper's name and none of
+    :data:`FIRST_PERSON`, Tone is not a helper's name, and Action is no copy (character 5-gram Jaccard >=
+    ``copy_jaccard``, :func:`mascot.core.guard.jaccard`) of an earlier directive's Action or of ``forbidden_copies``
+    (the prompt's example).
 
     Raises:
-        DirectiveError: with reason ``directive_name`` or ``directive_copy`` and a message for the retry prompt.
+        DirectiveError: with reason ``directive_name``, ``directive_voice`` or ``directive_copy`` and a message for
+            the retry prompt.
     """
     from mascot.core.guard import char_ngrams, jaccard, words
 
@@ -69,6 +77,9 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     if len(rest) < min_action_words:
         raise DirectiveError("the Action must be a sentence of at least "
                              f"{min_action_words} words saying what to do, not a helper's name", "directive_name")
+    if FIRST_PERSON.intersection(words(d.action)):
+        raise DirectiveError("the Action must tell the helper what to do (e.g. 'Ask what ...'), not speak to the "
+                             "person with 'I'", "directive_voice")
     if not [w for w in words(d.tone) if w not in name_words]:
         raise DirectiveError("the Tone must describe a tone (e.g. 'Warm and calm'), not name a helper",
                              "directive_name")
@@ -155,10 +166,12 @@ def fallback_directive(card: PersonaCard) -> ParsedDirective:
 
 #: Verbs an Action may open with under constrained decoding: imperative instructions to a helper. A small model
 #: copies its previous directive or a helper's goal ("Help the user see ..."); opening with a verb not used by the
-#: latest directives (:func:`action_verbs`) breaks the copy where the rest of the answer would repeat it.
+#: latest directives (:func:`action_verbs`) breaks the copy where the rest of the answer would repeat it. "Thank" and
+#: "Invite" are left out: after them a small model writes a reply to the person ("Thank you for your kindness.",
+#: "Invite you, I'm glad ...") rather than an instruction.
 ACTION_VERBS = ("Acknowledge", "Ask", "Reflect", "Name", "Validate", "Reassure", "Suggest", "Offer", "Encourage",
-                "Invite", "Explore", "Celebrate", "Point out", "Normalise", "Praise", "Remind", "Share", "Thank",
-                "Gently ask", "Recognise")
+                "Explore", "Celebrate", "Point out", "Normalise", "Praise", "Remind", "Share", "Gently ask",
+                "Recognise")
 
 
 def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:

@@ -56,6 +56,7 @@ class _Job:
     finish_reason: str = "length"
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     finished: bool = False  # reached its end (stop, EOS, grammar or max_tokens), not cancelled mid-way
+    forced: list[int] = field(default_factory=list)  # grammar-forced ids after the last sampled one, not yet fed
     seen: Any = None  # bool [vocab]: ids in the prompt or output (repetition penalty)
     counts: Any = None  # float [vocab]: occurrences in the output (frequency penalty)
 
@@ -147,6 +148,11 @@ class TransformersEngine(HFTokenizerMixin):
         component: Label of ``mascot_engine_batch_size``.
         threads: torch intra-op threads (0 keeps the default).
         continuous_batching: Admit requests that arrive during a batch between its decode steps.
+        prefix_cache_tokens: Budget of the prefix cache in tokens (0 disables it; see :class:`_PrefixCache`).
+        jump_forward: Under a grammar, feed the text the grammar forces next (``Action: `` after an ``Agent:``
+            line, the rest of a persona's name) in one forward step instead of one step per token (jump-forward
+            decoding, as in SGLang; xgrammar ``GrammarMatcher.find_jump_forward_string``). The text obeys the same
+            grammar; its token ids may differ from token-by-token decoding, whose outputs vLLM gives.
     """
 
     supports_structured_output = True
@@ -154,7 +160,7 @@ class TransformersEngine(HFTokenizerMixin):
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048,
                  max_batch_size: int = 16, batch_wait_ms: float = 2.0, adapters: dict[str, str] | None = None,
                  metrics: Any = None, component: str = "engine", threads: int = 0,
-                 continuous_batching: bool = True, prefix_cache_tokens: int = 0) -> None:
+                 continuous_batching: bool = True, prefix_cache_tokens: int = 0, jump_forward: bool = True) -> None:
         self.model_id = model
         self.dtype = dtype
         self._max_model_len = max_model_len
@@ -184,6 +190,11 @@ class TransformersEngine(HFTokenizerMixin):
         self._admitted: list[_Job] = []
         #: Prefix cache (see :class:`_PrefixCache`); 0 tokens disables it.
         self.prefix_cache = _PrefixCache(prefix_cache_tokens)
+        #: Feed grammar-forced text in one step (see the class docstring).
+        self.jump_forward = jump_forward
+        #: Decode forward passes run and tokens they fed (jump-forward feeds several tokens of a row in one pass).
+        self.decode_steps = 0
+        self.decode_tokens = 0
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -414,9 +425,9 @@ class TransformersEngine(HFTokenizerMixin):
         if not self.prefix_cache.max_tokens:
             return
         j = state["rows"][i]
-        width = int(state["mask"][i].sum())
-        ids = (j.prompt_ids + j.ids)[:width]
-        layers = [(layer.keys[i:i + 1, :, -width:, :].clone(), layer.values[i:i + 1, :, -width:, :].clone())
+        cols = state["mask"][i].nonzero().squeeze(-1)  # fed tokens (a jump-forward step leaves padding holes)
+        ids = (j.prompt_ids + j.ids)[:cols.numel()]
+        layers = [(layer.keys[i:i + 1, :, cols, :].contiguous(), layer.values[i:i + 1, :, cols, :].contiguous())
                   for layer in state["cache"].layers]
         self.prefix_cache.store(self._adapter_name(j), ids, layers)
 
@@ -540,9 +551,9 @@ class TransformersEngine(HFTokenizerMixin):
         import torch
         import xgrammar as xgr
 
-        state = self._prefill(batch)
-        self._observe_batch(len(batch))
         with torch.inference_mode():
+            state = self._prefill(batch)
+            self._observe_batch(len(batch))
             while True:
                 rows, logits = state["rows"], state["logits"]
                 n = len(rows)
@@ -556,7 +567,7 @@ class TransformersEngine(HFTokenizerMixin):
                             live.append(i)
                     if live:
                         xgr.apply_token_bitmask_inplace(logits, bitmask, indices=live)
-                next_tokens = torch.full((n, 1), self._pad, dtype=torch.long)
+                feed: list[list[int]] = [[self._pad] for _ in rows]  # ids each row feeds next: sampled + forced
                 for i, j in enumerate(rows):
                     if j.done:
                         continue
@@ -564,8 +575,9 @@ class TransformersEngine(HFTokenizerMixin):
                         j.done = True
                         continue
                     tok = self._choose(logits[i], j.request.sampling, state["gens"][i], j)
-                    next_tokens[i, 0] = tok
                     self._advance(j, tok, matchers[i], n)
+                    feed[i] = [tok, *j.forced]
+                    j.forced = []
                 keep = [i for i, j in enumerate(rows) if not j.done]
                 for i, j in enumerate(rows):
                     if j.finished:  # ended by its own stop (a caller that stops reading marks it cancelled too)
@@ -576,17 +588,52 @@ class TransformersEngine(HFTokenizerMixin):
                 if keep:
                     if len(keep) < n:
                         state = self._select(state, keep)
-                        next_tokens = next_tokens[torch.tensor(keep, dtype=torch.long)]
-                    mask = torch.cat([state["mask"], torch.ones((len(keep), 1), dtype=torch.long)], dim=1)
-                    out = self.model(input_ids=next_tokens, attention_mask=mask, position_ids=state["pos"],
-                                     past_key_values=state["cache"], use_cache=True, **self._adapter_kw(state["rows"]))
-                    state = {**state, "mask": mask, "pos": state["pos"] + 1, "logits": out.logits[:, -1, :].float()}
-                    self.cache_width = mask.shape[1]
+                    state = self._step(state, [feed[i] for i in keep])
                 if new:
                     self._admitted.extend(new)
                     fresh = self._prefill(new)
                     state = self._merge(state, fresh) if keep else fresh
                     self._observe_batch(len(state["rows"]))
+
+    def _step(self, state: dict, feed: list[list[int]]) -> dict:
+        """One decode forward pass: row ``r`` feeds the ids ``feed[r]`` (its sampled token, then any grammar-forced
+        ones). Rows feeding fewer ids than the longest are left-padded inside the step (mask 0, so the padding
+        columns are holes no later token attends to); positions are explicit, so every row stays exact."""
+        import torch
+
+        k = max(len(f) for f in feed)
+        m = len(feed)
+        ids = torch.full((m, k), self._pad, dtype=torch.long)
+        step_mask = torch.zeros((m, k), dtype=torch.long)
+        lengths = torch.tensor([len(f) for f in feed], dtype=torch.long).unsqueeze(1)
+        for r, f in enumerate(feed):
+            ids[r, k - len(f):] = torch.tensor(f, dtype=torch.long)
+            step_mask[r, k - len(f):] = 1
+        pos = (state["pos"] + torch.arange(k, dtype=torch.long).unsqueeze(0) - (k - lengths)).clamp(min=0)
+        mask = torch.cat([state["mask"], step_mask], dim=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=state["cache"],
+                         use_cache=True, logits_to_keep=1, **self._adapter_kw(state["rows"]))
+        self.cache_width = mask.shape[1]
+        self.decode_steps += 1
+        self.decode_tokens += int(lengths.sum())
+        return {**state, "mask": mask, "pos": state["pos"] + lengths, "logits": out.logits[:, -1, :].float()}
+
+    def _jump(self, j: _Job, matcher: Any) -> list[int]:
+        """Ids of the text ``matcher`` forces next, accepted into it (all but the last token of that text, which
+        may merge with what follows; none past ``max_tokens``). Counted for the penalties like sampled ids."""
+        text = matcher.find_jump_forward_string()
+        if not text:
+            return []
+        room = j.request.sampling.max_tokens - len(j.ids)
+        out: list[int] = []
+        for t in self.tokenizer(text, add_special_tokens=False)["input_ids"][:-1][:max(0, room)]:
+            if not matcher.accept_token(t):
+                break
+            out.append(t)
+            if j.seen is not None:
+                j.seen[t] = True
+                j.counts[t] += 1
+        return out
 
     @staticmethod
     def _choose(logits: Any, sp: Any, gen: Any, job: _Job | None = None) -> int:
@@ -629,6 +676,9 @@ class TransformersEngine(HFTokenizerMixin):
                 self._finish(j, "stop", n)  # cannot happen under the mask; end rather than emit garbage
                 return
             grammar_done = matcher.is_terminated()
+            if self.jump_forward and not grammar_done and tok not in self._eos:
+                j.forced = self._jump(j, matcher)
+                j.ids.extend(j.forced)
         if tok in self._eos:
             self._finish(j, "stop", n)
             return
