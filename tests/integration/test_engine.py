@@ -98,7 +98,9 @@ async def test_requests_join_a_running_batch_match_their_solo_output_and_the_cac
 async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_cold_prefill(tiny_model_dir):
     """A prompt that extends a finished request's prompt + output reuses its key/value tensors (cached_tokens > 0)
     and decodes exactly what the cache-less engine decodes; the cache stays within its token budget."""
-    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1, prefix_cache_tokens=600)
+    metrics = Metrics()
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1, prefix_cache_tokens=600, metrics=metrics,
+                             component="speaker")
     engine = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1)  # the same model without a cache
     await eng.start()
     await engine.start()
@@ -113,6 +115,12 @@ async def test_prefix_cache_serves_an_extended_prompt_with_the_same_tokens_as_a_
         cold = await engine.generate(second)
         assert cold.cached_tokens == 0 and b.cached_tokens >= a.prompt_tokens
         assert b.token_ids == cold.token_ids
+
+        def prompt_tokens(source):
+            return metrics.registry.get_sample_value("mascot_engine_prompt_tokens_total",
+                                                     {"component": "speaker", "source": source})
+        assert prompt_tokens("cached") == b.cached_tokens
+        assert prompt_tokens("computed") == a.prompt_tokens + b.prompt_tokens - b.cached_tokens
         # concurrent requests with a shared system text: still the cold engine's tokens
         others = [GenerationRequest(eng.render_chat(chat[:1] + [{"role": "user", "content": f"message {i}"}]),
                                     SamplingParams(max_tokens=8)) for i in range(4)]

@@ -8,7 +8,7 @@ def test_defaults_follow_reference():
     c = MascotConfig()
     assert c.dialogue.agent_turns_per_round == 3
     assert (c.selfplay.agent_turns, c.selfplay.user_speak_prob) == (6, 0.5)
-    assert (c.director.max_retries, c.director.max_consecutive_turns, c.director.constrained) == (2, 2, True)
+    assert (c.director.max_retries, c.director.max_consecutive_turns, c.director.constrained) == (3, 2, True)
     assert c.server.gateway_port == 50051
 
 

@@ -103,3 +103,19 @@ def test_content_rules_accept_an_instruction_about_the_person():
     check_content(ParsedDirective("anchor", "Acknowledge how brave the person was to speak up.", "Warm"),
                   [c.name for c in ROSTER], [])
     assert "Thank" not in ACTION_VERBS and "Invite" not in ACTION_VERBS  # they lead a small model into a reply
+
+
+def test_tone_is_one_to_four_words_under_the_grammar():
+    rx = re.compile(directive_regex(ROSTER, max_action_chars=80, max_tone_chars=32, verbs=["Ask"]))
+    head = "Agent: The Anchor\nAction: Ask what the store said when they went back\nTone: "
+    for tone in ("Gentle and calm", "Warm, curious", "Calm", "Soft and kind"):
+        assert rx.fullmatch(head + tone), tone
+    for tone in ("Gentle and calm, no more than 2-", "Gentle and calm, and I'm going!", "", " calm",
+                 "calm and warm and kind", "Gentle and calm, no-teesace"):
+        assert not rx.fullmatch(head + tone), tone
+
+
+def test_the_is_no_helper_name_word_in_the_content_rules():
+    from mascot.director.directive import ParsedDirective, check_content
+
+    check_content(ParsedDirective("anchor", "Acknowledge the user's experience.", "Warm"), [c.name for c in ROSTER], [])

@@ -223,3 +223,18 @@ def test_system_names():
     assert list(paper.SYSTEM_NAMES) == list(paper.PAPER_SYSTEMS + paper.ABLATION_SYSTEMS)
     assert paper.system_label("few-shot-cot") == "Few-Shot + CoT" and paper.system_label("no-persona") == "MASCOT-P"
     assert paper.system_label("mine") == "mine"
+
+
+def test_reply_checks_table_counts_refusals_per_system():
+    """report.md shows what the reply checks did to each system (all splits), so a baseline's refused attempts are
+    visible beside MASCOT's."""
+    report = support_report()
+    report["systems"]["mascot"]["all"]["reply_checks"] = {"rejections": {"duplicate": 3, "echo": 1}, "cut": 5,
+                                                           "agent_turns": 24}
+    report["systems"]["few-shot-cot"]["all"]["reply_checks"] = {"rejections": {"loop": 2}, "cut": 0,
+                                                                "agent_turns": 8}
+    md = render_markdown(report)
+    part = md.split("Reply checks", 1)[1]
+    assert "| System | Agent turns | Cut | Refused: duplicate | Refused: echo | Refused: loop |" in part
+    assert "| MASCOT | 24 | 5 | 3 | 1 | 0 |" in part and "| Few-Shot + CoT | 8 | 0 | 0 | 0 | 2 |" in part
+    assert "Reply checks" not in render_markdown(support_report())  # nothing recorded, no table

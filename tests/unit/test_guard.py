@@ -156,3 +156,19 @@ def test_analyse_counts_what_was_delivered():
     assert fig["degenerate_directives"] == 0.5 and fig["persona_shares"] == {"anchor": 0.5, "beacon": 0.5}
     assert fig["clean_endings"] == 1.0 and fig["regenerations_per_turn"] == pytest.approx(1 / 3, abs=1e-3)
     assert fig["turn_latency_seconds"]["p50"] == 3.0 and fig["first_delta_seconds"]["p50"] == 1.5
+
+
+def test_a_short_reply_repeating_an_earlier_short_turn_is_refused_like_the_bench_detector_counts_it():
+    """A four-word reply identical to an earlier turn was delivered (each sentence under ``duplicate_min_words`` is
+    exempt on its own); the whole reply so far is now checked at any length, so the detector finds nothing."""
+    ctx = ReplyContext(sources=[SYSTEM], earlier=["I lost my wallet at the store.", "That's a great story."])
+    g, out = gate_run(["That's a great ", "story.", ""])
+    assert out == "That's a great story." and g.accepted  # no such earlier turn
+    g, out = gate_run(["That's a great ", "story.", ""], ctx=ctx)
+    assert out == "" and g.rejected_reason == "duplicate"
+    assert defects.is_near_duplicate("That's a great story.", ctx.earlier)
+    # a short reply that differs passes, and so does a short sentence of a longer, new reply
+    g, out = gate_run(["That's a great idea, truly.", ""], ctx=ctx)
+    assert out == "That's a great idea, truly." and g.accepted
+    g, out = gate_run(["Thank you. Tell me what the store said when you went back.", ""], ctx=ctx)
+    assert g.accepted and out.startswith("Thank you.")

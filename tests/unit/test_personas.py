@@ -64,3 +64,13 @@ def test_bad_yaml_and_duplicate_ids(tmp_path):
     dup.write_text(CARD.replace("id: coach", "id: anchor"))
     with pytest.raises(PersonaFileError, match="already defined"):
         PersonaCatalog.load([dup])
+
+
+def test_tiny_tokenizer_corpus_holds_the_persona_files_without_their_comments():
+    """The tiny tokenizer is trained on the persona files' content only, so editing a comment changes no tiny-model
+    output."""
+    from mascot.core.engine.tiny import training_corpus
+
+    corpus = training_corpus()
+    assert any("persona_set: support" in text for text in corpus)
+    assert not [ln for text in corpus for ln in text.splitlines() if ln.lstrip().startswith("#")]

@@ -101,7 +101,7 @@ class DirectorConfig(_Section):
     """Director decoding, retries, fallback and cap."""
 
     constrained: bool = True
-    max_retries: int = Field(2, ge=0, le=10)
+    max_retries: int = Field(3, ge=0, le=10)
     max_consecutive_turns: int = Field(2, ge=1, le=64)
     max_tokens: int = Field(160, ge=8, le=4096)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
@@ -167,7 +167,8 @@ class GuardConfig(_Section):
     loop_count: int = Field(3, ge=2, le=16)
     #: Character 5-gram Jaccard similarity at or above which a sentence (or the reply) copies an earlier turn.
     duplicate_jaccard: float = Field(0.6, gt=0.0, le=1.0)
-    #: Sentences shorter than this (in words) are not checked for copying on their own ("Thank you.").
+    #: Sentences shorter than this (in words) are not checked against earlier sentences on their own ("Thank you.");
+    #: the reply so far is always checked against whole earlier turns, whatever its length.
     duplicate_min_words: int = Field(5, ge=1, le=100)
     #: A reply is held until it has this many words; a shorter whole reply is rejected (``short``).
     min_words: int = Field(4, ge=0, le=100)

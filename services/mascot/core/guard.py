@@ -83,15 +83,20 @@ def shares_ngram(text: str, sources: Iterable[str], n: int) -> bool:
     return bool(grams) and any(grams & ngrams(words(s), n) for s in sources)
 
 
-def is_echo(sentence: str, sources: Sequence[str], n: int = 8, tags: Sequence[str] = ()) -> bool:
+def is_echo(sentence: str, sources: Sequence[str], n: int = 8, tags: Sequence[str] = (),
+            source_grams: set | None = None) -> bool:
     """An echo of the prompt: a shared word ``n``-gram with a source, a 4+-word sentence contained whole in a source,
-    or a line opening with a prompt label or a speaker tag (``"The Anchor:"``)."""
+    or a line opening with a prompt label or a speaker tag (``"The Anchor:"``). ``source_grams``: the sources'
+    word ``n``-grams when the caller has them already (:meth:`ReplyContext.source_grams`)."""
     if _LABEL_RE.match(sentence):
         return True
     low = sentence.strip().lower()
     if any(low.startswith(t.lower() + ":") for t in tags if t):
         return True
-    if shares_ngram(sentence, sources, n):
+    if source_grams is not None:
+        if ngrams(words(sentence), n) & source_grams:
+            return True
+    elif shares_ngram(sentence, sources, n):
         return True
     w = words(sentence)
     if 6 <= len(w) < n:
@@ -153,6 +158,13 @@ class ReplyContext:
     earlier: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     _earlier_sentences: list[set] | None = field(default=None, repr=False)
+    _source_grams: dict = field(default_factory=dict, repr=False)
+
+    def source_grams(self, n: int) -> set:
+        """Word ``n``-grams of all the sources together (computed once per ``n``)."""
+        if n not in self._source_grams:
+            self._source_grams[n] = set().union(*(ngrams(words(x), n) for x in self.sources))
+        return self._source_grams[n]
 
     def earlier_sentence_grams(self) -> list[set]:
         """Character 5-gram sets of every earlier turn's sentences (computed once)."""
@@ -167,11 +179,12 @@ def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSett
 
     Reasons: ``echo``, ``loop``, ``duplicate`` (see the module docstring).
     """
-    if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags):
+    grams = ctx.source_grams(s.echo_ngram)
+    if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags, grams):
         return "echo"
     if released:  # an n-gram that spans the boundary with the text so far is an echo too
         bridge = words(released)[-(s.echo_ngram - 1):] + words(sentence)
-        if ngrams(bridge, s.echo_ngram) & set().union(*(ngrams(words(x), s.echo_ngram) for x in ctx.sources)):
+        if ngrams(bridge, s.echo_ngram) & grams:
             return "echo"
     candidate = (released + " " + sentence).strip()
     if is_loop(candidate, s.loop_ngram, s.loop_count):
@@ -180,8 +193,9 @@ def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSett
         g = char_ngrams(sentence)
         if any(jaccard(g, e) >= s.duplicate_jaccard for e in ctx.earlier_sentence_grams()):
             return "duplicate"
-    if ctx.earlier and len(words(candidate)) >= s.duplicate_min_words and \
-            max_similarity(candidate, ctx.earlier) >= s.duplicate_jaccard:
+    # the reply so far against whole earlier turns, at any length: a short reply ("That's a great story.") that
+    # repeats a short earlier turn is a copy too (only a sentence on its own is exempt below duplicate_min_words)
+    if ctx.earlier and words(candidate) and max_similarity(candidate, ctx.earlier) >= s.duplicate_jaccard:
         return "duplicate"
     return None
 

@@ -58,6 +58,10 @@ class Metrics:
         self.engine_batch_size = Histogram(
             "mascot_engine_batch_size", "Requests decoded together in one engine batch.",
             ["component"], buckets=BATCH_BUCKETS, registry=r)
+        self.engine_prompt_tokens = Counter(
+            "mascot_engine_prompt_tokens_total", "Prompt tokens of engine requests, by whether the transformers "
+            "engine's prefix cache served them (cached) or they were prefilled (computed).",
+            ["component", "source"], registry=r)
         self.judge_scores = Histogram(
             "mascot_judge_scores", "Judge scores (1-5).", ["criterion"], buckets=SCORE_BUCKETS, registry=r)
         self.judge_unparseable = Counter(

@@ -24,6 +24,9 @@ from mascot.director.directive import (
 from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
 
 MODEL, RETRY, FALLBACK, RANDOM = "model", "retry", "fallback", "random"
+#: Reasons of the content rules (:func:`mascot.director.directive.check_content`): the re-prompt states the reason
+#: without the refused answer.
+CONTENT_REASONS = ("directive_name", "directive_voice", "directive_copy")
 
 
 @dataclass
@@ -144,7 +147,9 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
             decision.rejection_reasons.append(e.reason)
-            failed.append(("" if e.reason == "directive_copy" else text, str(e)))  # a copy is not shown back
+            # an answer refused for its content is not shown back: shown, SmolLM2-135M wrote the same answer again
+            # at every retry (temperature 0.7, new seeds); only the reason is given
+            failed.append(("" if e.reason in CONTENT_REASONS else text, str(e)))
             continue
         decision.directive = parsed
         decision.source = MODEL if attempt == 0 else RETRY

@@ -72,7 +72,9 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     """
     from mascot.core.guard import char_ngrams, jaccard, words
 
-    name_words = {w for n in roster_names for w in words(n)} | {"the", "agent", "helper"}
+    # "the" of "The Anchor" is no name word: "Acknowledge the user's experience" has four real words; an Action that
+    # is only a name ("The Anchor") still has fewer than min_action_words
+    name_words = {w for n in roster_names for w in words(n)} - {"the"} | {"agent", "helper"}
     rest = [w for w in words(d.action) if w not in name_words]
     if len(rest) < min_action_words:
         raise DirectiveError("the Action must be a sentence of at least "
@@ -181,6 +183,13 @@ def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
     return verbs or list(ACTION_VERBS)
 
 
+def tone_regex(max_chars: int) -> str:
+    """A Tone under the grammar: one to four words (a letter, then lower-case letters), a comma or a space between
+    them ("Gentle and calm", "Warm, curious"), each word at most ``min(16, max_chars)`` characters. Free text
+    let a small model run on ("Gentle and calm, no more than 2-")."""
+    w = rf"[A-Za-z][a-z]{{0,{max(0, min(16, max_chars) - 1)}}}"
+    return rf"{w}(,? {w}){{0,3}}"
+
 #: Characters an Action must have after its verb under the grammar ("a solution" is too short to be an instruction).
 ACTION_MIN_CHARS = 16
 
@@ -202,4 +211,4 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
     return (rf"{head}Agent: ({names})\nAction: {action}\n"
-            rf"Tone: [^\n<\t ][^\n<]{{0,{max_tone_chars - 1}}}")
+            rf"Tone: {tone_regex(max_tone_chars)}")

@@ -261,6 +261,21 @@ def _automatic(systems: Mapping[str, Any], order: list[str], splits: list[str], 
     return lines
 
 
+def _reply_checks(systems: Mapping[str, Any], order: list[str], h: str) -> list[str]:
+    """What the reply checks did per system over all splits: refused attempts by reason, and replies cut back."""
+    rows_src = [(s, _stats(systems, s, "all").get("reply_checks")) for s in order]
+    rows_src = [(s, rc) for s, rc in rows_src if isinstance(rc, Mapping)]
+    if not rows_src:
+        return []
+    reasons = sorted({r for _, rc in rows_src for r in (rc.get("rejections") or {})})
+    rows = [[system_label(s), str(int(rc.get("agent_turns", 0))), str(int(rc.get("cut", 0)))]
+            + [str(int((rc.get("rejections") or {}).get(r, 0))) for r in reasons] for s, rc in rows_src]
+    return [f"{h} Reply checks", "",
+            "Agent turns, replies cut back to a sentence end, and refused attempts by reason (all splits); every "
+            "system's replies pass the same checks.", ""] + _table(
+        ["System", "Agent turns", "Cut"] + [f"Refused: {r}" for r in reasons], rows)
+
+
 def _personas(systems: Mapping[str, Any], order: list[str], splits: list[str], h: str) -> list[str]:
     lines: list[str] = []
     for split in splits:
@@ -306,6 +321,7 @@ def _body(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
                  "are not computed in meeting mode.")
     lines += _ablation(systems, mode, h)
     lines += _automatic(systems, order, splits, mode, h)
+    lines += _reply_checks(systems, order, h)
     lines += _personas(systems, order, splits, h)
     return lines
 

@@ -30,8 +30,11 @@ _EXTRA_CORPUS = [
 
 
 def training_corpus() -> list[str]:
-    """Texts the tiny tokenizer is trained on: the shipped persona files plus a few prompt phrases."""
-    corpus = [(SHIPPED_DIR / f).read_text(encoding="utf-8") for f in ("support.yaml", "meeting.yaml")]
+    """Texts the tiny tokenizer is trained on: the shipped persona files without their comment lines (so editing a
+    comment leaves the tokenizer, and every tiny-model output, as it was) plus a few prompt phrases."""
+    corpus = ["".join(ln for ln in (SHIPPED_DIR / f).read_text(encoding="utf-8").splitlines(keepends=True)
+                      if not ln.lstrip().startswith("#"))
+              for f in ("support.yaml", "meeting.yaml")]
     return corpus + _EXTRA_CORPUS * 4
 
 

@@ -396,6 +396,7 @@ class TransformersEngine(HFTokenizerMixin):
         state = states[0]
         for other in states[1:]:
             state = self._merge(state, other)
+        self._observe_prompt(jobs)
         return state
 
     @staticmethod
@@ -538,6 +539,13 @@ class TransformersEngine(HFTokenizerMixin):
             if not nxt.cancelled:
                 new.append(nxt)
         return new
+
+    def _observe_prompt(self, jobs: list[_Job]) -> None:
+        if self._metrics is not None:
+            cached = sum(j.cached_tokens for j in jobs)
+            m = self._metrics.engine_prompt_tokens
+            m.labels(component=self._component, source="cached").inc(cached)
+            m.labels(component=self._component, source="computed").inc(sum(len(j.prompt_ids) for j in jobs) - cached)
 
     def _observe_batch(self, n: int) -> None:
         self.batch_sizes.append(n)
