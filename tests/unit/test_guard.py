@@ -100,13 +100,16 @@ def test_loop_and_echo_definitions():
 
 @pytest.mark.parametrize("text", ["Dear [name], I hope this message finds you well.", "I'm so sorry to hear that.",
                                   "It sounds like you are under a lot of pressure.", "You should talk to him.",
-                                  "Remember that you are not alone."])
+                                  "Remember that you are not alone.",
+                                  "I'm so proud of you for being kind and compassionate.",
+                                  "It's wonderful to know that you're doing something positive."])
 def test_supporter_sentences_are_refused_for_the_simulated_user(text):
     assert supporter_reason(text) == "supporter"
 
 
 @pytest.mark.parametrize("text", ["I was so scared when he followed us.", "My mom held my hand the whole time.",
-                                  "Thanks, that helps a bit."])
+                                  "Thanks, that helps a bit.", "My dad said he was proud of me.",
+                                  "It's great to hear that it worked out for my sister."])
 def test_a_person_talking_about_themselves_passes(text):
     assert supporter_reason(text) is None
 

@@ -225,6 +225,11 @@ SUPPORTER_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"\bremember (that )?you\b", r"\bas an ai\b", r"\bhow (can|may) i (help|assist)",
     r"\bthank you for (sharing|opening up|reaching out)", r"\byou should\b", r"\byou (could|might|can) (try|consider)\b",
     r"\bfeel free to\b", r"\bi (understand|hear) (how|that) you\b", r"\byour feelings are (valid|normal)\b",
+    # praise of the helpers, seen from SmolLM2-135M as the simulated user: "I'm so proud of you for being kind",
+    # "It's wonderful to know that you're doing something positive"
+    r"\bproud of you\b",
+    r"\b(it'?s|that'?s) (so |really |just )?(wonderful|great|amazing|inspiring|lovely) (to see|to know|to hear)"
+    r"( that)? you\b",
 ))
 
 
