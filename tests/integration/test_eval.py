@@ -247,9 +247,6 @@ async def test_meeting_mode_per_domain_with_two_judges(engine, tiny_model_dir, s
     from tests.conftest import make_config
 
     monkeypatch.chdir(tmp_path)
-    # the tiny model's window is 8192 tokens; a QMSum excerpt plus a dialogue of the random model's text can pass the
-    # session engine's 2048 in the collective judge prompt (this test is about per-domain reporting)
-    monkeypatch.setattr(engine, "max_context_tokens", 4096)
     out = tmp_path / "meeting"
     opts = EvalOptions(situations=shared_data / "qmsum" / "meeting_excerpts.jsonl", out_dir=out, mode="meeting",
                        limit=3, systems=["mascot", "zero-shot", "multiagentesc"], agent_turns=2,

@@ -196,3 +196,35 @@ async def test_long_context_is_truncated_oldest_first(tiny_reward_dir):
     (text, cut), = sc.build_inputs(PersonaCatalog.load().get("anchor"), hist, ["short reply"])
     assert cut and "newest" in text and "old message number 0 " not in text
     assert len(sc.tokenizer(text)["input_ids"]) <= 128
+
+
+async def test_a_judge_re_prompt_that_would_overflow_the_window_leaves_the_item_unparseable(engine):
+    """A bad answer is re-prompted with the answer and the reason appended; when that re-prompt would not fit the
+    local engine's window the item is recorded unparseable (the eval goes on) instead of failing the whole run."""
+    from mascot.judge import rubric as rb
+    from mascot.judge.judging import UNPARSEABLE, Judge
+
+    class Rambling:  # answers prose instead of JSON, at the length of its answer bound
+        model, max_tokens = "rambling", 256
+
+        def __init__(self, eng):
+            self.engine, self.calls = eng, 0
+
+        async def complete(self, messages, schema, seed=0):
+            self.calls += 1
+            return "I think the helpers did well " * 60
+
+    backend = Rambling(engine)
+    per_word = engine.count_tokens("word " * 100) / 100
+    first = [{"role": "system", "content": "Score the dialogue."},
+             {"role": "user", "content": "word " * int((engine.max_context_tokens - 400) / per_word)}]
+    assert engine.count_tokens(engine.render_chat(first)) + backend.max_tokens <= engine.max_context_tokens
+    assert engine.count_tokens(engine.render_chat(rb.retry_messages(first, "I think " * 150, "not JSON",
+                                                                    "collective"))) > engine.max_context_tokens - 256
+    verdict = await Judge("j", backend, max_retries=2).judge("collective", first)
+    assert verdict.status == UNPARSEABLE and backend.calls == 1 and "does not fit" in verdict.error
+    # a prompt with room for the re-prompt is retried as before
+    short = [first[0], {"role": "user", "content": "A short dialogue."}]
+    backend.calls = 0
+    verdict = await Judge("j", backend, max_retries=2).judge("collective", short)
+    assert verdict.status == UNPARSEABLE and backend.calls == 3

@@ -54,9 +54,9 @@ class LocalJudgeBackend:
             res = await self.engine.generate(GenerationRequest(
                 prompt=prompt, sampling=SamplingParams(max_tokens=self.max_tokens, temperature=0.0, seed=seed),
                 adapter=self.adapter, structured=structured))
-        except PromptTooLong:
-            raise InvalidArgument("the judge prompt exceeds the judge model's context window; shorten the history "
-                                  "or the block, or raise engine.max_model_len") from None
+        except PromptTooLong as e:
+            raise InvalidArgument(f"the judge prompt exceeds the judge model's context window ({e}); shorten the "
+                                  "history or the block, or raise engine.max_model_len") from None
         return res.text
 
 

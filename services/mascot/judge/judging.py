@@ -83,6 +83,7 @@ class Judge:
                 return Verdict(hit.status, hit.scores, hit.rationale, hit.error, 0, True, key)
         schema = rb.json_schema(rubric)
         msgs, error = messages, ""
+        verdict = None
         for attempt in range(1, self.max_retries + 2):
             text = await self.backend.complete(msgs, schema, seed=attempt - 1)
             try:
@@ -90,10 +91,16 @@ class Judge:
             except JudgementError as e:
                 error = str(e)
                 msgs = rb.retry_messages(messages, text, error, rubric)
+                if attempt <= self.max_retries and not _fits(self.backend, msgs):
+                    # the re-prompt (first prompt + the bad answer + the reason) would overflow the local window:
+                    # the item is unparseable, the run goes on
+                    error += "; not re-prompted: the re-prompt does not fit the judge model's context window"
+                    verdict = Verdict(UNPARSEABLE, {}, "", error, attempt, False, key)
+                    break
                 continue
             verdict = Verdict(OK, parsed.scores, parsed.rationale, "", attempt, False, key)
             break
-        else:
+        if verdict is None:
             verdict = Verdict(UNPARSEABLE, {}, "", error, self.max_retries + 1, False, key)
         if self.metrics is not None:
             if verdict.status == OK:
@@ -109,6 +116,14 @@ class Judge:
     async def judge_many(self, rubric: str, items: list[list[dict]]) -> list[Verdict]:
         """Score several items concurrently (the local engine batches them); results in input order."""
         return list(await asyncio.gather(*(self.judge(rubric, m) for m in items)))
+
+
+def _fits(backend: Any, messages: list[dict]) -> bool:
+    """Whether ``messages`` plus the answer bound fit a local backend's engine window (remote backends: True)."""
+    eng = getattr(backend, "engine", None)
+    if eng is None:
+        return True
+    return eng.count_tokens(eng.render_chat(messages)) + backend.max_tokens <= eng.max_context_tokens
 
 
 def fit_prompt(backend: Any, build: Any, history: list, context: list) -> list[dict]:
