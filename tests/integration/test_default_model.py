@@ -69,4 +69,15 @@ def test_model_names_resolve(real_model_dir, tmp_path):
     assert resolve_model_name("", tmp_path / "tiny", real_model_dir.parent) == str(real_model_dir)
     tiny = resolve_model_name("tiny", tmp_path / "tiny", real_model_dir.parent)
     assert model_identity(tiny)["name"] == "tiny-random-qwen3"
-    assert resolve_model_name("/some/dir", tmp_path / "tiny") == "/some/dir"
+    assert resolve_model_name(str(tmp_path), tmp_path / "tiny") == str(tmp_path)  # an existing directory as given
+
+
+def test_a_missing_model_directory_is_a_one_line_error(tmp_path):
+    from mascot.core.engine.default_model import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="model directory /nonexistent/dir does not exist"):
+        resolve_model_name("/nonexistent/dir", tmp_path / "tiny")
+    with pytest.raises(DefaultModelError, match="does not exist"):  # the CLI catches the default model's errors
+        resolve_model_name(str(tmp_path / "nope"), tmp_path / "tiny")
+    assert resolve_model_name(str(tmp_path), tmp_path / "tiny") == str(tmp_path)
+    assert resolve_model_name("Qwen/Qwen3-8B", tmp_path / "tiny") == "Qwen/Qwen3-8B"  # a hub id passes through

@@ -45,6 +45,10 @@ class DefaultModelError(RuntimeError):
     """The default model is missing, corrupt, or cannot be prepared; the message says what to run."""
 
 
+class ModelNotFoundError(DefaultModelError):
+    """A model given as a local path does not exist (caught where the default model's errors are)."""
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()
@@ -217,7 +221,12 @@ def resolve_model_name(model: str, tiny_dir: str | Path, cache_dir: str | Path =
 
     Raises:
         DefaultModelError: the default model is needed but cannot be prepared.
+        ModelNotFoundError: ``model`` is a local path (starts with ``/``, ``.`` or ``~``) that is not a directory.
     """
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise ModelNotFoundError(f"model directory {model} does not exist: pass a directory holding the model's "
+                                 "config.json and weights, a Hugging Face id from the local cache, 'tiny', or no "
+                                 "model for the default one")
     if model == TINY_NAME:
         from mascot.core.engine.tiny import ensure_tiny
 
