@@ -66,12 +66,10 @@ async def run_pass(records: list[dict], agent_turns: int, concurrency: int, mode
 def prompts_by_persona() -> tuple[dict, dict]:
     """``({persona_id: [system prompt, card text]}, {persona_id: name})`` of the support set."""
     from mascot.core.personas import PersonaCatalog
-    from mascot.speaker.prompts import persona_system_prompt
+    from mascot.eval.defects import echo_sources
 
     cards = PersonaCatalog.load().in_set("support")
-    prompts = {c.id: [persona_system_prompt(c), " ".join([c.goal, c.role, *c.expertise, *c.allowed_moves,
-                                                          *c.forbidden_moves, *c.style])] for c in cards}
-    return prompts, {c.id: c.name for c in cards}
+    return echo_sources(cards), {c.id: c.name for c in cards}
 
 
 def verdict(fig: dict) -> dict:

@@ -64,6 +64,8 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
     report = await run_eval(opts, cfg, lambda p, d, t: phases.__setitem__(p, t), engine=engine)
     assert phases["dialogues"] == 32 * 10
     saved = json.loads((out / "report.json").read_text())
+    timings = report.pop("timings")
+    assert timings["dialogues_generated"] == 320 and timings["total_s"] >= timings["dialogues_s"] > 0
     assert saved == json.loads(json.dumps(report))
     assert len(saved["situations"]) == 32 and saved["judges"] == ["local"] and saved["seed"] == 0
     assert set(saved["systems"]) == set(SYSTEMS)
@@ -93,6 +95,7 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     # A second run on the same directory repeats nothing and gives the same report.
     again = await run_eval(opts, cfg, engine=engine)
+    assert again.pop("timings")["dialogues_generated"] == 0
     assert again == report
 
 
@@ -264,3 +267,52 @@ async def test_meeting_mode_per_domain_with_two_judges(engine, tiny_model_dir, s
     assert "Committee" in md and "Product" in md
     transcripts = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
     assert {d["split"] for d in transcripts} == {"academic", "committee", "product"}
+    # Every judge figure names the model that produced it.
+    from mascot.core.personas import PersonaCatalog
+
+    assert set(report["judge_info"]) == {"local", "second"}
+    assert all(j["model"] == report["models"]["backbone"] and isinstance(j["informative"], bool)
+               for j in report["judge_info"].values())
+    assert "## Judges" in md and f"local = {report['models']['backbone']}" in md
+    assert report["measures"]["roster"] == [c.id for c in PersonaCatalog.load().in_set("meeting")]
+
+
+async def test_judge_free_run_reports_measures_with_paired_statistics(engine, tiny_model_dir, shared_data, tmp_path,
+                                                                      monkeypatch):
+    """``--judges none``: no judge phase, no judge tables; the judge-free measures of every system, the paired
+    comparisons against mascot (the ablations among them), one measure row per dialogue and a confusion matrix per
+    system."""
+    from mascot.eval.runner import EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "free"
+    systems = ["mascot", "no-persona", "zero-shot", "multiagentesc"]
+    opts = EvalOptions(situations=shared_data / "empathetic_dialogues" / "test_situations.jsonl", out_dir=out,
+                       limit=3, systems=systems, agent_turns=2, judges=[], concurrency=4)
+    phases: dict[str, int] = {}
+    report = await run_eval(opts, make_config(tmp_path), lambda p, d, t: phases.__setitem__(p, t), engine=engine)
+    assert "judging" not in phases and phases["measures"] == 12
+    assert not (out / "judge-results.jsonl").exists() and report["judges"] == [] and report["judge_info"] == {}
+    timings = json.loads((out / "timings.json").read_text())
+    assert timings["dialogues_generated"] == 12 and timings["judging_s"] < 1.0
+    m = report["measures"]
+    assert m["roster"] == ["empathetic_listener", "anchor", "catalyst", "action_guide", "beacon"]
+    assert m["chance"] == 0.2 and m["embedding"].endswith("all-MiniLM-L6-v2")
+    assert set(m["systems"]) == set(systems) and m["paired"]["reference"] == "mascot"
+    assert set(m["paired"]["systems"]) == {"no-persona", "zero-shot", "multiagentesc"}
+    for s in systems:
+        vals = m["systems"][s]["values"]
+        assert vals["reply_words"]["n"] == 3 and vals["early_end"]["mean"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    # The single supporter of multiagentesc is not a roster persona: no identifiability, no pairs for it.
+    assert m["systems"]["multiagentesc"]["values"]["identifiability"]["n"] == 0
+    assert m["paired"]["systems"]["multiagentesc"]["identifiability"]["n"] == 0
+    assert m["systems"]["mascot"]["identification"]["n"] > 0
+    rows = [json.loads(x) for x in (out / "measures.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {r["system"] for r in rows} == set(systems)
+    md = (out / "report.md").read_text()
+    assert "## Measures without a judge" in md and "Paired differences: MASCOT minus each system" in md
+    assert "MASCOT-P" in md and "Agent-specific scores" not in md and "No LLM judge ran" in md
+    assert (out / "confusion_mascot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps({k: v for k, v in report.items() if k != "timings"}))

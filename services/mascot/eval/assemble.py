@@ -39,9 +39,108 @@ def reply_check_counts(dialogues: list[dict]) -> dict:
             "agent_turns": sum(1 for t in turns if t["role"] == "agent")}
 
 
+def judge_models(opts: Any, backbone: str) -> dict[str, str]:
+    """What model produced each judge's scores: the backbone for an in-process local judge (with its adapter),
+    ``MODEL @ ENDPOINT`` for an OpenAI-compatible one, and for judges of a running JudgeService the target they
+    were asked at (that service's config says which model it runs)."""
+    out = {}
+    for j in opts.judges:
+        name = j.get("name", "local")
+        if getattr(opts, "judge_target", ""):
+            out[name] = f"judge {name!r} of the JudgeService at {opts.judge_target}"
+        elif j.get("kind", "local") == "openai":
+            out[name] = f"{j.get('model', '')} @ {j.get('endpoint', '')}"
+        else:
+            out[name] = backbone + (f" + adapter {j['adapter']}" if j.get("adapter") else "")
+    return out
+
+
+#: A judge is flagged uninformative when its scores' population std (1-5 scale, all criteria pooled) is below this...
+UNINFORMATIVE_STD = 0.25
+#: ... or when one score value makes up at least this share of all its scores.
+UNINFORMATIVE_MODE_SHARE = 0.9
+
+
+def judge_spread(judged: dict, names: list[str]) -> dict[str, dict]:
+    """Per judge, the spread of its raw 1-5 scores over the run (every criterion of every valid verdict, agent and
+    collective): ``{"n", "std", "mode", "mode_share", "informative"}``. A judge whose scores barely vary (std <
+    0.25, or one value >= 90% of them) cannot rank systems, and the report says so."""
+    import statistics
+    from collections import Counter
+
+    out = {}
+    for name in names:
+        scores: list[int] = []
+        for per in judged.values():
+            j = per.get(name) or {}
+            for verdict in [*j.get("agent", []), j.get("collective")]:
+                if verdict:
+                    scores += [int(v) for v in verdict.values()]
+        if not scores:
+            out[name] = {"n": 0, "std": None, "mode": None, "mode_share": None, "informative": False}
+            continue
+        mode, count = Counter(scores).most_common(1)[0]
+        std = statistics.pstdev(scores)
+        share = count / len(scores)
+        out[name] = {"n": len(scores), "std": round(std, 6), "mode": mode, "mode_share": round(share, 6),
+                     "informative": std >= UNINFORMATIVE_STD and share < UNINFORMATIVE_MODE_SHARE}
+    return out
+
+
+def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any, agent_turns: int,
+                   progress: Callable[[str, int, int], None]) -> tuple[dict, list[dict]]:
+    """The judge-free measures (:mod:`mascot.eval.measures`): per system a mean with a 95% bootstrap interval for
+    every measure and the identifiability breakdown, and the paired comparisons of ``mascot`` (or the first system)
+    against every other system over the situations both ran. Also returns the per-dialogue values (one row per
+    dialogue, for ``measures.jsonl``)."""
+    from mascot.eval.defects import echo_sources
+    from mascot.eval.measures import (DEFINITIONS, IDENTITY_FIELDS, MEASURES, MeasureContext, dialogue_measures,
+                                      identification_summary)
+    from mascot.eval.stats import LEVEL, N_RESAMPLES, bootstrap_mean, paired_difference
+
+    mctx = MeasureContext(roster, embedder.embed, echo_sources(roster))
+    rows: list[dict] = []
+    identified: dict[str, list] = {s: [] for s in opts.systems}
+    for i, d in enumerate(dialogues):
+        m = dialogue_measures(d, mctx, agent_turns)
+        identified[d["system"]] += m["identified"]
+        rows.append({"system": d["system"], "situation_id": d["situation_id"], "split": d.get("split", ""),
+                     **{k: (None if v is None else round(v, 6)) for k, v in m["values"].items()}})
+        progress("measures", i + 1, len(dialogues))
+    by = {(r["system"], r["situation_id"]): r for r in rows}
+    ids = list(dict.fromkeys(d["situation_id"] for d in dialogues))
+    systems = {}
+    for s in opts.systems:
+        mine = [by[(s, i)] for i in ids if (s, i) in by]
+        systems[s] = {"n": len(mine),
+                      "values": {k: bootstrap_mean([r[k] for r in mine if r[k] is not None], seed=opts.seed)
+                                 for k in MEASURES},
+                      "identification": identification_summary(identified[s], mctx.card_ids)}
+    reference = "mascot" if "mascot" in opts.systems else opts.systems[0]
+    paired = {}
+    for s in opts.systems:
+        if s == reference:
+            continue
+        paired[s] = {}
+        for k in MEASURES:
+            pairs = [(by[(reference, i)][k], by[(s, i)][k]) for i in ids if (reference, i) in by and (s, i) in by
+                     and by[(reference, i)][k] is not None and by[(s, i)][k] is not None]
+            paired[s][k] = paired_difference([a for a, _ in pairs], [b for _, b in pairs], seed=opts.seed)
+    block = {"embedding": embedder.model_name, "roster": mctx.card_ids, "chance": round(mctx.chance, 6),
+             "identity_fields": list(IDENTITY_FIELDS), "better": dict(MEASURES), "definitions": dict(DEFINITIONS),
+             "interval": {"level": LEVEL, "method": "percentile bootstrap over dialogues", "resamples": N_RESAMPLES},
+             "systems": systems,
+             "paired": {"reference": reference, "difference": f"{reference} minus system, per situation",
+                        "test": "Wilcoxon signed-rank (two-sided) and a paired bootstrap of the mean difference",
+                        "systems": paired}}
+    return block, rows
+
+
 def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,
-                 progress: Callable[[str, int, int], None]) -> dict:
-    """The report dict (blocking: runs the NLI and embedding models)."""
+                 progress: Callable[[str, int, int], None], roster: list | None = None) -> dict:
+    """The report dict (blocking: runs the NLI and embedding models). With ``roster`` (the persona cards of the
+    run), the judge-free measures are added under ``measures`` and their per-dialogue rows under
+    ``report["_measure_rows"]`` (taken out by :func:`write_outputs` into ``measures.jsonl``)."""
     from mascot.eval.automatic import aggregate as aggregate_automatic
     from mascot.eval.automatic import dialogue_metrics
 
@@ -67,7 +166,7 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
                         continue
                     key = (system, d["situation_id"])
                     per = [judged[key][n] for n in judge_names]
-                    n_agent = len(per[0]["agent"])
+                    n_agent = len(per[0]["agent"]) if per else 0
                     items.append({
                         "agent": [combine_judges([p["agent"][k] for p in per]) for k in range(n_agent)],
                         "agent_personas": [t["persona_id"] for t in d["turns"] if t["role"] == "agent"],
@@ -102,12 +201,23 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
     }
     if len(judges) > 1:
         report["by_judge"] = {n: systems_block([n]) for n in judges}
+    models = judge_models(opts, model_name)
+    spread = judge_spread(judged, judges)
+    report["judge_info"] = {n: {"model": models[n], **spread[n]} for n in judges}
+    if roster:
+        agent_turns = opts.agent_turns or cfg.selfplay.agent_turns
+        report["measures"], report["_measure_rows"] = measures_block(opts, roster, dialogues, embedder, agent_turns,
+                                                                     progress)
     return report
 
 
 def write_outputs(out: Path, report: dict, dialogues: list[dict]) -> None:
-    """``transcripts.jsonl`` (ordered by system then situation), ``report.json``, ``report.md`` and the plots."""
+    """``transcripts.jsonl`` (ordered by system then situation), ``measures.jsonl`` (one row of measure values per
+    dialogue, same order), ``report.json``, ``report.md`` and the plots."""
     from mascot.eval.report import write_report
 
+    rows = report.pop("_measure_rows", None)
     atomic_write_text(out / "transcripts.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues))
+    if rows is not None:
+        atomic_write_text(out / "measures.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     write_report(report, out)

@@ -51,7 +51,8 @@ def evaluate(
                                 "no-persona,multiagentesc", "--systems", help="Comma-separated system ids."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (a rerun resumes it)."),
     judges: str = typer.Option("local", "--judges", help="Comma-separated judge specs: local, openai:MODEL@URL or "
-                               "NAME=openai:MODEL@URL (key from OPENAI_API_KEY or --judge-key-file)."),
+                               "NAME=openai:MODEL@URL (key from OPENAI_API_KEY or --judge-key-file); none: no LLM "
+                               "judge, judge-free measures only."),
     judge_key_file: Optional[Path] = typer.Option(None, "--judge-key-file", help="File holding the judges' API key."),
     judge_target: str = typer.Option("", "--judge-target", help="HOST:PORT of a running JudgeService to judge with "
                                      "(--judges then names its judges); default: an in-process one."),
@@ -85,7 +86,9 @@ def evaluate(
         _fail("mascot eval needs --situations FILE and --out DIR (or a subcommand: export-pairs, import-pairs)")
     judge_target = judge_target.strip()
     try:
-        if judge_target:
+        if judges.strip().lower() == "none":
+            specs = []
+        elif judge_target:
             specs = _judge_names(judges)
         else:
             specs = [parse_judge_spec(s.strip()) for s in judges.split(",") if s.strip()]
@@ -108,7 +111,8 @@ def evaluate(
         from mascot.eval.runner import validate
 
         validate(opts)
-        JudgeConfig(judges=specs)
+        if specs:
+            JudgeConfig(judges=specs)
     except ValidationError as e:
         err = e.errors()[0]
         _fail(f"bad judge spec ({'.'.join(str(x) for x in err['loc'])}): {err['msg']}")
@@ -148,10 +152,17 @@ def evaluate(
                   f"{one_line(e.details)}", 1)
         except grpc.aio.AioRpcError as e:
             _fail(f"a service refused: {e.code().name}: {one_line(e.details())}", 1)
-    overall = {s: v["all"]["overall"]["mean"] if mode == "support" else v["all"]["collective_overall"]["mean"]
-               for s, v in report["systems"].items()}
-    console.print_json(json.dumps({"overall": overall}))
-    console.print(f"report: {out / 'report.md'} (and report.json, *.png, transcripts.jsonl)")
+    summary: dict = {}
+    if specs:
+        summary["overall"] = {s: v["all"]["overall"]["mean"] if mode == "support"
+                              else v["all"]["collective_overall"]["mean"] for s, v in report["systems"].items()}
+        summary["uninformative_judges"] = [n for n, j in report.get("judge_info", {}).items() if not j["informative"]]
+    measures = report.get("measures") or {}
+    summary["identifiability"] = {s: v["values"]["identifiability"]["mean"]
+                                  for s, v in (measures.get("systems") or {}).items()}
+    summary["wall_seconds"] = report.get("timings", {})
+    console.print_json(json.dumps(summary))
+    console.print(f"report: {out / 'report.md'} (and report.json, *.png, transcripts.jsonl, measures.jsonl)")
 
 
 @eval_app.command("export-pairs")

@@ -296,14 +296,17 @@ def _personas(systems: Mapping[str, Any], order: list[str], splits: list[str], h
     return [f"{h} Persona-level breakdown", "", "Mean score per persona (0–100); no paper numbers exist.", ""] + lines
 
 
-def _body(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
-    """Every table for one ``systems`` block; ``h`` is the heading prefix of its sections (e.g. "###")."""
+def _body(systems: Mapping[str, Any], mode: str, h: str, judged: bool = True) -> list[str]:
+    """Every table for one ``systems`` block; ``h`` is the heading prefix of its sections (e.g. "###"). Without a
+    judge (``judged`` false) the judge-score and ablation tables are left out (they would be empty)."""
     order = _systems_in_order(systems)
     if not order:
         return ["No systems in this report.", ""]
     splits = _splits_in_order(systems, mode)
     lines = _run_counts(systems, order, splits, h)
-    if mode == "support":
+    if not judged:
+        pass
+    elif mode == "support":
         lines += _score_tables(
             systems, order, splits, h, title="Agent-specific scores (paper §8.1)", keys=AGENT_KEYS,
             columns=AGENT_COLUMNS, section="criteria", overall="overall", ref=paper.AGENT_SPECIFIC,
@@ -319,10 +322,115 @@ def _body(systems: Mapping[str, Any], mode: str, h: str) -> list[str]:
             ref=paper.QMSUM_COLLECTIVE, approx=True,
             note="Paper: a dot plot (~±1), MASCOT and MultiAgentESC only. Agent-specific scores "
                  "are not computed in meeting mode.")
-    lines += _ablation(systems, mode, h)
+    if judged:
+        lines += _ablation(systems, mode, h)
     lines += _automatic(systems, order, splits, mode, h)
     lines += _reply_checks(systems, order, h)
     lines += _personas(systems, order, splits, h)
+    return lines
+
+
+def _ci(stat: Any, digits: int = 3) -> str:
+    """"mean [lo, hi]" of a ``{"mean", "lo", "hi"}`` dict; "mean" without an interval; "–" without a mean."""
+    if not isinstance(stat, Mapping) or _num(stat.get("mean")) is None:
+        return DASH
+    m, lo, hi = _num(stat.get("mean")), _num(stat.get("lo")), _num(stat.get("hi"))
+    if lo is None or hi is None:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _diff(stat: Any, digits: int = 3) -> str:
+    """"+d [lo, hi] p=P" of a paired comparison; "–" without pairs."""
+    if not isinstance(stat, Mapping) or _num(stat.get("mean_diff")) is None:
+        return DASH
+    m, lo, hi, p = (_num(stat.get(k)) for k in ("mean_diff", "lo", "hi", "p"))
+    out = f"{m:+.{digits}f}"
+    if lo is not None and hi is not None:
+        out += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+    return out + (f" p={p:.3g}" if p is not None else "")
+
+
+#: Measures in the order of the report's tables, with column titles.
+MEASURE_COLUMNS = (("identifiability", "Identifiability"), ("identity_margin", "Identity margin"),
+                   ("relevance_user", "Relevance (user)"), ("relevance_situation", "Relevance (situation)"),
+                   ("self_bleu", "Self-BLEU"), ("embedding_redundancy", "Redundancy"), ("distinct_2", "Distinct-2"),
+                   ("echo_rate", "Echo"), ("loop_rate", "Loop"), ("near_duplicate_rate", "Near-dup"),
+                   ("empty_rate", "Empty"), ("early_end", "Early end"), ("reply_words", "Words/reply"))
+
+
+def _measures(report: Mapping[str, Any]) -> list[str]:
+    """The judge-free measures: per-system means with intervals, identifiability per persona, paired differences."""
+    block = report.get("measures")
+    if not isinstance(block, Mapping):
+        return []
+    systems = block.get("systems") or {}
+    order = _systems_in_order(systems)
+    better = block.get("better") or {}
+    interval = block.get("interval") or {}
+    lines = ["## Measures without a judge", "",
+             f"Embedding model: {block.get('embedding', DASH)}. One value per dialogue; mean and "
+             f"{round(100 * (interval.get('level') or 0.95))}% {interval.get('method', 'bootstrap')} interval "
+             f"[lo, hi]. Persona identity text: {', '.join(block.get('identity_fields') or [])} of each roster card "
+             f"({', '.join(block.get('roster') or [])}); chance identifiability {_num(block.get('chance')) or 0:.3f}. "
+             "Arrows: which direction is better.", ""]
+    cols = [(k, t) for k, t in MEASURE_COLUMNS if k in better]
+    arrow = {"higher": " ↑", "lower": " ↓"}
+    for group in (cols[:7], cols[7:]):
+        rows = [[system_label(s), str(systems[s].get("n", DASH))]
+                + [_ci((systems[s].get("values") or {}).get(k)) for k, _ in group] for s in order]
+        lines += _table(["System", "n"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
+    lines += ["### Persona identifiability by persona", "",
+              "Accuracy (share of the persona's replies whose nearest card is its own) and mean margin; n replies.",
+              ""]
+    roster = list(block.get("roster") or [])
+    rows = []
+    for s in order:
+        ident = systems[s].get("identification") or {}
+        per = ident.get("per_persona") or {}
+        cells = []
+        for pid in roster:
+            p = per.get(pid) or {}
+            a, m = _num(p.get("accuracy")), _num(p.get("margin"))
+            cells.append(DASH if a is None else f"{a:.2f} ({m:+.3f}, n={p.get('n', 0)})")
+        a = _num(ident.get("accuracy"))
+        rows.append([system_label(s), DASH if a is None else f"{a:.3f} (n={ident.get('n', 0)})"] + cells)
+    lines += _table(["System", "All"] + roster, rows)
+    paired = block.get("paired") or {}
+    ref = paired.get("reference", "")
+    comps = paired.get("systems") or {}
+    if comps:
+        lines += [f"### Paired differences: {system_label(ref)} minus each system", "",
+                  f"Per situation (same situation and seed), {ref} minus the system; mean difference, its "
+                  "95% paired-bootstrap interval and the Wilcoxon signed-rank p-value. A difference in the arrow's "
+                  "direction favours " + system_label(ref) + ".", ""]
+        for group in (cols[:7], cols[7:]):
+            rows = [[system_label(s)] + [_diff((comps[s] or {}).get(k)) for k, _ in group]
+                    for s in _systems_in_order(comps)]
+            lines += _table(["System"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
+    return lines
+
+
+def _judge_info(report: Mapping[str, Any]) -> list[str]:
+    """Which model produced each judge's scores, and whether its scores varied enough to rank anything."""
+    info = report.get("judge_info")
+    if not isinstance(info, Mapping) or not info:
+        return []
+    rows, warn = [], []
+    for name, j in info.items():
+        std, share = _num(j.get("std")), _num(j.get("mode_share"))
+        rows.append([_esc(name), _esc(j.get("model", DASH)), str(j.get("n", 0)),
+                     DASH if std is None else f"{std:.3f}",
+                     DASH if share is None else f"{j.get('mode')} ({100 * share:.0f}%)",
+                     "yes" if j.get("informative") else "**no**"])
+        if not j.get("informative"):
+            warn.append(name)
+    lines = ["## Judges", ""] + _table(["Judge", "Model", "Scores", "Std (1–5)", "Most common score", "Informative"],
+                                       rows)
+    if warn:
+        lines += [f"> **Uninformative judge(s): {', '.join(warn)}.** Their scores barely vary over the run (std < "
+                  "0.25 on the 1–5 scale, or one value in at least 90% of scores), so their tables cannot rank "
+                  "systems.", ""]
     return lines
 
 
@@ -351,14 +459,24 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     judges = [str(j) for j in report.get("judges") or []]
     by_judge = report.get("by_judge") or {}
     lines = _header(report, mode)
+    lines += _measures(report)
+    lines += _judge_info(report)
+    info = report.get("judge_info") or {}
+
+    def label(name: str) -> str:
+        model = (info.get(name) or {}).get("model")
+        return f"{name} = {model}" if model else name
+
     if by_judge:
-        lines += [f"## Mean over judges ({', '.join(judges or sorted(by_judge))})", ""]
+        lines += [f"## Mean over judges ({'; '.join(label(j) for j in judges or sorted(by_judge))})", ""]
+    elif judges:
+        lines += [f"## Scores (judge: {'; '.join(label(j) for j in judges)})", ""]
     else:
-        lines += [f"## Scores (judge: {', '.join(judges) or DASH})", ""]
-    lines += _body(report.get("systems") or {}, mode, "###")
+        lines += ["## Without a judge", "", "No LLM judge ran (`--judges none`): no judge-score tables.", ""]
+    lines += _body(report.get("systems") or {}, mode, "###", judged=bool(judges))
     for judge in judges + sorted(set(by_judge) - set(judges)):
         if judge in by_judge:
-            lines += [f"## Judge: {judge}", ""] + _body(by_judge[judge] or {}, mode, "###")
+            lines += [f"## Judge: {label(judge)}", ""] + _body(by_judge[judge] or {}, mode, "###")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -437,13 +555,41 @@ def _radar_chart(systems: Mapping[str, Any], system: str, splits: list[str], key
     return _save_figure(fig, out_dir / f"radar_{_safe_name(system)}.png")
 
 
+def _confusion_chart(block: Mapping[str, Any], system: str, out_dir: Path) -> Path | None:
+    """Row-normalised persona confusion matrix of one system (speaker × nearest card), or ``None`` without replies."""
+    from matplotlib.figure import Figure
+
+    conf = ((block.get("systems") or {}).get(system) or {}).get("identification", {}).get("confusion") or {}
+    labels, matrix = list(conf.get("labels") or []), conf.get("matrix") or []
+    if not labels or not any(any(r) for r in matrix):
+        return None
+    rows = [[c / sum(r) if sum(r) else 0.0 for c in r] for r in matrix]
+    fig = Figure(figsize=(1.1 * len(labels) + 2.5, 1.0 * len(labels) + 1.8))
+    ax = fig.add_subplot()
+    im = ax.imshow(rows, vmin=0.0, vmax=1.0, cmap="Blues")
+    for i, r in enumerate(matrix):
+        for j, c in enumerate(r):
+            ax.text(j, i, str(c), ha="center", va="center", fontsize="small",
+                    color="white" if rows[i][j] > 0.5 else "black")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("nearest persona card")
+    ax.set_ylabel("speaker")
+    acc = _num(((block.get("systems") or {}).get(system) or {}).get("identification", {}).get("accuracy"))
+    ax.set_title(f"{system_label(system)}: identifiability {acc:.2f} (chance {_num(block.get('chance')) or 0:.2f})"
+                 if acc is not None else system_label(system))
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the speaker's replies")
+    return _save_figure(fig, out_dir / f"confusion_{_safe_name(system)}.png")
+
+
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the PNG charts of the report's ``systems`` block (the mean over judges) into ``out_dir``.
 
     Charts: ``bar_<key>.png`` for every agent criterion and collective criterion (§4.2), as
     grouped bars (systems × splits) with the std as error bars on a 0–100 axis; ``radar_<system>.png`` per
     system, with the agent criteria (support mode) or the collective criteria (meeting mode), one polygon per
-    split. A chart without data (every mean ``None``; for a radar, no split with all criteria) is skipped. Each
+    split; ``confusion_<system>.png`` per system of the ``measures`` block (speaker × nearest persona card, counts,
+    shaded by the share of the speaker's replies). A chart without data (every mean ``None``; for a radar, no split with all criteria) is skipped. Each
     file is saved under a temporary name in ``out_dir`` and moved into place with ``os.replace``.
 
     Args:
@@ -474,6 +620,12 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
         path = _radar_chart(systems, system, splits, keys, section, columns, out)
         if path is not None:
             written.append(path)
+    block = report.get("measures")
+    if isinstance(block, Mapping):
+        for system in _systems_in_order(block.get("systems") or {}):
+            path = _confusion_chart(block, system, out)
+            if path is not None:
+                written.append(path)
     return written
 
 

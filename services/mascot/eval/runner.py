@@ -11,8 +11,11 @@ Phases (each resumable after SIGKILL):
    one at ``judge_target``. Every answered request is appended and fsynced to ``DIR/judge-results.jsonl``, so a
    rerun after the eval or the judge service died asks no answered item again and counts none twice; each call
    has a deadline and UNAVAILABLE / DEADLINE_EXCEEDED are retried within ``judge_retry_budget_s``.
-3. Automatic metrics (Self-BLEU, distinct-n, NLI, embedding redundancy) and the report
-   (``report.json``, ``report.md``, ``*.png``) plus ``transcripts.jsonl``, each written atomically.
+3. Automatic metrics (Self-BLEU, distinct-n, NLI, embedding redundancy), the judge-free measures with bootstrap
+   intervals and paired tests (:mod:`mascot.eval.measures`), and the report (``report.json``, ``report.md``,
+   ``*.png``) plus ``transcripts.jsonl``, ``measures.jsonl`` and ``timings.json``, each written atomically.
+
+With no judges (``--judges none``) phase 2 is skipped: the report holds the judge-free measures only.
 
 Every system sees the same situations with the same per-situation seeds, so comparisons are paired. The
 report holds no timestamps: the same seed and inputs give the same ``report.json``.
@@ -49,7 +52,8 @@ class EvalOptions:
         mode: ``support`` or ``meeting``.
         limit: First N records; None for all.
         systems: System ids from :data:`SYSTEMS`.
-        judges: Judge spec dicts (:class:`~mascot.core.config.JudgeSpec` fields).
+        judges: Judge spec dicts (:class:`~mascot.core.config.JudgeSpec` fields); empty: no LLM judge runs (the
+            report then has the judge-free measures only).
         seed: Base seed.
         agent_turns: Agent turns per dialogue (0: ``selfplay.agent_turns``).
         concurrency: Dialogues and judge calls in flight.
@@ -103,8 +107,6 @@ def validate(opts: EvalOptions) -> None:
         raise ValueError("--mode must be support or meeting")
     if opts.concurrency < 1:
         raise ValueError("--concurrency must be >= 1")
-    if not opts.judges:
-        raise ValueError("at least one judge is needed")
     names = [j.get("name", "local") for j in opts.judges]
     if len(set(names)) != len(names):
         raise ValueError(f"judge names must be unique, got {', '.join(names)}; name them NAME=SPEC")
@@ -204,7 +206,9 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         engine: An already started engine to use (tests); else one is built from ``cfg.engine``.
 
     Returns:
-        The report dict (also in ``report.json``).
+        The report dict (also in ``report.json``), plus ``timings``: wall seconds of this invocation's phases
+        (``dialogues_s``, ``judging_s``, ``metrics_and_report_s``, ``total_s``; also in ``timings.json``, kept out of
+        ``report.json`` so the same inputs give the same report).
 
     Raises:
         ValueError: bad options, overlap with a training manifest, or a resumed directory with other settings.
@@ -222,7 +226,11 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     from mascot.eval.automatic import EmbeddingRedundancy
     from mascot.stack import start_stack
 
+    import time
+
     validate(opts)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
     situations = load_situations(opts.situations, opts.mode, opts.limit)
     manifests = list(opts.manifests)
     if opts.sft_adapter and (Path(opts.sft_adapter) / "manifest.json").is_file():
@@ -286,11 +294,14 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                 count[0] += 1
                 report_progress("dialogues", count[0], total)
 
+        t0 = time.perf_counter()
         try:
             await asyncio.gather(*(one(*t) for t in todo))
         finally:
             for ch in [*chans.values(), sch]:
                 await ch.close()
+        timings["dialogues_s"] = time.perf_counter() - t0
+        timings["dialogues_generated"] = len(todo)
         for st in stacks.values():
             await st.stop(0)
         stacks.clear()
@@ -298,7 +309,10 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         from mascot.eval.judging import RESULTS_FILE, JudgeResults, judge_dialogues
 
         dialogues = [log.done[(s, sit.id)] for s in opts.systems for sit in situations]
-        if opts.judge_target:
+        t0 = time.perf_counter()
+        if not opts.judges:
+            judged: dict = {}
+        elif opts.judge_target:
             target, identities = opts.judge_target, None  # answers are reused for the same target and request
         else:
             judge_cfg = MascotConfig(**deep_merge(base, {"judge": {"judges": opts.judges, "cache_url":
@@ -306,17 +320,25 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
             judge_stack = await start_stack(judge_cfg, ("judge",), engine=engine, metrics=metrics)
             stacks["judge"] = judge_stack
             target, identities = judge_stack.target("judge"), _judge_identities(judge_cfg)
-        judged = await judge_dialogues(target, dialogues, situations, opts, catalog, cfg.server.max_message_bytes,
-                                       report_progress, results=JudgeResults(out / RESULTS_FILE),
-                                       identities=identities,
-                                       policy=RetryPolicy(call_timeout_s=opts.judge_call_timeout_s,
-                                                          budget_s=opts.judge_retry_budget_s))
+        if opts.judges:
+            judged = await judge_dialogues(target, dialogues, situations, opts, catalog,
+                                           cfg.server.max_message_bytes, report_progress,
+                                           results=JudgeResults(out / RESULTS_FILE), identities=identities,
+                                           policy=RetryPolicy(call_timeout_s=opts.judge_call_timeout_s,
+                                                              budget_s=opts.judge_retry_budget_s))
+        timings["judging_s"] = time.perf_counter() - t0
         from mascot.eval.assemble import build_report, write_outputs
 
+        t0 = time.perf_counter()
         report = await asyncio.to_thread(build_report, opts, cfg, situations, dialogues, judged, embedder,
-                                         report_progress)
+                                         report_progress, roster)
         await asyncio.to_thread(write_outputs, out, report, dialogues)
-        return report
+        timings["metrics_and_report_s"] = time.perf_counter() - t0
+        timings["total_s"] = time.perf_counter() - t_start
+        timings = {k: round(v, 1) if isinstance(v, float) else v for k, v in timings.items()}
+        atomic_write_text(out / "timings.json", json.dumps({"engine": cfg.engine.kind,
+                                                            "concurrency": opts.concurrency, **timings}, indent=2))
+        return {**report, "timings": timings}
     finally:
         for st in stacks.values():
             await st.stop(0)

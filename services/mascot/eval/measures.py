@@ -1,0 +1,263 @@
+"""Dialogue-quality measures that need no LLM judge: persona identifiability, relevance, redundancy and defect rates.
+
+Every measure gives one value per dialogue (``None`` where it is undefined, e.g. no agent reply), so systems run on
+the same situations and seeds can be compared pair by pair (:mod:`mascot.eval.stats`). Embeddings are the sentence
+embeddings of all-MiniLM-L6-v2 (:class:`mascot.eval.automatic.EmbeddingRedundancy`, L2-normalised, so a dot product
+is a cosine similarity).
+
+Measures (``better``: which direction is good):
+
+* ``identifiability`` (higher): share of the dialogue's agent replies whose nearest persona card, by cosine between
+  the reply's embedding and each roster card's :func:`identity_text`, is the card of the persona that spoke. Zero-shot:
+  nothing is trained on replies. Chance is 1/N for N roster personas.
+* ``identity_margin`` (higher): mean over replies of cos(reply, own card) − max over the other cards of
+  cos(reply, card). Positive: the reply is closer to its own persona than to any other.
+* ``relevance_user`` (higher): mean cosine between each agent reply and the latest user message before it.
+* ``relevance_situation`` (higher): mean cosine between each agent reply and the situation text the simulated user
+  was given.
+* ``self_bleu`` (lower) and ``embedding_redundancy`` (lower): :mod:`mascot.eval.automatic`; ``distinct_2`` (higher).
+* ``echo_rate``, ``loop_rate``, ``near_duplicate_rate``, ``empty_rate`` (lower): share of the dialogue's agent turns
+  flagged by the fixed detectors of :mod:`mascot.eval.defects`.
+* ``early_end`` (lower): 1 when the dialogue delivered fewer agent turns than were asked for, else 0.
+* ``reply_words``: mean words per agent reply (no direction; a length difference explains many others).
+
+Safety-gate turns (the gate's fixed reply, not a persona's) count in the defect rates but not in identifiability or
+relevance. Replies by a speaker outside the roster (the single supporter of ``multiagentesc``) have no
+identifiability.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from mascot.core.guard import words
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    import numpy as np
+
+    from mascot.core.personas import PersonaCard
+
+#: Measure name -> ``"higher"`` / ``"lower"`` is better, or ``""`` (no direction).
+MEASURES: dict[str, str] = {
+    "identifiability": "higher", "identity_margin": "higher", "relevance_user": "higher",
+    "relevance_situation": "higher", "self_bleu": "lower", "embedding_redundancy": "lower", "distinct_2": "higher",
+    "echo_rate": "lower", "loop_rate": "lower", "near_duplicate_rate": "lower", "empty_rate": "lower",
+    "early_end": "lower", "reply_words": "",
+}
+#: One-line definitions, copied into ``report.json`` so a reader of the file alone knows what each number is.
+DEFINITIONS: dict[str, str] = {
+    "identifiability": "share of agent replies whose nearest persona card (MiniLM cosine) is the speaker's own",
+    "identity_margin": "cos(reply, own card) minus the best cos(reply, other card), mean over replies",
+    "relevance_user": "cos(reply, latest user message before it), mean over replies",
+    "relevance_situation": "cos(reply, the situation text), mean over replies",
+    "self_bleu": "sentence BLEU-4 of each agent turn against the others, mean, 0-1",
+    "embedding_redundancy": "mean pairwise MiniLM cosine of the agent turns",
+    "distinct_2": "unique word bigrams / all word bigrams of the agent turns",
+    "echo_rate": "share of agent turns sharing a word 8-gram with the persona's prompt, card or directive",
+    "loop_rate": "share of agent turns with a word 4-gram 3+ times or a repeated sentence",
+    "near_duplicate_rate": "share of agent turns with character 5-gram Jaccard >= 0.8 to an earlier turn",
+    "empty_rate": "share of agent turns without a word",
+    "early_end": "1 when fewer agent turns were delivered than asked for",
+    "reply_words": "mean words per agent reply",
+}
+#: Card fields that make a persona's identity text (see :func:`identity_text`).
+IDENTITY_FIELDS = ("role", "goal", "expertise", "allowed_moves", "style")
+
+
+def identity_text(card: PersonaCard) -> str:
+    """The text a persona is identified by: its role, goal, expertise, allowed moves and style, in that order.
+
+    Left out on purpose: the display name (replies rarely say their own speaker's name, and other personas' names
+    appear in replies that address them), the forbidden moves (they describe what the persona must not sound like,
+    which would pull the replies of the personas that do it towards this card) and the default tone.
+    """
+    parts = [f"{card.role}.", card.goal, *(f"{x}." for x in card.expertise), *(f"{x}." for x in card.allowed_moves),
+             *(f"{x}." for x in card.style)]
+    return " ".join(p.strip() for p in parts if p.strip())
+
+
+def identify(reply_emb: np.ndarray, card_emb: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """Nearest card of each reply and the full cosine matrix.
+
+    Args:
+        reply_emb: ``[n, d]`` L2-normalised reply embeddings.
+        card_emb: ``[k, d]`` L2-normalised card embeddings, ``k >= 1``.
+
+    Returns:
+        ``(nearest, cos)``: the index of the nearest card per reply (the lowest index on an exact tie) and the
+        ``[n, k]`` cosine matrix.
+
+    Raises:
+        ValueError: no cards, or the widths differ.
+    """
+    import numpy as np
+
+    if card_emb.shape[0] < 1:
+        raise ValueError("identify needs at least one persona card")
+    if reply_emb.shape[0] and reply_emb.shape[1] != card_emb.shape[1]:
+        raise ValueError(f"reply width {reply_emb.shape[1]} != card width {card_emb.shape[1]}")
+    cos = np.asarray(reply_emb, dtype=np.float64) @ np.asarray(card_emb, dtype=np.float64).T
+    return [int(i) for i in np.argmax(cos, axis=1)] if cos.size else [], cos
+
+
+def margin(cos_row: np.ndarray, own: int) -> float:
+    """cos to the own card minus the best cos to another card; the own cosine itself when there is one card."""
+    others = [float(c) for j, c in enumerate(cos_row) if j != own]
+    return float(cos_row[own]) - (max(others) if others else 0.0)
+
+
+class MeasureContext:
+    """What the measures of one run share: the roster's card embeddings, the detectors' echo sources and an
+    embedding cache (a text is embedded once per run).
+
+    Args:
+        cards: The roster's persona cards (identifiability is over these; N = ``len(cards)``).
+        embed: ``embed(texts) -> [len(texts), d]`` L2-normalised embeddings (e.g.
+            :meth:`mascot.eval.automatic.EmbeddingRedundancy.embed`).
+        echo_sources: ``{persona_id: [texts]}`` a reply must not copy 8 words of (:func:`mascot.eval.defects.echo_sources`).
+
+    Raises:
+        ValueError: no cards, or two cards with the same id.
+    """
+
+    def __init__(self, cards: Sequence[PersonaCard], embed: Callable[[Sequence[str]], np.ndarray],
+                 echo_sources: Mapping[str, Sequence[str]] | None = None) -> None:
+        if not cards:
+            raise ValueError("the measures need at least one roster persona card")
+        self.card_ids = [c.id for c in cards]
+        if len(set(self.card_ids)) != len(self.card_ids):
+            raise ValueError(f"persona ids must be unique, got {self.card_ids}")
+        self._embed = embed
+        self._cache: dict[str, Any] = {}
+        self.card_emb = self.embed([identity_text(c) for c in cards])
+        self.echo_sources = {k: list(v) for k, v in (echo_sources or {}).items()}
+
+    @property
+    def chance(self) -> float:
+        """Identifiability by chance: 1/N."""
+        return 1.0 / len(self.card_ids)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """``[len(texts), d]`` embeddings, each distinct text computed once per context."""
+        import numpy as np
+
+        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if todo:
+            for t, e in zip(todo, self._embed(todo)):
+                self._cache[t] = np.asarray(e, dtype=np.float64)
+        if not texts:
+            return np.zeros((0, self.card_emb.shape[1]))
+        return np.stack([self._cache[t] for t in texts])
+
+
+def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_turns: int) -> dict[str, Any]:
+    """Every measure of one dialogue.
+
+    Args:
+        dialogue: A ``dialogues.jsonl`` record: ``turns`` (dicts with ``role``, ``persona_id``, ``text``, optional
+            ``safety`` and ``directive``) and ``situation``.
+        mctx: The run's :class:`MeasureContext`.
+        agent_turns: Agent turns the dialogue was asked for (``early_end`` compares against it).
+
+    Returns:
+        ``{"values": {measure: float | None}, "identified": [(speaker, predicted, margin)]}``: one value per
+        measure of :data:`MEASURES`, and one entry per reply that has an identifiability (for the confusion matrix
+        and the per-persona figures).
+    """
+    from mascot.eval.automatic import distinct_n, self_bleu
+    from mascot.eval.defects import is_echo, is_loop, is_near_duplicate
+
+    turns = list(dialogue["turns"])
+    agent = [t for t in turns if t["role"] == "agent"]
+    texts = [t["text"] for t in agent if t["text"].strip()]
+    earlier: list[str] = []
+    latest_user = ""
+    flags: Counter = Counter()
+    scored: list[tuple[dict, str]] = []  # (turn, latest user message) of persona-authored, non-empty replies
+    for t in turns:
+        text = t["text"]
+        if t["role"] != "agent":
+            if text.strip():
+                latest_user = text
+            earlier.append(text)
+            continue
+        d = t.get("directive") or {}
+        sources = [*mctx.echo_sources.get(t.get("persona_id") or "", []), d.get("action", ""), d.get("tone", "")]
+        flags["echo"] += bool(not t.get("safety") and is_echo(text, sources))
+        flags["loop"] += is_loop(text)
+        flags["near_duplicate"] += is_near_duplicate(text, earlier)
+        flags["empty"] += not words(text)
+        if words(text) and not t.get("safety"):
+            scored.append((t, latest_user))
+        earlier.append(text)
+
+    def rate(key: str) -> float | None:
+        return flags[key] / len(agent) if agent else None
+
+    values: dict[str, Any] = {
+        "self_bleu": self_bleu(texts), "distinct_2": distinct_n(texts, 2),
+        "embedding_redundancy": None, "echo_rate": rate("echo"), "loop_rate": rate("loop"),
+        "near_duplicate_rate": rate("near_duplicate"), "empty_rate": rate("empty"),
+        "early_end": 1.0 if len(agent) < agent_turns else 0.0,
+        "reply_words": sum(len(words(t["text"])) for t in agent) / len(agent) if agent else None,
+        "identifiability": None, "identity_margin": None, "relevance_user": None, "relevance_situation": None,
+    }
+    if len(texts) >= 2:
+        e = mctx.embed(texts)
+        sim = e @ e.T
+        n = len(texts)
+        values["embedding_redundancy"] = float((sim.sum() - sim.trace()) / (n * (n - 1)))
+    identified: list[tuple[str, str, float]] = []
+    if scored:
+        import numpy as np
+
+        reply_emb = mctx.embed([t["text"] for t, _ in scored])
+        users = [u for _, u in scored]
+        situation = str(dialogue.get("situation") or "")
+        if all(users):
+            values["relevance_user"] = float(np.mean(np.sum(reply_emb * mctx.embed(users), axis=1)))
+        if situation.strip():
+            values["relevance_situation"] = float(np.mean(reply_emb @ mctx.embed([situation])[0]))
+        nearest, cos = identify(reply_emb, mctx.card_emb)
+        for k, (t, _) in enumerate(scored):
+            pid = t.get("persona_id") or ""
+            if pid in mctx.card_ids:
+                own = mctx.card_ids.index(pid)
+                identified.append((pid, mctx.card_ids[nearest[k]], margin(cos[k], own)))
+        if identified:
+            values["identifiability"] = sum(1 for s, p, _ in identified if s == p) / len(identified)
+            values["identity_margin"] = sum(m for _, _, m in identified) / len(identified)
+    return {"values": values, "identified": identified}
+
+
+def identification_summary(identified: Sequence[tuple[str, str, float]], card_ids: Sequence[str]) -> dict[str, Any]:
+    """Accuracy, per-persona figures and the confusion matrix over a system's identified replies.
+
+    Args:
+        identified: ``(speaker, predicted, margin)`` per reply (all dialogues of one system).
+        card_ids: The roster ids, in matrix order.
+
+    Returns:
+        ``{"n", "accuracy", "chance", "margin", "per_persona": {id: {"n", "accuracy", "margin"}},
+        "confusion": {"labels": ids, "matrix": [[count]]}}``; rows are the speaker, columns the nearest card.
+        Accuracy and margin are ``None`` without replies.
+    """
+    ids = list(card_ids)
+    index = {p: i for i, p in enumerate(ids)}
+    matrix = [[0] * len(ids) for _ in ids]
+    per: dict[str, list[tuple[bool, float]]] = defaultdict(list)
+    for s, p, m in identified:
+        matrix[index[s]][index[p]] += 1
+        per[s].append((s == p, m))
+
+    def acc(xs: Sequence[tuple[bool, float]]) -> tuple[float | None, float | None]:
+        if not xs:
+            return None, None
+        return round(sum(1 for ok, _ in xs if ok) / len(xs), 6), round(sum(m for _, m in xs) / len(xs), 6)
+
+    total = [x for pid in ids for x in per[pid]]
+    a, m = acc(total)
+    return {"n": len(total), "accuracy": a, "chance": round(1.0 / len(ids), 6) if ids else None, "margin": m,
+            "per_persona": {pid: dict(zip(("accuracy", "margin"), acc(per[pid])), n=len(per[pid])) for pid in ids},
+            "confusion": {"labels": ids, "matrix": matrix}}

@@ -1,0 +1,178 @@
+"""Judge-free dialogue-quality measures, on planted inputs whose answer is known (real MiniLM embeddings)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from mascot.core.personas import PersonaCatalog
+from mascot.eval.measures import MeasureContext, dialogue_measures, identification_summary, identity_text
+from mascot.eval.stats import bootstrap_mean, paired_difference
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    import torch
+
+    torch.set_num_threads(2)
+    from mascot.eval.automatic import EmbeddingRedundancy
+
+    return EmbeddingRedundancy()
+
+
+@pytest.fixture(scope="module")
+def roster():
+    return PersonaCatalog.load().in_set("support")
+
+
+@pytest.fixture(scope="module")
+def mctx(roster, embedder):
+    from mascot.eval.defects import echo_sources
+
+    return MeasureContext(roster, embedder.embed, echo_sources(roster))
+
+
+def _dialogue(replies: list[tuple[str, str]], user: str = "I lost my job today and I feel awful.",
+              situation: str = "I was laid off from my job after ten years.") -> dict:
+    turns = [{"role": "user", "persona_id": None, "text": user}]
+    turns += [{"role": "agent", "persona_id": pid, "text": text} for pid, text in replies]
+    return {"system": "x", "situation_id": "s", "situation": situation, "turns": turns}
+
+
+def test_own_card_text_is_identified_every_time_and_shuffled_labels_fall_to_chance(mctx, roster):
+    own = [(c.id, identity_text(c)) for c in roster]
+    m = dialogue_measures(_dialogue(own), mctx, agent_turns=len(own))
+    assert m["values"]["identifiability"] == 1.0
+    assert m["values"]["identity_margin"] > 0.05
+    summary = identification_summary(m["identified"], mctx.card_ids)
+    assert summary["accuracy"] == 1.0 and summary["chance"] == pytest.approx(1 / len(roster))
+    assert all(p["accuracy"] == 1.0 and p["n"] == 1 for p in summary["per_persona"].values())
+    assert [summary["confusion"]["matrix"][i][i] for i in range(len(roster))] == [1] * len(roster)
+
+    # The same replies, 40 of each persona, with the speaker labels shuffled: about chance (1/5).
+    texts = [identity_text(c) for c in roster for _ in range(40)]
+    speakers = [c.id for c in roster for _ in range(40)]
+    random.Random(0).shuffle(speakers)
+    identified = []
+    for i in range(0, len(texts), 10):  # dialogues of 10 replies
+        identified += dialogue_measures(_dialogue(list(zip(speakers[i:i + 10], texts[i:i + 10]))), mctx,
+                                        10)["identified"]
+    acc = identification_summary(identified, mctx.card_ids)["accuracy"]
+    assert 0.1 <= acc <= 0.32, acc
+    assert identification_summary(identified, mctx.card_ids)["margin"] < 0
+
+
+def test_identical_turns_give_self_bleu_one_and_redundancy_one(mctx):
+    same = "It sounds like losing your job after so long has left you feeling shaken and unsure."
+    m = dialogue_measures(_dialogue([("anchor", same)] * 3), mctx, agent_turns=3)["values"]
+    assert m["self_bleu"] == pytest.approx(1.0)
+    assert m["embedding_redundancy"] == pytest.approx(1.0, abs=1e-5)
+    assert m["near_duplicate_rate"] == pytest.approx(2 / 3)  # the 2nd and 3rd copy an earlier turn
+    different = dialogue_measures(_dialogue([
+        ("anchor", same), ("catalyst", "What parts of that work would you want to carry into whatever comes next?"),
+        ("action_guide", "Today, write down three contacts from your old team and message one of them.")]),
+        mctx, agent_turns=3)["values"]
+    assert different["self_bleu"] < 0.2 and different["embedding_redundancy"] < 0.6
+    assert different["near_duplicate_rate"] == 0.0
+
+
+def test_a_reply_that_answers_the_user_is_more_relevant_than_one_about_something_else(mctx):
+    on = dialogue_measures(_dialogue([("anchor", "Losing your job after ten years is a real shock, and feeling "
+                                                 "awful about it makes sense.")]), mctx, 1)["values"]
+    off = dialogue_measures(_dialogue([("anchor", "The recipe needs two cups of flour and a pinch of salt before "
+                                                  "baking.")]), mctx, 1)["values"]
+    assert on["relevance_user"] > off["relevance_user"] + 0.2
+    assert on["relevance_situation"] > off["relevance_situation"] + 0.2
+
+
+def test_defect_rates_and_early_end(mctx, roster):
+    anchor = next(c for c in roster if c.id == "anchor")
+    m = dialogue_measures(_dialogue([
+        ("anchor", f"{anchor.goal} That is what I do."),  # copies 8+ words of its own card: an echo
+        ("beacon", "You did well. You did well."),  # a repeated sentence: a loop
+        ("catalyst", "   "),  # no word
+    ]), mctx, agent_turns=5)["values"]
+    assert m["echo_rate"] == pytest.approx(1 / 3) and m["loop_rate"] == pytest.approx(1 / 3)
+    assert m["empty_rate"] == pytest.approx(1 / 3) and m["early_end"] == 1.0
+    # The empty reply has no identifiability; the others do.
+    assert dialogue_measures(_dialogue([("catalyst", "   ")]), mctx, 1)["values"]["identifiability"] is None
+
+
+def test_a_speaker_outside_the_roster_has_no_identifiability(mctx):
+    m = dialogue_measures(_dialogue([("supporter", "I'm sorry you're going through this.")]), mctx, 1)
+    assert m["identified"] == [] and m["values"]["identifiability"] is None
+    assert m["values"]["relevance_user"] is not None
+
+
+def test_paired_test_finds_a_planted_difference_and_none_between_a_system_and_itself():
+    rng = random.Random(1)
+    base = [rng.gauss(0.5, 0.2) for _ in range(60)]
+    better = [x + 0.1 + rng.gauss(0, 0.05) for x in base]
+    found = paired_difference(better, base)
+    assert found["n"] == 60 and found["p"] < 1e-6 and 0.05 < found["lo"] < found["mean_diff"] < found["hi"] < 0.15
+    same = paired_difference(base, base)
+    assert same["mean_diff"] == 0.0 and same["lo"] == same["hi"] == 0.0 and same["p"] == 1.0
+    # Differences that cancel out (each +e has a -e): no difference found.
+    eps = [rng.gauss(0, 0.05) for _ in range(30)]
+    noise = [x + e for x, e in zip(base, [*eps, *(-e for e in eps)])]
+    none = paired_difference(noise, base)
+    assert none["p"] > 0.01 and none["lo"] < 0 < none["hi"]
+    with pytest.raises(ValueError, match="pairs"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        paired_difference([float("nan")], [1.0])
+
+
+def test_bootstrap_interval_covers_the_mean_and_is_repeatable():
+    xs = [0.1 * i for i in range(20)]
+    a, b = bootstrap_mean(xs, seed=3), bootstrap_mean(xs, seed=3)
+    assert a == b and a["lo"] < a["mean"] < a["hi"] and a["n"] == 20
+    assert bootstrap_mean([]) == {"n": 0, "mean": None, "lo": None, "hi": None}
+    assert bootstrap_mean([0.4]) == {"n": 1, "mean": 0.4, "lo": None, "hi": None}
+    assert bootstrap_mean([0.5] * 5) == {"n": 5, "mean": 0.5, "lo": 0.5, "hi": 0.5}
+
+
+def test_measures_block_pairs_systems_by_situation(roster, embedder):
+    """A system speaking its own cards against the same replies with the labels rotated: the paired test finds the
+    identifiability gap, and the per-dialogue rows are there for every dialogue."""
+    from mascot.eval.assemble import measures_block
+
+    ids = [c.id for c in roster]
+    dialogues = []
+    for k in range(12):
+        order = ids[k % 5:] + ids[:k % 5]
+        own = [(pid, identity_text(next(c for c in roster if c.id == pid))) for pid in order]
+        rotated = [(order[(i + 1) % 5], text) for i, (_, text) in enumerate(own)]
+        for system, replies in (("mascot", own), ("zero-shot", rotated)):
+            d = _dialogue(replies)
+            d.update(system=system, situation_id=f"s{k}", split="negative")
+            dialogues.append(d)
+    opts = SimpleNamespace(systems=["mascot", "zero-shot"], seed=0)
+    block, rows = measures_block(opts, roster, dialogues, embedder, 5, lambda *_: None)
+    assert len(rows) == 24 and {r["system"] for r in rows} == {"mascot", "zero-shot"}
+    assert block["systems"]["mascot"]["values"]["identifiability"]["mean"] == 1.0
+    assert block["systems"]["zero-shot"]["values"]["identifiability"]["mean"] == 0.0
+    diff = block["paired"]["systems"]["zero-shot"]["identifiability"]
+    assert block["paired"]["reference"] == "mascot" and diff["n"] == 12 and diff["mean_diff"] == 1.0
+    assert diff["p"] < 0.01
+    # Same text in both systems: no difference in the text-only measures.
+    assert block["paired"]["systems"]["zero-shot"]["self_bleu"]["mean_diff"] == 0.0
+    assert block["paired"]["systems"]["zero-shot"]["self_bleu"]["p"] == 1.0
+
+
+def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():
+    from mascot.eval.assemble import judge_spread
+
+    def verdicts(scores):
+        return {"agent": [{"a": s, "b": s} for s in scores], "collective": None, "unparseable": 0}
+
+    judged = {("mascot", f"s{i}"): {"flat": verdicts([1, 1, 1]), "varied": verdicts([1 + (i + j) % 5 for j in range(3)])}
+              for i in range(10)}
+    spread = judge_spread(judged, ["flat", "varied"])
+    assert spread["flat"]["informative"] is False and spread["flat"]["std"] == 0.0 and spread["flat"]["mode"] == 1
+    assert spread["varied"]["informative"] is True and spread["varied"]["std"] > 1.0
+    # 19 of 20 the same score: flagged although the std is not zero.
+    almost = {("m", "s"): {"j": verdicts([1] * 19 + [5])}}
+    assert judge_spread(almost, ["j"])["j"]["informative"] is False
