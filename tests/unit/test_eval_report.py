@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mascot.eval import paper
-from mascot.eval.report import DASH, UNTRAINED_WARNING, render_markdown, write_plots, write_report
+from mascot.eval.report import DASH, NLI_WARNING, UNTRAINED_WARNING, render_markdown, write_plots, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 NONE = {"mean": None, "std": None}
@@ -116,11 +116,12 @@ def test_support_tables_with_paper_numbers():
 def test_untrained_warning():
     assert UNTRAINED_WARNING in render_markdown(support_report(trained=False))
     rep = support_report(trained=True)
-    assert UNTRAINED_WARNING in render_markdown(rep)  # the NLI model is still untrained
+    md = render_markdown(rep)
+    assert NLI_WARNING in md and UNTRAINED_WARNING not in md  # a real backbone, but the NLI model is untrained
     for by_split in rep["systems"].values():
         for st in by_split.values():
             st["automatic"]["nli"]["trained"] = True
-    assert UNTRAINED_WARNING not in render_markdown(rep)
+    assert UNTRAINED_WARNING not in render_markdown(rep) and NLI_WARNING not in render_markdown(rep)
 
 
 def test_several_judges_and_ablation():

@@ -59,9 +59,11 @@ def test_own_card_text_is_identified_every_time_and_shuffled_labels_fall_to_chan
     for i in range(0, len(texts), 10):  # dialogues of 10 replies
         identified += dialogue_measures(_dialogue(list(zip(speakers[i:i + 10], texts[i:i + 10]))), mctx,
                                         10)["identified"]
-    acc = identification_summary(identified, mctx.card_ids)["accuracy"]
-    assert 0.1 <= acc <= 0.32, acc
-    assert identification_summary(identified, mctx.card_ids)["margin"] < 0
+    shuffled = identification_summary(identified, mctx.card_ids)
+    assert 0.1 <= shuffled["accuracy"] <= 0.32, shuffled
+    assert shuffled["margin"] < 0 and abs(shuffled["kappa"]) < 0.12
+    assert shuffled["chance_given_shares"] == pytest.approx(0.2, abs=0.01)  # balanced speakers and cards
+    assert summary["kappa"] == 1.0 and summary["balanced_accuracy"] == 1.0
 
 
 def test_identical_turns_give_self_bleu_one_and_redundancy_one(mctx):
@@ -100,6 +102,26 @@ def test_defect_rates_and_early_end(mctx, roster):
     assert dialogue_measures(_dialogue([("catalyst", "   ")]), mctx, 1)["values"]["identifiability"] is None
 
 
+def test_chance_given_shares_accounts_for_who_speaks():
+    """Two personas: one speaks 90% of the replies and every reply lands nearest its card. Accuracy 0.9 is what
+    the shares alone give: kappa 0; balanced accuracy 0.5."""
+    identified = [("a", "a", 0.1)] * 9 + [("b", "a", -0.1)]
+    s = identification_summary(identified, ["a", "b"])
+    assert s["accuracy"] == 0.9 and s["chance"] == 0.5 and s["chance_given_shares"] == 0.9
+    assert s["kappa"] == 0.0  # observed agreement == chance agreement
+    assert s["balanced_accuracy"] == 0.5 and s["per_persona"]["b"] == {"accuracy": 0.0, "margin": -0.1, "n": 1}
+
+
+def test_safety_gate_replies_are_left_out_of_the_text_measures(mctx):
+    gate = "If you are in danger, please call your local emergency number now."
+    d = _dialogue([("anchor", "That sounds frightening, and I'm here with you."), ("anchor", gate), ("beacon", gate)])
+    for t in d["turns"][2:]:
+        t["safety"] = True
+    m = dialogue_measures(d, mctx, agent_turns=3)
+    assert m["values"]["self_bleu"] is None and m["values"]["embedding_redundancy"] is None  # one persona reply left
+    assert len(m["identified"]) == 1 and m["values"]["near_duplicate_rate"] == pytest.approx(1 / 3)
+
+
 def test_a_speaker_outside_the_roster_has_no_identifiability(mctx):
     m = dialogue_measures(_dialogue([("supporter", "I'm sorry you're going through this.")]), mctx, 1)
     assert m["identified"] == [] and m["values"]["identifiability"] is None
@@ -134,7 +156,7 @@ def test_bootstrap_interval_covers_the_mean_and_is_repeatable():
     assert bootstrap_mean([0.5] * 5) == {"n": 5, "mean": 0.5, "lo": 0.5, "hi": 0.5}
 
 
-def test_measures_block_pairs_systems_by_situation(roster, embedder):
+def test_measures_block_pairs_systems_by_situation(roster, embedder, tmp_path):
     """A system speaking its own cards against the same replies with the labels rotated: the paired test finds the
     identifiability gap, and the per-dialogue rows are there for every dialogue."""
     from mascot.eval.assemble import measures_block
@@ -160,6 +182,19 @@ def test_measures_block_pairs_systems_by_situation(roster, embedder):
     # Same text in both systems: no difference in the text-only measures.
     assert block["paired"]["systems"]["zero-shot"]["self_bleu"]["mean_diff"] == 0.0
     assert block["paired"]["systems"]["zero-shot"]["self_bleu"]["p"] == 1.0
+    # Rendered: the tables, the paired row of zero-shot, and a confusion matrix per system.
+    from mascot.eval.report import render_markdown, write_plots
+
+    report = {"mode": "support", "judges": [], "systems": {}, "measures": block}
+    md = render_markdown(report)
+    assert "## Measures without a judge" in md and "No LLM judge ran" in md
+    assert "| MASCOT | 12 | 1.000 [1.000, 1.000] |" in md
+    zs = next(line for line in md.splitlines() if line.startswith("| Zero-Shot | +1.000"))
+    assert "p=" in zs
+    ident = next(line for line in md.splitlines() if line.startswith("| MASCOT | 1.000 (n=60)"))
+    assert "| 1.000 | 1.000 |" in ident  # kappa and balanced accuracy
+    written = {p.name for p in write_plots(report, tmp_path)}
+    assert written == {"confusion_mascot.png", "confusion_zero-shot.png"}
 
 
 def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():
@@ -168,11 +203,17 @@ def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():
     def verdicts(scores):
         return {"agent": [{"a": s, "b": s} for s in scores], "collective": None, "unparseable": 0}
 
-    judged = {("mascot", f"s{i}"): {"flat": verdicts([1, 1, 1]), "varied": verdicts([1 + (i + j) % 5 for j in range(3)])}
+    judged = {("mascot", f"s{i}"): {"flat": verdicts([1, 1, 1]), "varied": verdicts([1 + (i + j) % 5 for j in range(3)]),
+                                    "split": {"agent": [{"a": 4, "b": 2}] * 3, "collective": None}}
               for i in range(10)}
-    spread = judge_spread(judged, ["flat", "varied"])
-    assert spread["flat"]["informative"] is False and spread["flat"]["std"] == 0.0 and spread["flat"]["mode"] == 1
+    spread = judge_spread(judged, ["flat", "varied", "split", "silent"])
+    assert spread["flat"]["informative"] is False and spread["flat"]["std"] == 0.0
+    assert spread["flat"]["criteria"]["a"] == {"n": 30, "std": 0.0, "mode": 1, "mode_share": 1.0, "flat": True}
     assert spread["varied"]["informative"] is True and spread["varied"]["std"] > 1.0
+    # Always 4 on one criterion and 2 on the other: pooled it would vary, per criterion it is flat.
+    assert spread["split"]["informative"] is False and "every criterion is flat" in spread["split"]["reason"]
+    # No verdict at all: not informative, for that reason.
+    assert spread["silent"]["informative"] is False and spread["silent"]["reason"] == "no valid verdict in the run"
     # 19 of 20 the same score: flagged although the std is not zero.
     almost = {("m", "s"): {"j": verdicts([1] * 19 + [5])}}
     assert judge_spread(almost, ["j"])["j"]["informative"] is False

@@ -29,14 +29,15 @@ def _nli_scorer(model: str) -> Any:
 
 
 def reply_check_counts(dialogues: list[dict]) -> dict:
-    """What the reply checks did in a system's dialogues: ``{"rejections": {reason: n}, "cut": n,
-    "agent_turns": n}`` (refused attempts and turns, and replies cut back to a sentence end)."""
+    """What the reply checks did to a system's agent replies (the simulated user's turns are not counted):
+    ``{"rejections": {reason: n}, "cut": n, "agent_turns": n}`` (refused attempts, and replies cut back to a sentence
+    end)."""
     from collections import Counter
 
-    turns = [t for d in dialogues for t in d["turns"]]
+    turns = [t for d in dialogues for t in d["turns"] if t["role"] == "agent"]
     rejections = Counter(r.get("reason", "") for t in turns for r in t.get("rejections", []))
     return {"rejections": dict(sorted(rejections.items())), "cut": sum(1 for t in turns if t.get("cut_reason")),
-            "agent_turns": sum(1 for t in turns if t["role"] == "agent")}
+            "agent_turns": len(turns)}
 
 
 def judge_models(opts: Any, backbone: str) -> dict[str, str]:
@@ -55,57 +56,75 @@ def judge_models(opts: Any, backbone: str) -> dict[str, str]:
     return out
 
 
-#: A judge is flagged uninformative when its scores' population std (1-5 scale, all criteria pooled) is below this...
+#: A criterion of a judge is flat when its scores' population std (1-5 scale) over the run is below this...
 UNINFORMATIVE_STD = 0.25
-#: ... or when one score value makes up at least this share of all its scores.
+#: ... or when one score value makes up at least this share of its scores.
 UNINFORMATIVE_MODE_SHARE = 0.9
 
 
 def judge_spread(judged: dict, names: list[str]) -> dict[str, dict]:
-    """Per judge, the spread of its raw 1-5 scores over the run (every criterion of every valid verdict, agent and
-    collective): ``{"n", "std", "mode", "mode_share", "informative"}``. A judge whose scores barely vary (std <
-    0.25, or one value >= 90% of them) cannot rank systems, and the report says so."""
+    """Per judge, how its raw 1-5 scores vary over the run, criterion by criterion (agent and collective criteria,
+    every valid verdict of every system): ``{"n", "criteria": {criterion: {"n", "std", "mode", "mode_share",
+    "flat"}}, "std", "mode_share", "informative", "reason"}``. A criterion is flat when its std < 0.25 or one value
+    makes up >= 90% of its scores; a judge is informative when at least one criterion is not flat. ``std`` and
+    ``mode_share`` at the top are the median over criteria. A judge without a single valid verdict is not
+    informative either, for another reason (``reason`` says which)."""
     import statistics
-    from collections import Counter
+    from collections import Counter, defaultdict
 
     out = {}
     for name in names:
-        scores: list[int] = []
+        by_criterion: dict[str, list[int]] = defaultdict(list)
         for per in judged.values():
             j = per.get(name) or {}
             for verdict in [*j.get("agent", []), j.get("collective")]:
-                if verdict:
-                    scores += [int(v) for v in verdict.values()]
-        if not scores:
-            out[name] = {"n": 0, "std": None, "mode": None, "mode_share": None, "informative": False}
-            continue
-        mode, count = Counter(scores).most_common(1)[0]
-        std = statistics.pstdev(scores)
-        share = count / len(scores)
-        out[name] = {"n": len(scores), "std": round(std, 6), "mode": mode, "mode_share": round(share, 6),
-                     "informative": std >= UNINFORMATIVE_STD and share < UNINFORMATIVE_MODE_SHARE}
+                for k, v in (verdict or {}).items():
+                    by_criterion[k].append(int(v))
+        criteria = {}
+        for k, scores in sorted(by_criterion.items()):
+            mode, count = Counter(scores).most_common(1)[0]
+            std, share = statistics.pstdev(scores), count / len(scores)
+            criteria[k] = {"n": len(scores), "std": round(std, 6), "mode": mode, "mode_share": round(share, 6),
+                           "flat": std < UNINFORMATIVE_STD or share >= UNINFORMATIVE_MODE_SHARE}
+        n = sum(c["n"] for c in criteria.values())
+        informative = any(not c["flat"] for c in criteria.values())
+        reason = ("no valid verdict in the run" if not criteria else "" if informative else
+                  f"every criterion is flat (std < {UNINFORMATIVE_STD} or one score in >= "
+                  f"{UNINFORMATIVE_MODE_SHARE:.0%} of verdicts)")
+        out[name] = {"n": n, "criteria": criteria,
+                     "std": round(statistics.median(c["std"] for c in criteria.values()), 6) if criteria else None,
+                     "mode_share": round(statistics.median(c["mode_share"] for c in criteria.values()), 6)
+                     if criteria else None,
+                     "informative": informative, "reason": reason}
     return out
 
 
 def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any, agent_turns: int,
-                   progress: Callable[[str, int, int], None]) -> tuple[dict, list[dict]]:
+                   progress: Callable[[str, int, int], None], extra_cards: list | None = None) -> tuple[dict, list[dict]]:
     """The judge-free measures (:mod:`mascot.eval.measures`): per system a mean with a 95% bootstrap interval for
     every measure and the identifiability breakdown, and the paired comparisons of ``mascot`` (or the first system)
     against every other system over the situations both ran. Also returns the per-dialogue values (one row per
-    dialogue, for ``measures.jsonl``)."""
+    dialogue, for ``measures.jsonl``). ``extra_cards``: speakers outside the roster (the baselines' supporter), whose
+    prompts count as echo sources too. The few-shot examples of the prompting baselines are an echo source for every
+    system (a copied example line is an echo whoever copies it). Differences are taken on unrounded values; only the
+    rows written out are rounded."""
     from mascot.eval.defects import echo_sources
     from mascot.eval.measures import (DEFINITIONS, IDENTITY_FIELDS, MEASURES, MeasureContext, dialogue_measures,
                                       identification_summary)
     from mascot.eval.stats import LEVEL, N_RESAMPLES, bootstrap_mean, paired_difference
 
-    mctx = MeasureContext(roster, embedder.embed, echo_sources(roster))
+    from mascot.eval.baselines import FEW_SHOT
+
+    sources = echo_sources([*roster, *(extra_cards or [])])
+    sources = {pid: [*texts, FEW_SHOT] for pid, texts in sources.items()}
+    mctx = MeasureContext(roster, embedder.embed, sources)
     rows: list[dict] = []
     identified: dict[str, list] = {s: [] for s in opts.systems}
     for i, d in enumerate(dialogues):
         m = dialogue_measures(d, mctx, agent_turns)
         identified[d["system"]] += m["identified"]
         rows.append({"system": d["system"], "situation_id": d["situation_id"], "split": d.get("split", ""),
-                     **{k: (None if v is None else round(v, 6)) for k, v in m["values"].items()}})
+                     **m["values"]})
         progress("measures", i + 1, len(dialogues))
     by = {(r["system"], r["situation_id"]): r for r in rows}
     ids = list(dict.fromkeys(d["situation_id"] for d in dialogues))
@@ -133,11 +152,13 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
              "paired": {"reference": reference, "difference": f"{reference} minus system, per situation",
                         "test": "Wilcoxon signed-rank (two-sided) and a paired bootstrap of the mean difference",
                         "systems": paired}}
+    rows = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     return block, rows
 
 
 def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,
-                 progress: Callable[[str, int, int], None], roster: list | None = None) -> dict:
+                 progress: Callable[[str, int, int], None], roster: list | None = None,
+                 extra_cards: list | None = None) -> dict:
     """The report dict (blocking: runs the NLI and embedding models). With ``roster`` (the persona cards of the
     run), the judge-free measures are added under ``measures`` and their per-dialogue rows under
     ``report["_measure_rows"]`` (taken out by :func:`write_outputs` into ``measures.jsonl``)."""
@@ -207,7 +228,7 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
     if roster:
         agent_turns = opts.agent_turns or cfg.selfplay.agent_turns
         report["measures"], report["_measure_rows"] = measures_block(opts, roster, dialogues, embedder, agent_turns,
-                                                                     progress)
+                                                                     progress, extra_cards)
     return report
 
 

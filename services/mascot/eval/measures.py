@@ -19,11 +19,17 @@ Measures (``better``: which direction is good):
 * ``echo_rate``, ``loop_rate``, ``near_duplicate_rate``, ``empty_rate`` (lower): share of the dialogue's agent turns
   flagged by the fixed detectors of :mod:`mascot.eval.defects`.
 * ``early_end`` (lower): 1 when the dialogue delivered fewer agent turns than were asked for, else 0.
-* ``reply_words``: mean words per agent reply (no direction; a length difference explains many others).
+* ``reply_words``: mean words per agent reply, empty ones included (no direction; a length difference explains many
+  others).
 
-Safety-gate turns (the gate's fixed reply, not a persona's) count in the defect rates but not in identifiability or
-relevance. Replies by a speaker outside the roster (the single supporter of ``multiagentesc``) have no
-identifiability.
+Safety-gate turns (the gate's fixed reply, not a persona's) count in the defect rates but not in identifiability,
+relevance, Self-BLEU, redundancy, distinct-2 or reply length. Replies by a speaker outside the roster (the single
+supporter of ``multiagentesc``) have no identifiability. ``early_end`` counts replies with at least one word.
+
+Identifiability depends on who speaks: a system whose director (or fixed order) gives the turns to the personas whose
+cards attract most replies scores higher without sounding more distinct. :func:`identification_summary` therefore also
+gives the chance agreement from the actual speaker and nearest-card shares, Cohen's kappa and the balanced accuracy
+(the mean of the per-persona accuracies).
 """
 
 from __future__ import annotations
@@ -170,7 +176,8 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
 
     turns = list(dialogue["turns"])
     agent = [t for t in turns if t["role"] == "agent"]
-    texts = [t["text"] for t in agent if t["text"].strip()]
+    # The safety gate's fixed reply is nobody's wording: left out of the text measures (it stays in the defect rates).
+    texts = [t["text"] for t in agent if t["text"].strip() and not t.get("safety")]
     earlier: list[str] = []
     latest_user = ""
     flags: Counter = Counter()
@@ -192,6 +199,8 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
             scored.append((t, latest_user))
         earlier.append(text)
 
+    persona = [t for t in agent if not t.get("safety")]
+
     def rate(key: str) -> float | None:
         return flags[key] / len(agent) if agent else None
 
@@ -199,8 +208,8 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         "self_bleu": self_bleu(texts), "distinct_2": distinct_n(texts, 2),
         "embedding_redundancy": None, "echo_rate": rate("echo"), "loop_rate": rate("loop"),
         "near_duplicate_rate": rate("near_duplicate"), "empty_rate": rate("empty"),
-        "early_end": 1.0 if len(agent) < agent_turns else 0.0,
-        "reply_words": sum(len(words(t["text"])) for t in agent) / len(agent) if agent else None,
+        "early_end": 1.0 if sum(1 for t in agent if words(t["text"])) < agent_turns else 0.0,
+        "reply_words": (sum(len(words(t["text"])) for t in persona) / len(persona)) if persona else None,
         "identifiability": None, "identity_margin": None, "relevance_user": None, "relevance_situation": None,
     }
     if len(texts) >= 2:
@@ -213,10 +222,11 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         import numpy as np
 
         reply_emb = mctx.embed([t["text"] for t, _ in scored])
-        users = [u for _, u in scored]
+        answered = [k for k, (_, u) in enumerate(scored) if u]  # replies with a user message before them
         situation = str(dialogue.get("situation") or "")
-        if all(users):
-            values["relevance_user"] = float(np.mean(np.sum(reply_emb * mctx.embed(users), axis=1)))
+        if answered:
+            user_emb = mctx.embed([scored[k][1] for k in answered])
+            values["relevance_user"] = float(np.mean(np.sum(reply_emb[answered] * user_emb, axis=1)))
         if situation.strip():
             values["relevance_situation"] = float(np.mean(reply_emb @ mctx.embed([situation])[0]))
         nearest, cos = identify(reply_emb, mctx.card_emb)
@@ -239,9 +249,12 @@ def identification_summary(identified: Sequence[tuple[str, str, float]], card_id
         card_ids: The roster ids, in matrix order.
 
     Returns:
-        ``{"n", "accuracy", "chance", "margin", "per_persona": {id: {"n", "accuracy", "margin"}},
-        "confusion": {"labels": ids, "matrix": [[count]]}}``; rows are the speaker, columns the nearest card.
-        Accuracy and margin are ``None`` without replies.
+        ``{"n", "accuracy", "chance", "chance_given_shares", "kappa", "balanced_accuracy", "margin",
+        "per_persona": {id: {"n", "accuracy", "margin"}}, "confusion": {"labels": ids, "matrix": [[count]]}}``;
+        rows are the speaker, columns the nearest card. ``accuracy`` is pooled over replies (the report's main table
+        averages per-dialogue shares instead); ``chance`` is 1/N, ``chance_given_shares`` the agreement expected from
+        the speaker and nearest-card shares alone, ``kappa`` Cohen's kappa against it, ``balanced_accuracy`` the mean
+        over the personas that spoke. Values are ``None`` without replies (kappa also when chance is 1).
     """
     ids = list(card_ids)
     index = {p: i for i, p in enumerate(ids)}
@@ -258,6 +271,16 @@ def identification_summary(identified: Sequence[tuple[str, str, float]], card_id
 
     total = [x for pid in ids for x in per[pid]]
     a, m = acc(total)
-    return {"n": len(total), "accuracy": a, "chance": round(1.0 / len(ids), 6) if ids else None, "margin": m,
+    n = len(total)
+    # Chance agreement given who spoke and which cards the replies fell nearest to (Cohen 1960: p_e = sum over
+    # personas of row share x column share); kappa = (p_o - p_e) / (1 - p_e).
+    p_e = sum(sum(matrix[i]) * sum(r[i] for r in matrix) for i in range(len(ids))) / (n * n) if n else None
+    kappa = None
+    if n and p_e is not None and p_e < 1.0:
+        kappa = round((sum(1 for ok, _ in total if ok) / n - p_e) / (1.0 - p_e), 6)
+    spoken = [acc(per[pid])[0] for pid in ids if per[pid]]
+    return {"n": n, "accuracy": a, "chance": round(1.0 / len(ids), 6) if ids else None,
+            "chance_given_shares": None if p_e is None else round(p_e, 6), "kappa": kappa,
+            "balanced_accuracy": round(sum(spoken) / len(spoken), 6) if spoken else None, "margin": m,
             "per_persona": {pid: dict(zip(("accuracy", "margin"), acc(per[pid])), n=len(per[pid])) for pid in ids},
             "confusion": {"labels": ids, "matrix": matrix}}

@@ -31,6 +31,9 @@ from mascot.eval.paper import AGENT_COLUMNS, AGENT_KEYS, COLLECTIVE_COLUMNS, COL
 DASH = "–"
 #: Warning printed when the models (or the NLI model) are untrained.
 UNTRAINED_WARNING = "tiny random models: numbers exercise the pipeline, they are not comparable with the paper"
+#: Warning printed when only the NLI model is untrained (a real backbone).
+NLI_WARNING = ("the NLI columns come from an untrained cross-encoder, so they are not measurements "
+               "(--nli-model DIR for a real one)")
 MODES = ("support", "meeting")
 _SPLIT_ORDER = {"support": paper.SUPPORT_SPLITS + ("all",), "meeting": paper.MEETING_SPLITS + ("all",)}
 _AUTOMATIC = (("entailment", "NLI entailment"), ("neutral", "NLI neutral"), ("contradiction", "NLI contradiction"),
@@ -149,18 +152,17 @@ def _header(report: Mapping[str, Any], mode: str) -> list[str]:
     judges = [str(j) for j in report.get("judges") or []]
     lines = ["# MASCOT evaluation report", ""]
     untrained_nli = _untrained_nli(report)
-    if models.get("trained") is False or untrained_nli:
-        why = []
-        if models.get("trained") is False:
-            why.append("the backbone/adapters are untrained (`models.trained` is false)")
-        if untrained_nli:
-            why.append("the NLI model is untrained (" + ", ".join(f"`{n}`" for n in untrained_nli) + ")")
+    nli_why = "the NLI model is untrained (" + ", ".join(f"`{n}`" for n in untrained_nli) + ")"
+    if models.get("trained") is False:
+        why = ["the backbone/adapters are untrained (`models.trained` is false)"] + ([nli_why] if untrained_nli else [])
         lines += [f"> **Warning: {UNTRAINED_WARNING}.** Reason: {'; '.join(why)}.", ""]
+    elif untrained_nli:
+        lines += [f"> **Warning: {NLI_WARNING}.** Reason: {nli_why}.", ""]
     dataset = "EmpatheticDialogues, valence splits" if mode == "support" else "QMSum, per domain (collective only)"
     extra = {k: v for k, v in models.items() if k not in ("backbone", "trained")}
     lines += [
         f"- Mode: {mode} ({dataset})",
-        f"- Judges: {', '.join(judges) or DASH}"
+        f"- Judges: {', '.join(judges) or 'none (measures without a judge only)'}"
         + (" — the tables below are the mean over judges; one section per judge follows." if len(judges) > 1 else ""),
         f"- Backbone: {models.get('backbone', DASH)} (trained: {'yes' if models.get('trained') else 'no'})",
     ]
@@ -381,8 +383,10 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
                 + [_ci((systems[s].get("values") or {}).get(k)) for k, _ in group] for s in order]
         lines += _table(["System", "n"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
     lines += ["### Persona identifiability by persona", "",
-              "Accuracy (share of the persona's replies whose nearest card is its own) and mean margin; n replies.",
-              ""]
+              "Pooled over replies (the table above averages per-dialogue shares). Per persona: accuracy (share of "
+              "its replies whose nearest card is its own), mean margin, n replies. Identifiability depends on who "
+              "speaks: \"chance given shares\" is the agreement expected from the speaker and nearest-card shares "
+              "alone, kappa is Cohen's kappa against it, balanced is the mean over the personas that spoke.", ""]
     roster = list(block.get("roster") or [])
     rows = []
     for s in order:
@@ -394,8 +398,14 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
             a, m = _num(p.get("accuracy")), _num(p.get("margin"))
             cells.append(DASH if a is None else f"{a:.2f} ({m:+.3f}, n={p.get('n', 0)})")
         a = _num(ident.get("accuracy"))
-        rows.append([system_label(s), DASH if a is None else f"{a:.3f} (n={ident.get('n', 0)})"] + cells)
-    lines += _table(["System", "All"] + roster, rows)
+
+        def num(key: str) -> str:
+            v = _num(ident.get(key))
+            return DASH if v is None else f"{v:.3f}"
+
+        rows.append([system_label(s), DASH if a is None else f"{a:.3f} (n={ident.get('n', 0)})",
+                     num("chance_given_shares"), num("kappa"), num("balanced_accuracy")] + cells)
+    lines += _table(["System", "All", "Chance given shares", "Kappa", "Balanced"] + roster, rows)
     paired = block.get("paired") or {}
     ref = paired.get("reference", "")
     comps = paired.get("systems") or {}
@@ -419,18 +429,20 @@ def _judge_info(report: Mapping[str, Any]) -> list[str]:
     rows, warn = [], []
     for name, j in info.items():
         std, share = _num(j.get("std")), _num(j.get("mode_share"))
+        crit = j.get("criteria") or {}
+        flat = [k for k, c in crit.items() if c.get("flat")]
         rows.append([_esc(name), _esc(j.get("model", DASH)), str(j.get("n", 0)),
-                     DASH if std is None else f"{std:.3f}",
-                     DASH if share is None else f"{j.get('mode')} ({100 * share:.0f}%)",
-                     "yes" if j.get("informative") else "**no**"])
+                     DASH if std is None else f"{std:.3f}", DASH if share is None else f"{100 * share:.0f}%",
+                     f"{len(flat)} of {len(crit)}", "yes" if j.get("informative") else "**no**"])
         if not j.get("informative"):
-            warn.append(name)
-    lines = ["## Judges", ""] + _table(["Judge", "Model", "Scores", "Std (1–5)", "Most common score", "Informative"],
-                                       rows)
+            warn.append(f"{name} ({j.get('reason') or 'flat'})")
+    lines = ["## Judges", "", "Raw 1–5 scores over the whole run, per criterion: std and the share of the most common "
+             "value (median over criteria); a criterion is flat when its std < 0.25 or one value makes up >= 90% of "
+             "its scores.", ""]
+    lines += _table(["Judge", "Model", "Scores", "Std (median)", "Top value share (median)", "Flat criteria",
+                     "Informative"], rows)
     if warn:
-        lines += [f"> **Uninformative judge(s): {', '.join(warn)}.** Their scores barely vary over the run (std < "
-                  "0.25 on the 1–5 scale, or one value in at least 90% of scores), so their tables cannot rank "
-                  "systems.", ""]
+        lines += [f"> **Uninformative judge(s): {'; '.join(warn)}.** Their tables cannot rank systems.", ""]
     return lines
 
 
@@ -504,8 +516,15 @@ def _safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
+def _judge_label(report: Mapping[str, Any]) -> str:
+    """"judge: NAME = MODEL; ..." for chart titles ("" without judges)."""
+    info = report.get("judge_info") or {}
+    names = [str(j) for j in report.get("judges") or []]
+    return "judge: " + "; ".join(f"{n} = {(info.get(n) or {}).get('model', '?')}" for n in names) if names else ""
+
+
 def _bar_chart(systems: Mapping[str, Any], order: list[str], splits: list[str], key: str, section: str,
-               out_dir: Path) -> Path | None:
+               out_dir: Path, judge: str = "") -> Path | None:
     """Grouped bars (systems x splits) of one criterion with std error bars, or ``None`` without data."""
     from matplotlib.figure import Figure
 
@@ -525,13 +544,14 @@ def _bar_chart(systems: Mapping[str, Any], order: list[str], splits: list[str], 
     ax.set_xticks(range(len(order)), [system_label(s) for s in order], rotation=30, ha="right")
     ax.set_ylim(0, 100)
     ax.set_ylabel("score (0–100)")
-    ax.set_title(f"{AGENT_COLUMNS.get(key) or COLLECTIVE_COLUMNS.get(key, key)} ({key})")
+    ax.set_title(f"{AGENT_COLUMNS.get(key) or COLLECTIVE_COLUMNS.get(key, key)} ({key})"
+                 + (f"\n{judge}" if judge else ""), fontsize="medium")
     ax.legend(fontsize="small")
     return _save_figure(fig, out_dir / f"bar_{_safe_name(key)}.png")
 
 
 def _radar_chart(systems: Mapping[str, Any], system: str, splits: list[str], keys: tuple[str, ...],
-                 section: str, columns: Mapping[str, str], out_dir: Path) -> Path | None:
+                 section: str, columns: Mapping[str, str], out_dir: Path, judge: str = "") -> Path | None:
     """One polygon per split with every criterion present, or ``None`` when no split is complete."""
     from matplotlib.figure import Figure
 
@@ -550,7 +570,7 @@ def _radar_chart(systems: Mapping[str, Any], system: str, splits: list[str], key
         ax.fill(angles + angles[:1], means + means[:1], alpha=0.1)
     ax.set_xticks(angles, [columns[k] for k in keys])
     ax.set_ylim(0, 100)
-    ax.set_title(system_label(system))
+    ax.set_title(system_label(system) + (f"\n{judge}" if judge else ""), fontsize="medium")
     ax.legend(fontsize="small", loc="lower right", bbox_to_anchor=(1.15, -0.1))
     return _save_figure(fig, out_dir / f"radar_{_safe_name(system)}.png")
 
@@ -611,13 +631,14 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     splits = _splits_in_order(systems, mode)
     written: list[Path] = []
     for key in AGENT_KEYS + COLLECTIVE_KEYS:
-        path = _bar_chart(systems, order, splits, key, "criteria" if key in AGENT_KEYS else "collective", out)
+        path = _bar_chart(systems, order, splits, key, "criteria" if key in AGENT_KEYS else "collective", out,
+                          _judge_label(report))
         if path is not None:
             written.append(path)
     keys, section, columns = ((AGENT_KEYS, "criteria", AGENT_COLUMNS) if mode == "support"
                               else (COLLECTIVE_KEYS, "collective", COLLECTIVE_COLUMNS))
     for system in order:
-        path = _radar_chart(systems, system, splits, keys, section, columns, out)
+        path = _radar_chart(systems, system, splits, keys, section, columns, out, _judge_label(report))
         if path is not None:
             written.append(path)
     block = report.get("measures")

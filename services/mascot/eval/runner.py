@@ -330,8 +330,9 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         from mascot.eval.assemble import build_report, write_outputs
 
         t0 = time.perf_counter()
+        supporter = catalog.cards.get("supporter")
         report = await asyncio.to_thread(build_report, opts, cfg, situations, dialogues, judged, embedder,
-                                         report_progress, roster)
+                                         report_progress, roster, [supporter] if supporter is not None else [])
         await asyncio.to_thread(write_outputs, out, report, dialogues)
         timings["metrics_and_report_s"] = time.perf_counter() - t0
         timings["total_s"] = time.perf_counter() - t_start
