@@ -153,9 +153,20 @@ def _group_messages(roster: list[PersonaCard], history, context, *, few_shot: bo
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def group_regex(roster: Sequence[PersonaCard], max_chars: int = 200) -> str:
-    """``Name: text`` lines, one per persona in order (the prompting baselines' output constraint)."""
-    return r"\n".join(f"{regex_escape(c.name)}: [^\\n]{{1,{max_chars}}}" for c in roster)
+def group_regex(roster: Sequence[PersonaCard], max_chars: int = 200, lines: int | None = None) -> str:
+    """``Name: text`` lines, one per persona in order (the prompting baselines' output constraint).
+
+    ``lines``: only the first ``lines`` personas' lines are generated, the last one closed by its newline, when the
+    dialogue needs fewer turns than the roster has personas (the rest would be thrown away). Up to that newline the
+    constraint is the full one, so the lines are the ones the full group turn starts with. None or >= the roster
+    size: every line.
+    """
+    full = r"\n".join(f"{regex_escape(c.name)}: [^\\n]{{1,{max_chars}}}" for c in roster)
+    if lines is None or lines >= len(roster):
+        return full
+    if lines < 1:
+        raise ValueError(f"lines must be >= 1, got {lines}")
+    return "".join(f"{regex_escape(c.name)}: [^\\n]{{1,{max_chars}}}\\n" for c in roster[:lines])
 
 
 def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str, str]]:
@@ -176,7 +187,7 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
 
 
 async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
-                          temperature: float | None = None) -> tuple[list[tuple[str, str]], str]:
+                          temperature: float | None = None, lines: int | None = None) -> tuple[list[tuple[str, str]], str]:
     temperature = ctx.temperature if temperature is None else temperature
     cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
     few = system in ("few-shot", "few-shot-cot")
@@ -186,20 +197,22 @@ async def _prompting_step(system: str, ctx: BaselineContext, history, context, s
         reasoning = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few, reasoning=None,
                                                                       ask_reasoning=True),
                                     history, context, 64, temperature, seed, adapter=adapter)
-    max_tokens = min(ctx.max_tokens * len(ctx.roster), 1024)
+    n_lines = len(ctx.roster) if lines is None else max(1, min(lines, len(ctx.roster)))
+    max_tokens = min(ctx.max_tokens * n_lines, 1024)
     text = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few,
                                                              reasoning=reasoning if cot else None),
-                           history, context, max_tokens, temperature, seed + 1, regex=group_regex(ctx.roster),
-                           adapter=adapter)
+                           history, context, max_tokens, temperature, seed + 1,
+                           regex=group_regex(ctx.roster, lines=n_lines), adapter=adapter)
     return parse_group_turn(text, ctx.roster), reasoning
 
 
-async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int) -> tuple[list, str]:
+async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int,
+                                 lines: int | None = None) -> tuple[list, str]:
     import asyncio
 
     temp = ctx.temperature if ctx.temperature > 0 else 0.7
-    samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp)
-                                     for k in range(SC_SAMPLES)))
+    samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp,
+                                                     lines) for k in range(SC_SAMPLES)))
     texts = ["\n".join(t for _, t in s) or "(empty)" for s, _ in samples]
     best = ctx.embedder.medoid_index(texts)
     return samples[best][0], f"medoid of {SC_SAMPLES} samples: #{best}"
@@ -309,12 +322,13 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
     while n_agent < ctx.agent_turns and empty_steps < 2:
         history = history_from_dicts(turns)
         s = seed * 1000 + step * 50
+        needed = ctx.agent_turns - n_agent  # a group turn's lines past this would be thrown away
         if system == "self-consistency":
-            replies, think = await _self_consistency_step(ctx, history, sit.context, s)
+            replies, think = await _self_consistency_step(ctx, history, sit.context, s, needed)
         elif single:
             replies, think = await _multiagentesc_step(ctx, history, sit.context, s)
         else:
-            replies, think = await _prompting_step(system, ctx, history, sit.context, s)
+            replies, think = await _prompting_step(system, ctx, history, sit.context, s, lines=needed)
         step += 1
         empty_steps = 0 if replies else empty_steps + 1
         for k, (pid, text) in enumerate(replies):
