@@ -316,3 +316,45 @@ async def test_judge_free_run_reports_measures_with_paired_statistics(engine, ti
     assert (out / "confusion_mascot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "report.json").read_text())
     assert saved == json.loads(json.dumps({k: v for k, v in report.items() if k != "timings"}))
+
+
+async def test_self_consistency_samples_wait_for_a_generation_slot(engine, tiny_model_dir):
+    """Self-Consistency asks for five samples per step; with ``max_in_flight`` the baselines never have more
+    generations on the engine than that, however many dialogues run (an unbounded flood made the simulated user's
+    calls miss their deadline on 2 cores)."""
+    import asyncio
+
+    from mascot.core.dialogue import history_from_dicts
+    from mascot.core.personas import PersonaCatalog
+    from mascot.eval.automatic import EmbeddingRedundancy
+    from mascot.eval.baselines import SC_SAMPLES, BaselineContext, _self_consistency_step
+
+    catalog = PersonaCatalog.load()
+    ctx = BaselineContext(engine=engine, speaker=None, roster=catalog.in_set("support"),
+                          supporter=catalog.get("supporter"), agent_turns=2, user_speak_prob=0.0, max_tokens=8,
+                          temperature=0.7, sft_adapter=None, embedder=EmbeddingRedundancy(), mode="support",
+                          max_in_flight=2)
+    in_flight, peak, calls = [0], [0], [0]
+    generate = engine.generate
+
+    async def counting(request, *a, **kw):
+        in_flight[0] += 1
+        calls[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        try:
+            return await generate(request, *a, **kw)
+        finally:
+            in_flight[0] -= 1
+
+    engine.generate = counting
+    try:
+        history = history_from_dicts([{"role": "user", "persona_id": None, "text": "I failed my exam today."}])
+        await asyncio.gather(*(_self_consistency_step(ctx, history, [], seed, lines=1) for seed in range(3)))
+    finally:
+        engine.generate = generate
+    assert calls[0] == 3 * SC_SAMPLES * 2  # a reasoning and a group-turn generation per sample
+    assert peak[0] == 2
+    with pytest.raises(ValueError, match="max_in_flight"):
+        BaselineContext(engine=engine, speaker=None, roster=[], supporter=None, agent_turns=1, user_speak_prob=0.0,
+                        max_tokens=8, temperature=0.7, sft_adapter=None, embedder=None, mode="support",
+                        max_in_flight=-1)

@@ -84,6 +84,10 @@ class BaselineContext:
         mode: ``support`` or ``meeting``.
         timeout_s: Deadline of each SpeakerService call.
         guard: :class:`~mascot.core.guard.GuardSettings` the replies are checked with (None: the defaults).
+        max_in_flight: Baseline generations on the engine at once, over all dialogues (0: no bound). The eval sets
+            it to its dialogue concurrency, so a system that asks for several samples per step (Self-Consistency:
+            five) waits here instead of queueing five times the requests in the engine, where the simulated
+            user's calls would wait past their deadline.
     """
 
     def __post_init__(self) -> None:
@@ -91,6 +95,9 @@ class BaselineContext:
             from mascot.core.guard import GuardSettings
 
             self.guard = GuardSettings()
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0, got {self.max_in_flight}")
+        self._slots = None
 
     engine: Any
     speaker: Any
@@ -105,6 +112,15 @@ class BaselineContext:
     mode: str
     timeout_s: float = 120.0
     guard: Any = None
+    max_in_flight: int = 0
+
+    def slots(self) -> Any:
+        """The semaphore bounding generations in flight (created in the running event loop), or None."""
+        import asyncio
+
+        if self.max_in_flight and self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+        return self._slots
 
 
 def _turn(index: int, role: str, text: str, persona_id: str | None = None, think: str = "",
@@ -122,10 +138,16 @@ async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], con
     eng = ctx.engine
     msgs = fit_history(build, history, context, eng.render_chat, eng.count_tokens, eng.max_context_tokens - max_tokens)
     structured = StructuredOutput(regex=regex) if regex and eng.supports_structured_output else None
+    request = GenerationRequest(eng.render_chat(msgs), SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=0.95 if temperature > 0 else 1.0, seed=seed,
+        stop=stop), adapter=adapter, structured=structured)
+    slots = ctx.slots()
     try:
-        res = await eng.generate(GenerationRequest(eng.render_chat(msgs), SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=0.95 if temperature > 0 else 1.0, seed=seed,
-            stop=stop), adapter=adapter, structured=structured))
+        if slots is None:
+            res = await eng.generate(request)
+        else:
+            async with slots:
+                res = await eng.generate(request)
     except PromptTooLong:
         raise ValueError("a baseline prompt does not fit the engine's context window; raise engine.max_model_len")
     return res.text

@@ -279,7 +279,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                user_speak_prob=cfg.selfplay.user_speak_prob, max_tokens=cfg.speaker.max_tokens,
                                temperature=cfg.speaker.temperature,
                                sft_adapter=SFT_ADAPTER_NAME if opts.sft_adapter else None, embedder=embedder,
-                               mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings())
+                               mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings(),
+                               max_in_flight=opts.concurrency)
 
         async def one(system: str, i: int, sit: Situation) -> None:
             async with sem:
