@@ -358,3 +358,27 @@ async def test_self_consistency_samples_wait_for_a_generation_slot(engine, tiny_
         BaselineContext(engine=engine, speaker=None, roster=[], supporter=None, agent_turns=1, user_speak_prob=0.0,
                         max_tokens=8, temperature=0.7, sft_adapter=None, embedder=None, mode="support",
                         max_in_flight=-1)
+
+
+async def test_a_baseline_whose_replies_are_all_refused_ends_early(engine, tiny_model_dir, shared_data, tmp_path,
+                                                                    monkeypatch):
+    """Every reply refused by the checks (settings stricter than the config allows: any word counts as a loop): the
+    baseline stops after two fruitless steps and the dialogue counts as an early end, instead of generating group
+    turns forever."""
+    import asyncio
+
+    from mascot.core.config import GuardConfig
+    from mascot.core.guard import GuardSettings
+    from mascot.eval.runner import EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(GuardConfig, "settings", lambda self: GuardSettings(loop_ngram=1, loop_count=1))
+    out = tmp_path / "refused"
+    opts = EvalOptions(situations=shared_data / "empathetic_dialogues" / "test_situations.jsonl", out_dir=out,
+                       limit=1, systems=["zero-shot"], agent_turns=2, judges=[], concurrency=1)
+    report = await asyncio.wait_for(run_eval(opts, make_config(tmp_path), engine=engine), timeout=300)
+    d = json.loads((out / "transcripts.jsonl").read_text().splitlines()[0])
+    assert [t for t in d["turns"] if t["role"] == "agent"] == []
+    values = report["measures"]["systems"]["zero-shot"]["values"]
+    assert values["early_end"]["mean"] == 1.0 and values["identifiability"]["n"] == 0

@@ -352,7 +352,7 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
         else:
             replies, think = await _prompting_step(system, ctx, history, sit.context, s, lines=needed)
         step += 1
-        empty_steps = 0 if replies else empty_steps + 1
+        before = n_agent
         for k, (pid, text) in enumerate(replies):
             if n_agent >= ctx.agent_turns:
                 break
@@ -364,7 +364,10 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
             turn["rejections"], turn["cut_reason"], dropped = dropped, reason, []
             turns.append(turn)
             n_agent += 1
-        if n_agent < ctx.agent_turns and (not replies or rng.random() < ctx.user_speak_prob):
+        # A step that delivers nothing (no reply, or every reply refused by the checks) counts towards the end:
+        # two in a row end the dialogue early, so a model whose replies keep failing the checks cannot loop forever.
+        empty_steps = 0 if n_agent > before else empty_steps + 1
+        if n_agent < ctx.agent_turns and (n_agent == before or rng.random() < ctx.user_speak_prob):
             text = await _user_turn(ctx, sit, turns, roster_ids, s + 49)
             if text:
                 turns.append(_turn(len(turns), "user", text))
