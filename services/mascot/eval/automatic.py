@@ -388,6 +388,18 @@ def build_tiny_nli_model(out_dir: str | Path, *, hidden_size: int = 32, num_laye
 # Embedding redundancy
 # --------------------------------------------------------------------------------------------------------------------
 
+def mean_pairwise_cosine(embeddings: np.ndarray) -> float | None:
+    """Mean cosine similarity over all unordered pairs ``i < j`` of L2-normalised rows, clipped to [-1, 1]; None for
+    fewer than two rows (the embedding redundancy of a dialogue)."""
+    import numpy as np
+
+    e = np.asarray(embeddings, dtype=np.float64)
+    if e.shape[0] < 2:
+        return None
+    iu = np.triu_indices(e.shape[0], k=1)
+    return float(np.clip((e @ e.T)[iu].mean(), -1.0, 1.0))
+
+
 def medoid_from_embeddings(embeddings: np.ndarray) -> int:
     """Index of the row with the highest mean cosine similarity to the other rows.
 
@@ -487,10 +499,7 @@ class EmbeddingRedundancy:
         turns = _check_turns(turns)
         if len(turns) < 2:
             return None
-        e = self.embed(turns).astype(np.float64)
-        sim = e @ e.T
-        iu = np.triu_indices(len(turns), k=1)
-        return float(np.clip(sim[iu].mean(), -1.0, 1.0))
+        return mean_pairwise_cosine(self.embed(turns))
 
     def medoid_index(self, texts: Sequence[str]) -> int:
         """Index of the text with the highest mean cosine similarity to the others (see :func:`medoid_from_embeddings`).

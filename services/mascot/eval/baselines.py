@@ -311,12 +311,12 @@ def _checked(ctx: "BaselineContext", pid: str, text: str, turns: list[dict]) -> 
     """A baseline reply through the same reply checks as the product's speakers (:func:`mascot.core.guard.cut_back`):
     checked against the persona's card and the earlier turns, cut back to its last passing sentence."""
     from mascot.core.guard import ReplyContext, cut_back
+    from mascot.eval.defects import card_source_text
 
     card = next((c for c in [*ctx.roster, ctx.supporter] if c is not None and c.id == pid), None)
-    fields = [card.goal, card.role, *card.expertise, *card.allowed_moves, *card.forbidden_moves, *card.style] \
-        if card is not None else []
     names = [c.name for c in ctx.roster] + ([ctx.supporter.name] if ctx.supporter is not None else [])
-    rctx = ReplyContext(sources=[" ".join(fields)], earlier=[t["text"] for t in turns],
+    rctx = ReplyContext(sources=[card_source_text(card) if card is not None else ""],
+                        earlier=[t["text"] for t in turns],
                         tags=["User", "Director", *names])
     return cut_back(text, rctx, ctx.guard)
 

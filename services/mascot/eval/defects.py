@@ -76,13 +76,17 @@ def is_degenerate_directive(directive: dict, persona_names: Sequence[str], previ
     return bool(previous_action) and jaccard(char_ngrams(action), char_ngrams(previous_action)) >= NEAR_DUPLICATE
 
 
+def card_source_text(card) -> str:
+    """A persona card's fields a reply must not copy from (goal, role, expertise, moves, style), as one text."""
+    return " ".join([card.goal, card.role, *card.expertise, *card.allowed_moves, *card.forbidden_moves, *card.style])
+
+
 def echo_sources(cards: Sequence) -> dict[str, list[str]]:
     """``{persona_id: [system prompt, card text]}``: the texts a persona's reply must not copy 8 words of (with the
     turn's directive, added per turn). ``cards``: :class:`~mascot.core.personas.PersonaCard` objects."""
     from mascot.speaker.prompts import persona_system_prompt
 
-    return {c.id: [persona_system_prompt(c), " ".join([c.goal, c.role, *c.expertise, *c.allowed_moves,
-                                                       *c.forbidden_moves, *c.style])] for c in cards}
+    return {c.id: [persona_system_prompt(c), card_source_text(c)] for c in cards}
 
 
 def analyse(lines: Sequence[dict], prompts: dict[str, list[str]], persona_names: dict[str, str]) -> dict:

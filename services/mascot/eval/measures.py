@@ -171,7 +171,7 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         measure of :data:`MEASURES`, and one entry per reply that has an identifiability (for the confusion matrix
         and the per-persona figures).
     """
-    from mascot.eval.automatic import distinct_n, self_bleu
+    from mascot.eval.automatic import distinct_n, mean_pairwise_cosine, self_bleu
     from mascot.eval.defects import is_echo, is_loop, is_near_duplicate
 
     turns = list(dialogue["turns"])
@@ -213,10 +213,7 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         "identifiability": None, "identity_margin": None, "relevance_user": None, "relevance_situation": None,
     }
     if len(texts) >= 2:
-        e = mctx.embed(texts)
-        sim = e @ e.T
-        n = len(texts)
-        values["embedding_redundancy"] = float((sim.sum() - sim.trace()) / (n * (n - 1)))
+        values["embedding_redundancy"] = mean_pairwise_cosine(mctx.embed(texts))
     identified: list[tuple[str, str, float]] = []
     if scored:
         import numpy as np
