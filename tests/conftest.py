@@ -82,10 +82,12 @@ def real_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def real_engine(real_model_dir: Path):
-    """ONE started TransformersEngine on the default real model (bfloat16, two threads) for the session."""
+    """ONE started TransformersEngine on the default real model (the dtype ``engine.dtype: auto`` picks here, two
+    threads) for the session."""
+    from mascot.core.engine import auto_dtype
     from mascot.core.engine.transformers import TransformersEngine
 
-    eng = TransformersEngine(str(real_model_dir), dtype="bfloat16", max_model_len=2048, batch_wait_ms=5, threads=2)
+    eng = TransformersEngine(str(real_model_dir), dtype=auto_dtype(""), max_model_len=2048, batch_wait_ms=5, threads=2)
     asyncio.run(eng.start())
     yield eng
     asyncio.run(eng.close())

@@ -34,8 +34,9 @@ class EngineConfig(_Section):
     tiny_dir: Path = Path(".cache/tiny-qwen3")
     #: Where the default model's converted checkpoint lives (``<cache_dir>/smollm2-135m-instruct``).
     cache_dir: Path = Path(".cache/models")
-    #: Weights dtype; ``auto`` = bfloat16 for the default model (its float32 checkpoint decodes about 30% and
-    #: prefills about 2x faster on CPU in bfloat16), float32 for every other model.
+    #: Weights dtype; ``auto`` = bfloat16 for the default model on a machine that computes bfloat16 natively (CUDA, or
+    #: a CPU with AVX512-BF16 or AMX: there it decodes about 30% and prefills about 2x faster than float32), else
+    #: float32 (an AVX2-only CPU prefills about 5x slower in bfloat16); float32 for every other model.
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: Upper bound on prompt + generated tokens; the model's own window caps it further.
     max_model_len: int = Field(2048, ge=64, le=131072)

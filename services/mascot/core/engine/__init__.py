@@ -32,13 +32,36 @@ def resolve_model(model: str, tiny_dir: str | Path, cache_dir: str | Path = ".ca
     return resolve_model_name(model, tiny_dir, cache_dir)
 
 
+def native_bfloat16() -> bool:
+    """Whether this machine computes bfloat16 natively: a CUDA device, or a CPU with AVX512-BF16 or AMX tiles
+    (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``). Without them torch converts bfloat16 on
+    every matrix product, and on an AVX2-only CPU a 460-token prefill of the default model takes about 5x longer in
+    bfloat16 than in float32 (measured: 10.7 s against 2.2 s on two cores)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # an older torch without the probes: assume the slow path
+        return False
+
+
+def auto_dtype(model: str) -> str:
+    """The weights dtype ``engine.dtype: auto`` means: bfloat16 for the default model (``model`` empty) where the
+    machine computes it natively (:func:`native_bfloat16`; there the default model decodes about 30% and prefills
+    about 2x faster than in float32), float32 otherwise and for every other model (a model directory or storage
+    URI sets its own dtype explicitly)."""
+    return "bfloat16" if not model and native_bfloat16() else "float32"
+
+
 def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> Engine:
     """Build the engine named by ``cfg.kind`` from an :class:`~mascot.core.config.EngineConfig`.
 
     Raises:
         ValueError: an unknown engine kind.
     """
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if not cfg.model else "float32")
+    dtype = cfg.dtype if cfg.dtype != "auto" else auto_dtype(cfg.model)
     if cfg.kind == "transformers":
         from mascot.core.engine.transformers import TransformersEngine
 
