@@ -346,7 +346,7 @@ def run(
     except grpc.aio.AioRpcError as e:
         console.print(f"[red]the gateway refused: {e.code().name}[/red]: {e.details()}")
         raise typer.Exit(1) from None
-    console.print_json(json.dumps(summary))
+    print(json.dumps(summary, indent=2), flush=True)  # the result on stdout (`| jq`); progress stays on stderr
     console.print(f"results: {out / 'transcripts.jsonl'} and {out / 'summary.json'}")
 
 

@@ -53,7 +53,7 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
                       soft_wrap=True)
         raise typer.Exit(1) from None
     summary = {s: (m or {}).get("metrics") for s, m in results.items()}
-    console.print_json(json.dumps(summary, default=str))
+    print(json.dumps(summary, indent=2, default=str), flush=True)  # the result on stdout; logs stay on stderr
     console.print(f"manifests under {out}/<stage>/manifest.json")
     pub = (results.get("publish") or {}).get("metrics") or {}
     if phase == 2 and pub.get("refused"):

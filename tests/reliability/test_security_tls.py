@@ -298,6 +298,8 @@ async def test_cli_run_target_uses_tls_options_and_caller_token(tmp_path, pki, m
             "run", "--situations", str(situations), "--out", str(tmp_path / "out"), "--agent-turns", "1",
             "--target", stack.target("gateway"), "--tls-ca", str(pki.ca), "--token-file", str(tmp_path / "token")])
         assert r.exit_code == 0, r.output
+        summary = json.loads(r.stdout)  # the summary alone on stdout (progress goes to stderr)
+        assert summary["conversations"] == 1, r.stdout
         from sqlalchemy import text
 
         with stack.store.engine.connect() as c:

@@ -30,6 +30,7 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     p = subprocess.run([sys.executable, "-m", "mascot.cli", "train", "persona-alignment", "--config", str(conf),
                         "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert set(json.loads(p.stdout)) == {"sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish"}
     for stage in ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish"):
         m = json.loads((out / stage / "manifest.json").read_text())
         assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]

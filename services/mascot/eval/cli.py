@@ -161,7 +161,7 @@ def evaluate(
     summary["identifiability"] = {s: v["values"]["identifiability"]["mean"]
                                   for s, v in (measures.get("systems") or {}).items()}
     summary["wall_seconds"] = report.get("timings", {})
-    console.print_json(json.dumps(summary))
+    print(json.dumps(summary, indent=2), flush=True)  # the result on stdout (`| jq`); progress stays on stderr
     console.print(f"report: {out / 'report.md'} (and report.json, *.png, transcripts.jsonl, measures.jsonl)")
 
 
