@@ -70,6 +70,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/turn_overhead.py
+	$(BIN)/python bench/engine_cpu.py
 	$(BIN)/python bench/grpo_step.py --size full
 	$(BIN)/python bench/vllm_serving.py --size full
 	$(BIN)/python bench/load.py

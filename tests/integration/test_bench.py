@@ -63,3 +63,27 @@ def test_dialogue_quality_bench_small_size_delivers_no_defect(real_model_dir, sh
     assert float(re.search(r"tokens_per_second: ([\d.]+)", text).group(1)) == fig["tokens_per_second"] > 0
     assert re.search(r"target echoes == 0: 0 PASS", text)
     assert fig["turn_latency_p50_alone"] is None and "turn_latency_p50_alone <= 4.0: not measured at concurrency 2" in text
+
+
+def test_engine_cpu_bench_fast_paths_are_faster_and_exact(real_model_dir, tmp_path):
+    """bench/engine_cpu.py at a small size: the engine's decode step (grouped key/value heads under the mask, a cache
+    that appends into spare room) is faster than transformers' own with the same logits, and ``engine.dtype: auto``
+    picks the faster dtype for this CPU; the printed figures are the ones written."""
+    import json
+    import os
+    import re
+
+    out_json = tmp_path / "engine.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_cpu.py"), "--rows", "8", "--width", "384",
+                          "--steps", "6", "--prompt", "256", "--repeats", "2", "--json", str(out_json)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    fig = json.loads(out_json.read_text())
+    m = re.search(r"transformers ([\d.]+) ms, engine ([\d.]+) ms, ratio engine / transformers = ([\d.]+)", out.stdout)
+    assert m, out.stdout
+    assert (float(m.group(1)), float(m.group(2)), float(m.group(3))) == (
+        fig["decode"]["transformers_step_ms"], fig["decode"]["engine_step_ms"], fig["decode"]["ratio"])
+    assert fig["decode"]["ratio"] < 1 and fig["decode"]["max_logit_diff"] == 0
+    assert fig["prefill"]["auto_is_faster"] and f"auto picks {fig['prefill']['auto']}" in out.stdout
+    assert fig["pass"] and "result: PASS" in out.stdout
