@@ -347,3 +347,26 @@ def test_a_jump_forward_step_leaves_holes_no_row_attends_to_and_the_prefix_cache
         assert torch.allclose(k, solo.keys[:, :, :m, :], atol=1e-5) and torch.allclose(v, solo.values[:, :, :m, :],
                                                                                           atol=1e-5)
     loop.close()
+
+
+async def test_close_ends_the_running_batch_and_fails_its_callers(tiny_model_dir):
+    """close() does not decode the running batch to its end: its requests are cancelled at the next step and their
+    callers get RuntimeError (a worker left inside torch at interpreter exit aborts the process)."""
+    eng = TransformersEngine(str(tiny_model_dir), batch_wait_ms=1)
+    await eng.start()
+    req = GenerationRequest(eng.render_chat([{"role": "user", "content": "hello"}]),
+                            SamplingParams(max_tokens=1000, temperature=1.0, seed=1))
+    got: list = []
+
+    async def consume() -> None:
+        async for item in eng.stream(req):
+            got.append(item)
+
+    task = asyncio.create_task(consume())
+    while not got:
+        await asyncio.sleep(0.01)
+    await eng.close()
+    with pytest.raises(RuntimeError, match="engine closed"):
+        await asyncio.wait_for(task, 30)
+    assert eng._worker is None and eng.decode_steps < 1000
+    assert not any(not isinstance(i, StreamDelta) for i in got)  # no result: the request did not run to its end

@@ -382,3 +382,47 @@ async def test_a_baseline_whose_replies_are_all_refused_ends_early(engine, tiny_
     assert [t for t in d["turns"] if t["role"] == "agent"] == []
     values = report["measures"]["systems"]["zero-shot"]["values"]
     assert values["early_end"]["mean"] == 1.0 and values["identifiability"]["n"] == 0
+
+
+async def test_a_dialogue_that_misses_its_deadline_is_started_again(engine, shared_data, tmp_path, monkeypatch):
+    """An overloaded engine (here: the first director request answers after the gateway's call deadline) costs that
+    dialogue one more try, not the run: every dialogue is delivered and the retry is counted in timings.json."""
+    import json
+
+    from mascot.eval.runner import EvalOptions, run_eval
+    from tests.conftest import make_config
+
+    class SlowFirstDirector:
+        def __init__(self, inner):
+            self.inner, self.delayed = inner, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        async def stream(self, request):
+            import asyncio
+
+            if not self.delayed and "You are the director" in request.prompt:
+                self.delayed += 1
+                await asyncio.sleep(4.0)
+            async for item in self.inner.stream(request):
+                yield item
+
+        async def generate(self, request):
+            import asyncio
+
+            if not self.delayed and "You are the director" in request.prompt:
+                self.delayed += 1
+                await asyncio.sleep(4.0)
+            return await self.inner.generate(request)
+
+    monkeypatch.chdir(tmp_path)
+    slow = SlowFirstDirector(engine)
+    opts = EvalOptions(situations=shared_data / "empathetic_dialogues" / "test_situations.jsonl", out_dir=tmp_path / "o",
+                       limit=2, systems=["mascot"], agent_turns=1, judges=[], concurrency=1)
+    report = await run_eval(opts, make_config(tmp_path, server={"call_timeout_s": 2.0}), engine=slow)
+    assert slow.delayed == 1
+    assert report["timings"]["dialogues_retried"] == 1
+    assert json.loads((tmp_path / "o" / "timings.json").read_text())["dialogues_retried"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "o" / "dialogues.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(any(t["role"] == "agent" for t in r["turns"]) for r in rows)

@@ -123,6 +123,7 @@ def evaluate(
 
     from mascot.core.retry import RetryBudgetExhausted, one_line
     from mascot.eval.judging import JudgeRefused
+    from mascot.eval.runner import DIALOGUE_ATTEMPTS
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -151,7 +152,11 @@ def evaluate(
             _fail(str(e) if judge_target else f"the in-process judge refused a request: {e.code.name}: "
                   f"{one_line(e.details)}", 1)
         except grpc.aio.AioRpcError as e:
-            _fail(f"a service refused: {e.code().name}: {one_line(e.details())}", 1)
+            hint = ""
+            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                hint = (f" (the same dialogue failed {DIALOGUE_ATTEMPTS} times: the engine is overloaded; lower "
+                        "--concurrency or raise server.call_timeout_s; rerunning the same command resumes)")
+            _fail(f"a service refused: {e.code().name}: {one_line(e.details())}{hint}", 1)
     summary: dict = {}
     if specs:
         summary["overall"] = {s: v["all"]["overall"]["mean"] if mode == "support"

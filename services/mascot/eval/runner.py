@@ -4,7 +4,9 @@ Phases (each resumable after SIGKILL):
 
 1. Dialogues: MASCOT and its ablations run self-play through the gateway's gRPC API (``RunSelfPlay``) on an
    embedded stack per variant; baselines run on the same engine and simulated user. Every finished dialogue is
-   appended to ``DIR/dialogues.jsonl`` and fsynced; a rerun skips what is there.
+   appended to ``DIR/dialogues.jsonl`` and fsynced; a rerun skips what is there. A dialogue whose call missed its
+   deadline or found a service unavailable (an overloaded engine) is started again from its first turn, with the
+   same seed, up to :data:`DIALOGUE_ATTEMPTS` times; the retries are counted in ``timings.json``.
 2. Judging: every agent turn on the agent-specific rubric (support mode) and every dialogue's block after the
    opening message on the collective rubric, through JudgeService over gRPC, for every judge: an in-process
    JudgeService on the shared engine (judgements cached by content hash in ``DIR/judge-cache.db``), or a running
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,12 +37,16 @@ from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
 from mascot.eval.baselines import BaselineContext, run_baseline
 from mascot.eval.data import Situation, check_no_overlap, load_situations
 
+logger = logging.getLogger(__name__)
+
 SYSTEMS = ("mascot", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "no-director",
            "no-persona", "multiagentesc", "sft")
 #: MASCOT variants: config overrides of the embedded stack.
 VARIANTS: dict[str, dict] = {"mascot": {}, "no-director": {"director": {"policy": "random"}},
                              "no-persona": {"speaker": {"persona_prompts": False}}}
 SFT_ADAPTER_NAME = "sft"
+#: Tries of one dialogue whose calls miss their deadline or find a service unavailable before the run stops.
+DIALOGUE_ATTEMPTS = 3
 
 
 @dataclass
@@ -216,7 +223,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         mascot.core.retry.RetryBudgetExhausted: the judge did not answer within ``opts.judge_retry_budget_s``;
             no report is written and a rerun resumes.
         mascot.eval.judging.JudgeRefused: the judge service refused a request with a status that is not retried.
-        grpc.aio.AioRpcError: a dialogue service refused a request.
+        grpc.aio.AioRpcError: a dialogue service refused a request (DEADLINE_EXCEEDED or UNAVAILABLE only after
+            :data:`DIALOGUE_ATTEMPTS` tries of the same dialogue).
     """
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.api.speaker.v1 import speaker_pb2_grpc as spb_grpc
@@ -282,14 +290,28 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings(),
                                max_in_flight=opts.concurrency)
 
+        import grpc
+
+        transient = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        retried = [0]
+
         async def one(system: str, i: int, sit: Situation) -> None:
             async with sem:
                 seed = _seed(opts.seed, i)
-                if system in VARIANTS:
-                    d = await _mascot_dialogue(cpb_grpc.ConversationServiceStub(chans[system]), sit, opts.mode,
-                                               agent_turns, seed)
-                else:
-                    d = await run_baseline(system, bctx, sit, seed)
+                for attempt in range(1, DIALOGUE_ATTEMPTS + 1):
+                    try:
+                        if system in VARIANTS:
+                            d = await _mascot_dialogue(cpb_grpc.ConversationServiceStub(chans[system]), sit,
+                                                       opts.mode, agent_turns, seed)
+                        else:
+                            d = await run_baseline(system, bctx, sit, seed)
+                        break
+                    except grpc.aio.AioRpcError as e:
+                        if e.code() not in transient or attempt == DIALOGUE_ATTEMPTS:
+                            raise
+                        retried[0] += 1
+                        logger.warning("%s on situation %s: %s (%s); starting the dialogue again (try %d of %d)",
+                                     system, sit.id, e.code().name, e.details(), attempt + 1, DIALOGUE_ATTEMPTS)
                 await log.add({"system": system, "situation_id": sit.id, "split": sit.split, "mode": opts.mode,
                                "situation": sit.situation, "emotion": sit.emotion, **d})
                 count[0] += 1
@@ -303,6 +325,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                 await ch.close()
         timings["dialogues_s"] = time.perf_counter() - t0
         timings["dialogues_generated"] = len(todo)
+        timings["dialogues_retried"] = retried[0]
         for st in stacks.values():
             await st.stop(0)
         stacks.clear()

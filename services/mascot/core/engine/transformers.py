@@ -298,8 +298,18 @@ class TransformersEngine(HFTokenizerMixin):
         # thread inside torch at finalisation aborts the process ("terminate called without an active exception").
         atexit.register(self._stop_worker)
 
+    def _cancel_running(self) -> None:
+        """Mark the running batch's requests cancelled, so the worker leaves the batch at its next step instead of
+        decoding every row to its end (at 16 rows on two slow cores that took longer than the join below waits, and
+        a worker still inside torch at interpreter exit aborts the process)."""
+        for j in list(self._admitted):
+            if not j.done:
+                j.cancelled = True
+                j.push(RuntimeError("engine closed"))
+
     def _stop_worker(self) -> None:
         if self._worker is not None:
+            self._cancel_running()
             self._queue.put(None)
             self._worker.join(30)
             self._worker = None
@@ -330,8 +340,10 @@ class TransformersEngine(HFTokenizerMixin):
             self._load_adapter_sync(name, path)
 
     async def close(self) -> None:
-        """Stop the worker after the current batch; queued requests fail with RuntimeError."""
+        """Stop the worker: the running batch ends at its next decode step (its requests are cancelled) and queued
+        requests fail with RuntimeError."""
         if self._worker is not None:
+            self._cancel_running()
             self._queue.put(None)
             await asyncio.to_thread(self._worker.join, 30)
             self._worker = None
