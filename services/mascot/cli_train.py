@@ -3,7 +3,9 @@ single stages; the same commands run in a Job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -37,14 +39,17 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
         raise typer.Exit(2)
     _quiet()
     try:
-        if phase == 2:
-            from mascot_training.collaborative import run as run2
+        # The trainers print their step logs on stdout; they go to stderr with the rest of the progress, so that
+        # stdout holds the JSON summary alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            if phase == 2:
+                from mascot_training.collaborative import run as run2
 
-            results = run2(cfg, out, stages, log_fn=lambda m: console.print(m))
-        else:
-            from mascot_training.run import run
+                results = run2(cfg, out, stages, log_fn=lambda m: console.print(m))
+            else:
+                from mascot_training.run import run
 
-            results = run(cfg, out, stages, log=lambda m: console.print(m))
+                results = run(cfg, out, stages, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         console.print(f"[red]stage failed:[/red] {e}", soft_wrap=True)  # one line in Job logs
         raise typer.Exit(1) from None

@@ -43,6 +43,7 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     out = tmp_path / "run"
     p = _cli(["collaborative", "--config", str(conf), "--out", str(out)], tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert set(json.loads(p.stdout)) == {"speakers", "rollouts", "group_rm", "director_grpo", "publish"}  # alone
     for stage in ("speakers", "rollouts", "group_rm", "director_grpo", "publish"):
         m = json.loads((out / stage / "manifest.json").read_text())
         assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]
