@@ -121,7 +121,7 @@ def evaluate(
     _quiet()
     import grpc
 
-    from mascot.core.retry import RetryBudgetExhausted, one_line
+    from mascot.core.retry import RETRYABLE, RetryBudgetExhausted, one_line
     from mascot.eval.judging import JudgeRefused
     from mascot.eval.runner import DIALOGUE_ATTEMPTS
 
@@ -153,7 +153,7 @@ def evaluate(
                   f"{one_line(e.details)}", 1)
         except grpc.aio.AioRpcError as e:
             hint = ""
-            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if e.code() in RETRYABLE:
                 hint = (f" (the same dialogue failed {DIALOGUE_ATTEMPTS} times: the engine is overloaded; lower "
                         "--concurrency or raise server.call_timeout_s; rerunning the same command resumes)")
             _fail(f"a service refused: {e.code().name}: {one_line(e.details())}{hint}", 1)

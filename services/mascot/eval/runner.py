@@ -292,7 +292,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
 
         import grpc
 
-        transient = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        from mascot.core.retry import RETRYABLE
+
         retried = [0]
 
         async def one(system: str, i: int, sit: Situation) -> None:
@@ -307,7 +308,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                             d = await run_baseline(system, bctx, sit, seed)
                         break
                     except grpc.aio.AioRpcError as e:
-                        if e.code() not in transient or attempt == DIALOGUE_ATTEMPTS:
+                        if e.code() not in RETRYABLE or attempt == DIALOGUE_ATTEMPTS:
                             raise
                         retried[0] += 1
                         logger.warning("%s on situation %s: %s (%s); starting the dialogue again (try %d of %d)",

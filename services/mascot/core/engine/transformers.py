@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _PEFT_BASE = "__base__"
 #: The attention implementation the engine registers and uses (see :func:`gqa_sdpa_attention`).
 GQA_SDPA = "mascot_gqa_sdpa"
+#: Spare key/value columns a cache layer allocates past its width (one copy of the layer per this many steps).
+KV_ROOM = 64
 
 
 def gqa_sdpa_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
@@ -114,10 +116,6 @@ def _kv_cache(layers: list | None = None) -> Any:
         layer.update(keys, values)
         cache.layers.append(layer)
     return cache
-
-
-#: Spare key/value columns a cache layer allocates past its width (one copy of the layer per this many steps).
-KV_ROOM = 64
 
 
 def _register_attention() -> None:
@@ -509,9 +507,10 @@ class TransformersEngine(HFTokenizerMixin):
     def _prefill_from(self, j: _Job, hit: tuple[int, list]) -> dict:
         """Prefill one job from ``hit`` = (m, per-layer (keys, values) of its first m prompt tokens)."""
         import torch
+
         m, layers = hit
         rest = j.prompt_ids[m:]
-        cache = _kv_cache([(k, v) for k, v in layers])
+        cache = _kv_cache(layers)
         mask = torch.ones((1, len(j.prompt_ids)), dtype=torch.long)
         pos = torch.arange(m, len(j.prompt_ids), dtype=torch.long).unsqueeze(0)
         with torch.inference_mode():
