@@ -172,6 +172,12 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes, tls=srv.tls)
+            from mascot.gateway.store import watch_health
+
+            # A store that vanished or stopped answering turns the gateway's health NOT_SERVING (its writes are
+            # refused at once by the store itself).
+            stack.tasks.append(asyncio.create_task(watch_health(stack.store, stack.servers["gateway"].set_serving,
+                                                                cfg.store.health_poll_s)))
         if serve_metrics:
             from prometheus_client import start_http_server
 

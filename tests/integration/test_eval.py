@@ -66,6 +66,10 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
     saved = json.loads((out / "report.json").read_text())
     timings = report.pop("timings")
     assert timings["dialogues_generated"] == 320 and timings["total_s"] >= timings["dialogues_s"] > 0
+    per = timings["per_system"]
+    assert set(per) == set(SYSTEMS) and all(r["dialogues"] == 32 for r in per.values())
+    assert all(0 <= r["first_start_s"] < r["last_end_s"] <= timings["dialogues_s"] + 0.1 and r["dialogue_s"] > 0
+               for r in per.values())
     assert saved == json.loads(json.dumps(report))
     assert len(saved["situations"]) == 32 and saved["judges"] == ["local"] and saved["seed"] == 0
     assert set(saved["systems"]) == set(SYSTEMS)
@@ -95,7 +99,8 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     # A second run on the same directory repeats nothing and gives the same report.
     again = await run_eval(opts, cfg, engine=engine)
-    assert again.pop("timings")["dialogues_generated"] == 0
+    again_timings = again.pop("timings")
+    assert again_timings["dialogues_generated"] == 0 and again_timings["per_system"] == {}
     assert again == report
 
 

@@ -53,9 +53,27 @@ def test_check_source_path(tmp_path):
     for case in cases:
         with pytest.raises(InvalidArgument) as e:
             check_source_path(case, prefixes)
-        assert "allowed_source_prefixes" in e.value.message or "absolute local directory" in e.value.message
+        assert ("allowed_source_prefixes" in e.value.message or "absolute local directory" in e.value.message
+                or "leads outside the adapter directory" in e.value.message)
     with pytest.raises(InvalidArgument, match="publishing is off"):
         check_source_path(str(good), [])
+
+
+def test_a_link_at_any_depth_that_leaves_the_adapter_is_refused(tmp_path):
+    allowed = tmp_path / "allowed"
+    nested = adapter_dir(allowed / "run" / "adapter")
+    (nested / "sub" / "deeper").mkdir(parents=True)
+    os.symlink("/etc/passwd", nested / "sub" / "deeper" / "passwd")
+    with pytest.raises(InvalidArgument, match="'sub/deeper/passwd' that leads outside the adapter directory"):
+        check_source_path(str(nested), [str(allowed)])
+    os.unlink(nested / "sub" / "deeper" / "passwd")
+    sibling = adapter_dir(allowed / "run" / "other")  # inside the allowed prefix but outside this adapter
+    os.symlink(sibling / "adapter_config.json", nested / "sub" / "cfg.json")
+    with pytest.raises(InvalidArgument, match="sub/cfg.json"):
+        check_source_path(str(nested), [str(allowed)])
+    os.unlink(nested / "sub" / "cfg.json")
+    os.symlink(nested / "adapter_config.json", nested / "sub" / "cfg.json")  # stays inside the adapter
+    assert check_source_path(str(nested), [str(allowed)]) == nested.resolve()
 
 
 @pytest.mark.integration
@@ -73,13 +91,17 @@ async def test_publish_outside_the_allowlist_is_refused_and_writes_nothing(tmp_p
         async with channel(stack.target("gateway"), token="") as ch:
             stub = adapter_pb2_grpc.AdapterServiceStub(ch)
             auth = (("authorization", f"Bearer {ADMIN}"),)
-            for src in (str(outside), str(tmp_path / "runs" / "sneaky"), "adapter", f"file://{outside}"):
+            nested = adapter_dir(tmp_path / "runs" / "nested")
+            (nested / "sub").mkdir()
+            os.symlink("/etc/passwd", nested / "sub" / "passwd")
+            for src in (str(outside), str(tmp_path / "runs" / "sneaky"), "adapter", f"file://{outside}", str(nested)):
                 with pytest.raises(grpc.aio.AioRpcError) as e:
                     await stub.PublishAdapter(apb.PublishAdapterRequest(persona_id="anchor", source_path=src),
                                               metadata=auth)
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, src
                 assert ("allowed_source_prefixes" in e.value.details() or "not a directory" in e.value.details()
-                        or "absolute local directory" in e.value.details())
+                        or "absolute local directory" in e.value.details()
+                        or "leads outside the adapter directory" in e.value.details())
             assert (await stub.ListAdapters(apb.ListAdaptersRequest(), metadata=auth)).revision == 0
             assert not (store / "anchor").exists()
     finally:

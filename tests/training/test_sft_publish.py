@@ -16,6 +16,7 @@ slower (spin-waiting under oversubscription).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -366,3 +367,28 @@ def test_gateway_publish_without_a_token_is_a_config_error(tmp_path, monkeypatch
     assert any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "t0ken")
     assert not any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))
+
+
+def test_publish_never_copies_through_a_link_that_leaves_the_adapter(base, healthy, tmp_path):
+    """A link at any depth to a file outside the adapter directory (``sub/passwd -> /etc/passwd``) is refused and
+    nothing lands in the store; a link to a file inside it is copied as a regular file."""
+    store, pid, reg, tree = _seeded_store(base, healthy, tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not an adapter file")
+    leaky = _edited_copy(healthy[0] / "sft" / "adapter", tmp_path)
+    (leaky / "sub").mkdir()
+    os.symlink(secret, leaky / "sub" / "passwd")
+    with pytest.raises(publish.PublishError, match="sub/passwd is a link to a file outside"):
+        _publish(store, pid, leaky, base)
+    assert (store / "registry.json").read_bytes() == reg and _tree(store) == tree
+    assert not [p for p in store.rglob("*") if p.is_file() and p.read_bytes() == secret.read_bytes()]
+    os.unlink(leaky / "sub" / "passwd")
+    os.symlink(tmp_path, leaky / "sub" / "up")  # a linked directory leading out
+    with pytest.raises(publish.PublishError, match="linked directory sub/up"):
+        _publish(store, pid, leaky, base)
+    assert _tree(store) == tree
+    os.unlink(leaky / "sub" / "up")
+    os.symlink(leaky / "adapter_config.json", leaky / "sub" / "config_copy.json")  # stays inside: fine
+    r = _publish(store, pid, leaky, base)
+    copied = store / pid / f"v{r['version']}" / "sub" / "config_copy.json"
+    assert not copied.is_symlink() and copied.read_bytes() == (leaky / "adapter_config.json").read_bytes()

@@ -203,6 +203,10 @@ class StoreConfig(_Section):
     """Conversation store: any SQLAlchemy URL (SQLite file by default, PostgreSQL by URL)."""
 
     url: str = "sqlite:///.cache/mascot.db"
+    #: Seconds between the gateway's store probes: a SQLite file that was deleted, replaced or made read-only, or a
+    #: server database that does not answer, turns the gateway's gRPC health NOT_SERVING (writes are refused at once,
+    #: whatever this interval).
+    health_poll_s: float = Field(default=2.0, gt=0, le=300)
 
 
 class TLSConfig(_Section):

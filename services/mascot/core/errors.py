@@ -54,6 +54,13 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Aborted(ServiceError):
+    """A concurrency conflict decided against this call: e.g. a round closed by a newer message of its conversation
+    before this turn could be stored."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class ResourceExhausted(ServiceError):
     """Overload; the boundary adds ``retry-after`` metadata so that clients may retry."""
 

@@ -2,12 +2,15 @@
 
 Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes. A request whose bytes do not parse as the method's message (e.g. a proto3 string field that is not
 UTF-8) is INVALID_ARGUMENT before the handler runs; a database that cannot be reached (connection refused or lost,
-e.g. while PostgreSQL restarts) is UNAVAILABLE; any other exception becomes INTERNAL with a generic message; the
-trace goes to the log.
+e.g. while PostgreSQL restarts) is UNAVAILABLE; a database whose disk is full is RESOURCE_EXHAUSTED (gRPC's code for
+"the entire file system is out of space"); any other exception becomes INTERNAL with a generic message; the
+trace goes to the log. A call the client cancelled, or whose deadline passed, is counted and logged with CANCELLED or
+DEADLINE_EXCEEDED, never OK.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -70,11 +73,42 @@ def _database_unreachable(e: BaseException) -> bool:
     return isinstance(e, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError))
 
 
+def _disk_full(e: BaseException) -> bool:
+    """True for a database error saying its disk is full: SQLite's SQLITE_FULL ("database or disk is full") or
+    PostgreSQL's SQLSTATE 53100 (``disk_full``)."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:  # pragma: no cover - sqlalchemy is a dependency of the gateway
+        return False
+    if not isinstance(e, exc.DBAPIError):
+        return False
+    orig = e.orig
+    return (getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL" or getattr(orig, "sqlstate", "") == "53100"
+            or "database or disk is full" in str(orig))
+
+
+DISK_FULL_RETRY_S = 60
+
+
+def _ended_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The code of a call whose handler was cancelled: DEADLINE_EXCEEDED when its deadline has passed, else
+    CANCELLED (the client went away or cancelled)."""
+    remaining = context.time_remaining()
+    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+
+
 def _request_id(context: grpc.aio.ServicerContext) -> str:
     for k, v in context.invocation_metadata() or ():
         if k == REQUEST_ID_KEY and v:
             return str(v)[:64]
     return uuid.uuid4().hex
+
+
+def _exception_code(e: BaseException) -> grpc.StatusCode:
+    """The status :meth:`BoundaryInterceptor._fail` sends for an exception that is not a ServiceError."""
+    if _disk_full(e):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
 
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
@@ -120,6 +154,12 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 wait = getattr(e, "retry_after_s", None)
                 context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(wait or 1)))),))
             await context.abort(e.code, e.message)
+        if _disk_full(e):
+            log.error("database disk full: %s", type(e.__cause__ or e).__name__)
+            context.set_trailing_metadata((("retry-after", str(DISK_FULL_RETRY_S)),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the conversation store's disk is full; nothing "
+                                "was stored. The operator must free space; retry later (a SendMessage retry with the "
+                                "same idempotency_key resumes the round)")
         if _database_unreachable(e):
             log.warning("database unreachable: %s", type(e.__cause__ or e).__name__)  # never the SQL parameters
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the conversation store (database) is unreachable; retry "
@@ -141,8 +181,11 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except (grpc.aio.AbortError, grpc.RpcError):
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
+            except asyncio.CancelledError:
+                code = _ended_code(context)
+                raise
             except Exception as e:  # noqa: BLE001
-                code = grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
+                code = _exception_code(e)
                 await self._fail(context, e)
             finally:
                 self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)
@@ -162,11 +205,11 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except (grpc.aio.AbortError, grpc.RpcError):
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
-            except GeneratorExit:
-                code = grpc.StatusCode.CANCELLED
+            except (GeneratorExit, asyncio.CancelledError):
+                code = _ended_code(context)
                 raise
             except Exception as e:  # noqa: BLE001
-                code = grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
+                code = _exception_code(e)
                 await self._fail(context, e)
             finally:
                 self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)

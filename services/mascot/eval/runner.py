@@ -215,7 +215,10 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     Returns:
         The report dict (also in ``report.json``), plus ``timings``: wall seconds of this invocation's phases
         (``dialogues_s``, ``judging_s``, ``metrics_and_report_s``, ``total_s``; also in ``timings.json``, kept out of
-        ``report.json`` so the same inputs give the same report).
+        ``report.json`` so the same inputs give the same report), and ``per_system``: for each system whose dialogues
+        this invocation generated, their count, ``dialogue_s`` (the sum of their wall seconds from taking a
+        concurrency slot to being stored; dialogues overlap, so this exceeds the span) and the span
+        (``first_start_s``, ``last_end_s``, seconds after the dialogue phase began).
 
     Raises:
         ValueError: bad options, overlap with a training manifest, or a resumed directory with other settings.
@@ -238,7 +241,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
 
     validate(opts)
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
+    timings: dict[str, Any] = {}
     situations = load_situations(opts.situations, opts.mode, opts.limit)
     manifests = list(opts.manifests)
     if opts.sft_adapter and (Path(opts.sft_adapter) / "manifest.json").is_file():
@@ -295,10 +298,12 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         from mascot.core.retry import RETRYABLE
 
         retried = [0]
+        per_system: dict[str, dict[str, float]] = {}
 
         async def one(system: str, i: int, sit: Situation) -> None:
             async with sem:
                 seed = _seed(opts.seed, i)
+                started = time.perf_counter() - t0
                 for attempt in range(1, DIALOGUE_ATTEMPTS + 1):
                     try:
                         if system in VARIANTS:
@@ -315,6 +320,13 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                      system, sit.id, e.code().name, e.details(), attempt + 1, DIALOGUE_ATTEMPTS)
                 await log.add({"system": system, "situation_id": sit.id, "split": sit.split, "mode": opts.mode,
                                "situation": sit.situation, "emotion": sit.emotion, **d})
+                ended = time.perf_counter() - t0
+                row = per_system.setdefault(system, {"dialogues": 0, "dialogue_s": 0.0, "first_start_s": started,
+                                                     "last_end_s": ended})
+                row["dialogues"] += 1
+                row["dialogue_s"] += ended - started
+                row["first_start_s"] = min(row["first_start_s"], started)
+                row["last_end_s"] = max(row["last_end_s"], ended)
                 count[0] += 1
                 report_progress("dialogues", count[0], total)
 
@@ -327,6 +339,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         timings["dialogues_s"] = time.perf_counter() - t0
         timings["dialogues_generated"] = len(todo)
         timings["dialogues_retried"] = retried[0]
+        timings["per_system"] = {name: {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
+                                 for name, row in per_system.items()}
         for st in stacks.values():
             await st.stop(0)
         stacks.clear()

@@ -65,12 +65,18 @@ def check_admin_token(context: Any, token: str, service: str) -> None:
         raise PermissionDenied("the admin token is wrong")
 
 
+def _within(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
 def check_source_path(source: str, prefixes: list[str]) -> Path:
     """The resolved adapter directory of PublishAdapter if it lies inside one of ``prefixes``
-    (``adapters.allowed_source_prefixes``; symlinks resolved), with no symlink in it pointing outside them.
+    (``adapters.allowed_source_prefixes``; symlinks resolved), with no link at any depth in it leading outside the
+    adapter directory itself.
 
     Raises:
-        InvalidArgument: a path that is not absolute or is a URI, or one outside every allowed prefix.
+        InvalidArgument: a path that is not absolute or is a URI, one outside every allowed prefix, or one holding
+            a link (at any depth) that leaves it.
     """
     if not source.startswith("/") or "://" in source or "\0" in source:
         raise InvalidArgument("source_path must be an absolute local directory of the gateway (no URI, no relative "
@@ -81,8 +87,15 @@ def check_source_path(source: str, prefixes: list[str]) -> Path:
         return any(p == r or r in p.parents for r in roots)
 
     real = Path(os.path.realpath(source))
-    outside = not inside(real) or any(f.is_symlink() and not inside(Path(os.path.realpath(f)))
-                                      for f in real.iterdir())
+    outside = not inside(real)
+    if not outside and real.is_dir():  # every link at any depth must stay inside the adapter directory itself
+        for dirpath, dirnames, filenames in os.walk(real):
+            for name in [*dirnames, *filenames]:
+                f = Path(dirpath) / name
+                if f.is_symlink() and not _within(Path(os.path.realpath(f)), real):
+                    raise InvalidArgument(f"source_path holds a link {f.relative_to(real).as_posix()[:200]!r} that "
+                                          "leads outside the adapter directory; the gateway copies no file through "
+                                          "such links: copy the file into the directory")
     if outside:
         allowed = ", ".join(prefixes) if prefixes else "none: publishing is off"
         raise InvalidArgument(f"source_path {source[:200]!r} is outside the directories the gateway publishes from "

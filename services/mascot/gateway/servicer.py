@@ -95,7 +95,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
         self.auth = auth if auth is not None else CallerAuth.from_config(cfg.security)
         self.limiter = limiter if limiter is not None else RateLimiter.from_config(cfg.security)
-        self._running: dict[str, str] = {}  # conversation id -> idempotency key of the round in progress
+        # conversation id -> (idempotency key, text digest) of the round in progress
+        self._running: dict[str, tuple[str, str]] = {}
         self._active_rounds = 0  # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
 
     # ------------------------------------------------------------------ helpers
@@ -158,14 +159,23 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
     def _release(self) -> None:
         self._active_rounds -= 1
 
-    def _acquire(self, conv_id: str, key: str) -> None:
+    def _acquire(self, conv_id: str, key: str, text: str) -> None:
+        """Mark the round of ``key`` running on ``conv_id`` in this process.
+
+        Raises:
+            InvalidArgument: the round of this key is running with another text (a retry could never succeed).
+            Unavailable: the round of this key is running (a retry with the same key, once it ends, replays it).
+            FailedPrecondition: a round of another key is running on this conversation.
+        """
         held = self._running.get(conv_id)
-        if held == key:
+        if held is not None and held[0] == key:
+            if held[1] != text_digest(text):
+                raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
             raise Unavailable("this message is still being answered; retry with the same idempotency key")
         if held is not None:
             raise FailedPrecondition("another message of this conversation is being answered; wait for its "
                                      "RoundCompleted event")
-        self._running[conv_id] = key
+        self._running[conv_id] = (key, text_digest(text))
 
     # ------------------------------------------------------------------ RPCs
     async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
@@ -207,7 +217,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         self._admit()
         try:
             conv, turns = await self._conversation(request.conversation_id, context)
-            self._acquire(conv.id, key)
+            self._acquire(conv.id, key, text)
             try:
                 async for ev in self._round(conv, turns, key, text, context):
                     yield cpb.SendMessageResponse(event=ev)
@@ -307,7 +317,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         if turns:
             raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
         key = "selfplay"
-        self._acquire(conv.id, key)
+        self._acquire(conv.id, key, opening)
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
         try:

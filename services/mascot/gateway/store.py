@@ -8,16 +8,23 @@ conversation's safety flag with them; they hold rule names and categories, never
 Deleting a conversation (DeleteConversation, the retention sweep; README "Security") removes every row that names
 it, in every table, in one transaction; on SQLite deleted content is overwritten (``secure_delete``) and the
 write-ahead log truncated after the delete.
+
+Storage that goes away is never written blind: a SQLite file that was deleted, replaced (another file renamed over
+it) or whose file system became read-only since the store opened it makes every transaction fail with
+:class:`StoreUnavailable` (UNAVAILABLE) before it runs — SQLite itself would keep writing to the unlinked file and
+lose every acknowledged turn at the next restart — and :meth:`Store.check` reports it for the gateway's health.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, delete,
                         event, exists, func, select)
@@ -26,8 +33,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from mascot.core.db import create_engine
+from mascot.core.errors import Aborted, Unavailable
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+log = logging.getLogger(__name__)
 
 
 class Base(DeclarativeBase):
@@ -89,6 +98,7 @@ class RoundRow(Base):
     idempotency_key: Mapped[str] = mapped_column(String(128), primary_key=True)
     text_sha256: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))  # running | done
+    #: Why it ended: completed, empty_replies, safety, or interrupted (closed by a newer message while running).
     user_turn_idx: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(32), default="")
     agent_turns: Mapped[int] = mapped_column(Integer, default=0)
@@ -182,6 +192,28 @@ def _delete_rows(s: Session, conv_id: str) -> None:
         s.execute(delete(table).where(col == conv_id))
 
 
+class StoreUnavailable(Unavailable):
+    """The conversation store cannot be written safely (UNAVAILABLE): its SQLite file was deleted or replaced, its
+    file system is read-only, or the database does not answer."""
+
+
+class RoundClosed(Aborted):
+    """A turn of a round that a newer message of its conversation closed (reason ``interrupted``): it is not stored,
+    so the stored order stays the conversation's order."""
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite file URL (``sqlite:///PATH``), or None for an in-memory or server database."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///:memory:",) or url.startswith("sqlite:///:memory:?"):
+        return None
+    return Path(url[len("sqlite:///"):].split("?", 1)[0])
+
+
+def _file_identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 def run_migrations(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision (idempotent)."""
     from alembic import command
@@ -215,7 +247,59 @@ class Store:
             event.listen(self.engine, "connect", _secure_delete)
         if migrate:
             run_migrations(self.engine)
+        self._file = sqlite_file(url)
+        self._identity: tuple[int, int] | None = None
+        self._lost = False
+        if self._file is not None:
+            with self.engine.connect():  # SQLite creates the file on the first connection
+                pass
+            self._identity = _file_identity(self._file)
+            event.listen(self.engine, "begin", self._refuse_lost_file)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _file_problem(self) -> tuple[str, str]:
+        """Why the SQLite file cannot be written safely, as ``(what happened, the file's path)``, or ``("", "")``
+        (always for other databases)."""
+        if self._file is None:
+            return "", ""
+        where = str(self._file)
+        try:
+            identity = _file_identity(self._file)
+        except FileNotFoundError:
+            return "its database file was deleted while the gateway was serving", where
+        except OSError as e:
+            return f"its database file cannot be read ({e.strerror})", where
+        if identity != self._identity:
+            return "its database file was replaced by another file while the gateway was serving", where
+        if os.statvfs(self._file).f_flag & os.ST_RDONLY:
+            return "the file system of its database file is read-only", where
+        return "", ""
+
+    def _refuse_lost_file(self, _conn: object) -> None:
+        problem, where = self._file_problem()
+        if problem:
+            if not self._lost:
+                log.error("conversation store %s: %s; every request that reads or writes it is refused with "
+                          "UNAVAILABLE until the gateway restarts", where, problem)
+            self._lost = True
+            raise StoreUnavailable(f"the conversation store is unavailable: {problem}; nothing was stored. The "
+                                   "operator must restore it and restart the gateway; retry later")
+
+    def check(self) -> None:
+        """Probe the store: for a SQLite file, that it is still the file opened at start on a writable file system;
+        for a server database, one ``SELECT 1``.
+
+        Raises:
+            StoreUnavailable: with the reason.
+        """
+        if self._file is not None:
+            self._refuse_lost_file(None)
+            return
+        try:
+            with self.engine.connect() as c:
+                c.exec_driver_sql("SELECT 1")
+        except Exception as e:  # noqa: BLE001 - any failure means the store is not usable
+            raise StoreUnavailable(f"the conversation store does not answer: {type(e).__name__}") from e
 
     def close(self) -> None:
         """Dispose of the connection pool."""
@@ -340,8 +424,17 @@ class Store:
     def append_turn(self, conv_id: str, turn: NewTurn, director_retries: int = 0,
                     director_fallbacks: int = 0, safety_events: tuple[SafetyEvent, ...] | list = ()) -> TurnRow:
         """Append a turn at the next index (and add director counters and the turn's safety events) in one
-        committed transaction."""
+        committed transaction.
+
+        Raises:
+            RoundClosed: the turn's round (``turn.round_key``) is no longer running: a newer message closed it.
+        """
         with self.session() as s, s.begin():
+            if turn.round_key:
+                rnd = s.get(RoundRow, (conv_id, turn.round_key), with_for_update=True)
+                if rnd is not None and rnd.state != "running":
+                    raise RoundClosed("a newer message of this conversation closed this round before its turn was "
+                                      "stored; the round's earlier turns stay (GetConversation shows them)")
             n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
             row = TurnRow(conversation_id=conv_id, idx=int(n), round_key=turn.round_key, role=turn.role,
                           persona_id=turn.persona_id, directive=turn.directive, adapter_version=turn.adapter_version,
@@ -380,12 +473,22 @@ class Store:
 
     def start_round(self, conv_id: str, key: str, text: str, safety_events: tuple[SafetyEvent, ...] | list = ()
                     ) -> tuple[RoundRow, TurnRow]:
-        """Store the user's turn, a ``running`` round and the message's safety events in one transaction.
+        """Store the user's turn, a ``running`` round and the message's safety events in one transaction. Rounds of
+        the conversation still ``running`` (a stream cancelled or failed mid-round and not retried) are closed in the
+        same transaction with reason ``interrupted``: their later turns are refused (:class:`RoundClosed`), so the
+        stored order is the conversation's order.
 
         Raises:
             IntegrityError: a round with this key already exists (a concurrent duplicate).
         """
         with self.session() as s, s.begin():
+            open_rounds = list(s.scalars(select(RoundRow).where(RoundRow.conversation_id == conv_id,
+                                                                RoundRow.state == "running").with_for_update()))
+            for rnd in open_rounds:  # unfinished rounds end here, so no later turn of theirs lands after this one
+                rnd.state, rnd.reason = "done", "interrupted"
+                rnd.agent_turns = int(s.scalar(select(func.count()).select_from(TurnRow).where(
+                    TurnRow.conversation_id == conv_id, TurnRow.round_key == rnd.idempotency_key,
+                    TurnRow.role == "agent")))
             n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
             turn = TurnRow(conversation_id=conv_id, idx=int(n), round_key=key, role="user", text=text,
                            created_at=_now())
@@ -396,9 +499,16 @@ class Store:
         return rnd, turn
 
     def finish_round(self, conv_id: str, key: str, reason: str, agent_turns: int) -> None:
-        """Mark a round ``done`` with why it ended."""
+        """Mark a round ``done`` with why it ended.
+
+        Raises:
+            RoundClosed: a newer message closed the round first (it stays ``interrupted``).
+        """
         with self.session() as s, s.begin():
-            rnd = s.get(RoundRow, (conv_id, key))
+            rnd = s.get(RoundRow, (conv_id, key), with_for_update=True)
+            if rnd.state != "running":
+                raise RoundClosed("a newer message of this conversation closed this round before it finished; "
+                                  "the round's turns stay (GetConversation shows them)")
             rnd.state, rnd.reason, rnd.agent_turns = "done", reason, agent_turns
 
     def round_turns(self, conv_id: str, key: str) -> list[TurnRow]:
@@ -408,5 +518,26 @@ class Store:
                                                         TurnRow.round_key == key).order_by(TurnRow.idx)))
 
 
-__all__ = ["Store", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent",
+async def watch_health(store: Store, set_serving: Callable[[bool], Awaitable[None]], interval_s: float) -> None:
+    """Probe ``store`` (:meth:`Store.check`) every ``interval_s`` seconds and call ``set_serving(False)`` when it
+    fails, ``set_serving(True)`` when it passes again (a server database back after a restart). Runs until
+    cancelled."""
+    healthy = True
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(store.check)
+            ok = True
+        except StoreUnavailable as e:
+            ok = False
+            if healthy:
+                log.error("gateway NOT_SERVING: %s", e.message)
+        if ok != healthy:
+            if ok:
+                log.warning("conversation store reachable again: gateway SERVING")
+            await set_serving(ok)
+            healthy = ok
+
+
+__all__ = ["Store", "StoreUnavailable", "RoundClosed", "watch_health", "sqlite_file", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent",
            "IntegrityError", "text_digest", "run_migrations"]

@@ -36,7 +36,7 @@ SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY:
                 dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
 SOURCE_VALUES = {v: k for k, v in SOURCE_NAMES.items()}
 REASONS = {"completed": cpb.ROUND_END_REASON_COMPLETED, "empty_replies": cpb.ROUND_END_REASON_EMPTY_REPLIES,
-           "safety": cpb.ROUND_END_REASON_SAFETY}
+           "safety": cpb.ROUND_END_REASON_SAFETY, "interrupted": cpb.ROUND_END_REASON_INTERRUPTED}
 
 
 def duration(seconds: float) -> Any:

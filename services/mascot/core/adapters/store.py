@@ -204,16 +204,55 @@ def _ignored(name: str) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in _IGNORE)
 
 
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
 def _source_files(src: Path) -> list[tuple[Path, str]]:
-    """``(local file, relative posix path)`` of an adapter directory, without :data:`_IGNORE` names at any level."""
+    """``(local file, relative posix path)`` of an adapter directory, without :data:`_IGNORE` names at any level.
+
+    Links are never followed out of ``src``: a linked file is listed (and later copied as a regular file) only when
+    its target lies inside ``src``; a linked directory, or a link whose target is outside ``src`` or missing, at any
+    depth, is refused.
+
+    Raises:
+        PublishError: naming the first such link (relative path).
+    """
+    root = Path(os.path.realpath(src))
     out = []
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, dirnames, filenames in os.walk(src):  # followlinks=False: linked directories are not entered
+        here = Path(dirpath)
+        for d in dirnames:
+            if not _ignored(d) and (here / d).is_symlink():
+                raise PublishError(f"the adapter directory holds a linked directory {(here / d).relative_to(src)}; "
+                                   "publish a directory of regular files")
         dirnames[:] = sorted(d for d in dirnames if not _ignored(d))
         for f in sorted(filenames):
-            if not _ignored(f):
-                p = Path(dirpath) / f
-                out.append((p, p.relative_to(src).as_posix()))
+            if _ignored(f):
+                continue
+            p = here / f
+            rel = p.relative_to(src).as_posix()
+            if p.is_symlink():
+                target = Path(os.path.realpath(p))
+                if not _inside(target, root) or not target.is_file():
+                    raise PublishError(f"the adapter file {rel} is a link to a file outside the adapter directory "
+                                       "(or to nothing); nothing is copied through such links: copy the file in")
+            out.append((p, rel))
     return out
+
+
+def _copy_source_file(f: Path, root: Path, dest: Path) -> Path:
+    """Copy one listed adapter file to ``dest`` as a regular file, checking again at copy time that a link still
+    points inside ``root`` (the adapter directory, resolved).
+
+    Raises:
+        PublishError: the link now points elsewhere.
+    """
+    if f.is_symlink() and not _inside(Path(os.path.realpath(f)), root):
+        raise PublishError(f"the adapter file {f.name} became a link to outside the adapter directory during the copy")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(f, dest)
+    return dest
 
 
 # ---------------------------------------------------------------------------------------------------- store
@@ -488,11 +527,17 @@ class AdapterStore:
             log.warning("could not release %s: %s", self.display(LOCK), e)
 
     def _upload_dir(self, src: Path, dest: str) -> None:
-        """Copy the adapter directory ``src`` (without manifest.json, ``checkpoint-*``, dot files) to ``dest``."""
+        """Copy the adapter directory ``src`` (without manifest.json, ``checkpoint-*``, dot files) to ``dest``: regular
+        files only, never through a link that leaves ``src`` (:func:`_source_files`)."""
+        files = _source_files(src)
+        root = Path(os.path.realpath(src))
         if self.local:
-            shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*_IGNORE))
+            shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*_IGNORE),
+                            copy_function=lambda f, to: _copy_source_file(Path(f), root, Path(to)))
             return
-        for f, rel in _source_files(src):
+        for f, rel in files:
+            if f.is_symlink() and not _inside(Path(os.path.realpath(f)), root):
+                raise PublishError(f"the adapter file {rel} became a link to outside the adapter directory")
             self.fs.put_file(str(f), f"{dest}/{rel}")
 
     def _move_version(self, tmp: str, final: str) -> None:
@@ -622,6 +667,7 @@ class AdapterStore:
             raise PublishError(f"persona id {persona_id!r} must be snake_case (lower-case letters, digits, '_')")
         src = Path(adapter_dir)
         conf = check_adapter(src, base_model=base_model, max_rank=max_rank)
+        _source_files(src)  # a link out of the directory is refused before anything is written
         digest = file_digest(src / WEIGHTS)
         pdir = self.path(persona_id)
         new_pdir = self.local and not os.path.exists(pdir)

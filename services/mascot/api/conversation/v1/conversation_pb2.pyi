@@ -23,6 +23,7 @@ class RoundEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_END_REASON_COMPLETED: _ClassVar[RoundEndReason]
     ROUND_END_REASON_EMPTY_REPLIES: _ClassVar[RoundEndReason]
     ROUND_END_REASON_SAFETY: _ClassVar[RoundEndReason]
+    ROUND_END_REASON_INTERRUPTED: _ClassVar[RoundEndReason]
 MODE_UNSPECIFIED: Mode
 MODE_SUPPORT: Mode
 MODE_MEETING: Mode
@@ -30,6 +31,7 @@ ROUND_END_REASON_UNSPECIFIED: RoundEndReason
 ROUND_END_REASON_COMPLETED: RoundEndReason
 ROUND_END_REASON_EMPTY_REPLIES: RoundEndReason
 ROUND_END_REASON_SAFETY: RoundEndReason
+ROUND_END_REASON_INTERRUPTED: RoundEndReason
 
 class Conversation(_message.Message):
     __slots__ = ("id", "mode", "persona_ids", "source_id", "context", "turns", "create_time", "adapter_versions", "safety_flagged", "safety_categories")

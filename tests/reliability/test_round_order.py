@@ -1,0 +1,138 @@
+"""Rounds stay in conversation order, retries are answered with the code that fits, and streams that end early are
+counted with their real codes.
+
+Found by a reviewer: a round cancelled after its first agent turn and retried after a newer message appended its
+turns after the newer round's (``uA aA uB aB aB aB aA aA``), so the models saw B as the latest message; the same key
+with another text while the round ran answered UNAVAILABLE "retry with the same key" and that retry then got
+INVALID_ARGUMENT; cancelled and deadline-exceeded streams were counted as ``code="OK"``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.engine import GenerationRequest
+from mascot.core.server import channel
+from mascot.stack import start_stack
+from tests.conftest import make_config
+from tests.helpers import ScriptedEngine, collect
+
+pytestmark = [pytest.mark.integration]
+DIRECTOR = "Agent: The Catalyst\nAction: Ask one question.\nTone: Curious"
+
+
+class SlowSpeaker(ScriptedEngine):
+    """Speaker replies stream one 3-character delta every ``delay_s`` seconds (a round takes a while)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(lambda p: DIRECTOR, lambda p: "What would help you most right now, do you think?")
+        self.delay_s = delay_s
+
+    async def stream(self, request: GenerationRequest):
+        async for item in super().stream(request):
+            if "You are the director" not in request.prompt:
+                await asyncio.sleep(self.delay_s)
+            yield item
+
+
+async def _stack(tmp_path, delay_s: float):
+    stack = await start_stack(make_config(tmp_path), ("gateway", "director", "speaker"), engine=SlowSpeaker(delay_s))
+    ch = channel(stack.target("gateway"))
+    return stack, ch, cpb_grpc.ConversationServiceStub(ch)
+
+
+def _send(stub, conv_id: str, text: str, key: str, **kw):
+    return stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text=text, idempotency_key=key), **kw)
+
+
+async def _until_admitted(stub, conv_id: str, text: str, key: str) -> list:
+    """Send, retrying while the gateway has not yet seen the cancel of the previous round (FAILED_PRECONDITION)."""
+    for _ in range(100):
+        try:
+            return await collect(_send(stub, conv_id, text, key))
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("the cancelled round never let go of its conversation")
+
+
+def _count(stack, rpc: str, code: str) -> float:
+    return stack.metrics.registry.get_sample_value(
+        "mascot_rpc_requests_total", {"component": "gateway", "rpc": rpc, "code": code}) or 0.0
+
+
+async def test_a_round_cancelled_and_retried_after_a_newer_message_never_lands_after_it(tmp_path):
+    stack, ch, stub = await _stack(tmp_path, 0.0)
+    try:
+        conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        call = _send(stub, conv.id, "Message A.", "kA")
+        async for r in call:  # cancel A after its first agent turn
+            if r.event.HasField("turn_completed"):
+                call.cancel()
+                break
+        b = await _until_admitted(stub, conv.id, "Message B.", "kB")
+        assert b[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED
+        again = await collect(_send(stub, conv.id, "Message A.", "kA"))  # the retry of A, after B
+        assert again[0].round_started.replayed
+        assert again[-1].round_completed.reason == cpb.ROUND_END_REASON_INTERRUPTED
+        stored = (await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id))).conversation
+        roles = ["u" if t.role == dpb.ROLE_USER else "a" for t in stored.turns]
+        users = [t.text for t in stored.turns if t.role == dpb.ROLE_USER]
+        assert users == ["Message A.", "Message B."]
+        a_turns = again[-1].round_completed.agent_turns
+        assert roles == ["u"] + ["a"] * a_turns + ["u", "a", "a", "a"], roles  # nothing of A after B
+        assert a_turns >= 1
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+async def test_the_same_key_with_another_text_while_its_round_runs_is_invalid_argument_at_once(tmp_path):
+    stack, ch, stub = await _stack(tmp_path, 0.05)
+    try:
+        conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        call = _send(stub, conv.id, "First text.", "k1")
+        async for r in call:
+            if r.event.HasField("round_started"):
+                break
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(_send(stub, conv.id, "Another text.", "k1"))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "different text" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # the same text: still running, retry later
+            await collect(_send(stub, conv.id, "First text.", "k1"))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        call.cancel()
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_codes(tmp_path):
+    stack, ch, stub = await _stack(tmp_path, 0.05)
+    try:
+        conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        call = _send(stub, conv.id, "Hello.", "c1")
+        async for r in call:
+            if r.event.HasField("round_started"):
+                call.cancel()
+                break
+        other = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(_send(stub, other.id, "Hello again.", "c2", timeout=0.5))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for _ in range(100):  # the server records a call when its handler ends
+            if _count(stack, "SendMessage", "CANCELLED") and _count(stack, "SendMessage", "DEADLINE_EXCEEDED"):
+                break
+            await asyncio.sleep(0.05)
+        assert _count(stack, "SendMessage", "CANCELLED") == 1
+        assert _count(stack, "SendMessage", "DEADLINE_EXCEEDED") == 1
+        assert _count(stack, "SendMessage", "OK") == 0
+    finally:
+        await ch.close()
+        await stack.stop(0)
