@@ -4,7 +4,11 @@ Categories: ``suicide``, ``self_harm``, ``harm_to_others``, ``eating_disorder``,
 
 How a message is read:
 
-1. Normalised: NFKC, lower case, typographic quotes folded, leetspeak inside words undone (``k1ll`` -> ``kill``),
+1. Normalised: invisible characters dropped (zero-width spaces and joiners, soft hyphens, bidi controls, variation
+   selectors: Unicode categories Cf and Mn) and blank fillers read as spaces, NFKC (compatibility forms such as
+   full-width letters), lower case, look-alike letters of other scripts folded to the Latin letter they imitate
+   (Cyrillic ``і`` -> ``i``, Greek ``ο`` -> ``o``; Unicode's confusables data through ``confusable_homoglyphs``),
+   typographic quotes folded, leetspeak inside words undone (``k1ll`` -> ``kill``),
    runs of 3+ identical letters cut to 2, a short list of misspellings and abbreviations corrected
    (``sucide`` -> ``suicide``, ``bf`` -> ``boyfriend``), and edit-distance-1 typos of a few long keywords
    corrected (``suiside`` -> ``suicide``; never for short words, where a neighbour is a real word).
@@ -21,11 +25,14 @@ help to help them, and the same resources apply.
 
 Known limits (README "Safety"): hyperbole with a person as object ("I'll kill him if he spoils the ending") is
 flagged; mentions in news or fiction ("a documentary about suicide") are flagged; risk expressed without any of the
-listed phrasings, sarcasm, other languages and heavy misspelling are missed.
+listed phrasings, sarcasm, other languages and heavy misspelling are missed. Text in Cyrillic or Greek is read through
+its Latin look-alikes, so a rule could fire on a word of another language that happens to look like an English
+risk phrase (none of the rules' phrases is known to).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -97,10 +104,34 @@ def _fix_word(m: re.Match) -> str:
     return w
 
 
+#: Characters that render blank but are letters or symbols by category (used to fake a space): read as a space.
+_BLANKS = str.maketrans({c: " " for c in "\u115f\u1160\u2800\u3164\uffa0"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _latin_lookalike(c: str) -> str:
+    """The ASCII letter a non-ASCII letter imitates (Unicode confusables), or ``c`` itself."""
+    from confusable_homoglyphs import confusables
+
+    found = confusables.is_confusable(c, preferred_aliases=["latin"], greedy=True)
+    for entry in found or ():
+        for h in entry["homoglyphs"]:
+            if len(h["c"]) == 1 and "a" <= h["c"].lower() <= "z":
+                return h["c"].lower()
+    return c
+
+
+def _visible(text: str) -> str:
+    """``text`` without invisible characters (categories Cf, Mn) and with blank fillers as spaces."""
+    return "".join(c for c in text.translate(_BLANKS) if unicodedata.category(c) not in ("Cf", "Mn"))
+
+
 def normalize(text: str) -> str:
     """The text the rules read: see the module docstring, step 1. Returns a single-spaced lower-case string."""
-    t = unicodedata.normalize("NFKC", text).translate(_QUOTES).lower()
+    t = unicodedata.normalize("NFKC", _visible(text)).translate(_QUOTES).lower()
     t = "".join(c for c in unicodedata.normalize("NFKD", t) if not unicodedata.combining(c))
+    t = _visible(t)
+    t = "".join(c if c < "\x80" or not c.isalpha() else _latin_lookalike(c) for c in t)
     t = _LEET_RE.sub(lambda m: _LEET[m.group(0)], t)
     t = _RUNS.sub(r"\1\1", t)
     t = re.sub(r"\bmy\s+self\b", "myself", t)
