@@ -147,6 +147,16 @@ async def test_a_speaker_that_only_fails_never_runs_the_round_to_its_limit(tmp_p
     assert len(got.conversation.turns) == 1
     rnd = stack.store.get_round(conv.id, "k1")
     assert len(rnd.guard["rejections"]) == 6  # stored with the round, since no turn followed
+    # the round's outcome is counted, and nothing refused counts as generated text
+    sample = metrics.registry.get_sample_value
+    assert sample("mascot_rounds_total", {"mode": "support", "reason": "empty_replies"}) == 1
+    assert sample("mascot_rounds_total", {"mode": "support", "reason": "completed"}) == 0
+    speaker_tokens = [s for m in metrics.registry.collect() if m.name == "mascot_generated_tokens"
+                      for s in m.samples if s.labels.get("component") == "speaker" and s.name.endswith("_total")]
+    assert sum(s.value for s in speaker_tokens) == 0
+    discarded = sum(sample("mascot_discarded_tokens_total", {"component": "speaker", "persona": p}) or 0
+                    for p in ROSTER)
+    assert (discarded > 0) == (reply != "")  # every generated token of the refused attempts, none delivered
     await client.ch.close()
     await stack.stop(0)
 

@@ -400,16 +400,18 @@ async def test_wrong_enum_is_invalid_argument_and_nothing_is_stored(h, call):
     await assert_still_serves(h)
 
 
-# ------------------------------------------------------------------- control characters in StartConversation
+# ------------------------------------------- control characters and countless entries in StartConversation
 START_CONTROLS = {
     "source-id-nul": dict(source_id="ed-\x00-1"),
+    # dialogue.max_context_entries (1000): empty entries count although they have no characters
+    "context-1001-empty-entries": dict(context=[dpb.ContextUtterance()] * 1001),
     "context-content-escape": dict(context=[dpb.ContextUtterance(speaker="A", content="budget \x1b[1m talk")]),
     "context-speaker-bell": dict(context=[dpb.ContextUtterance(speaker="A\x07", content="hello")]),
 }
 
 
 @pytest.mark.parametrize("kw", list(START_CONTROLS.values()), ids=list(START_CONTROLS))
-async def test_control_characters_in_a_new_conversation_are_refused(h, kw):
+async def test_bad_fields_of_a_new_conversation_are_refused(h, kw):
     convs = h.count(ConversationRow)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await h.start(**kw)

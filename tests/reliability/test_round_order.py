@@ -88,6 +88,9 @@ async def test_a_round_cancelled_and_retried_after_a_newer_message_never_lands_a
         a_turns = again[-1].round_completed.agent_turns
         assert roles == ["u"] + ["a"] * a_turns + ["u", "a", "a", "a"], roles  # nothing of A after B
         assert a_turns >= 1
+        rounds = {r: stack.metrics.registry.get_sample_value("mascot_rounds_total", {"mode": "support", "reason": r})
+                  for r in ("completed", "interrupted", "cancelled", "failed")}
+        assert rounds == {"completed": 1, "interrupted": 1, "cancelled": 1, "failed": 0}
     finally:
         await ch.close()
         await stack.stop(0)
@@ -133,6 +136,8 @@ async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_co
         assert _count(stack, "SendMessage", "CANCELLED") == 1
         assert _count(stack, "SendMessage", "DEADLINE_EXCEEDED") == 1
         assert _count(stack, "SendMessage", "OK") == 0
+        assert stack.metrics.registry.get_sample_value("mascot_rounds_total",
+                                                       {"mode": "support", "reason": "cancelled"}) == 2
     finally:
         await ch.close()
         await stack.stop(0)

@@ -76,6 +76,9 @@ class DialogueConfig(_Section):
     agent_turns_per_round: int = Field(3, ge=1, le=16)
     max_message_chars: int = Field(4000, ge=1, le=1_000_000)
     max_context_chars: int = Field(200_000, ge=0, le=10_000_000)
+    #: Entries (utterances) of a conversation's context; an empty entry counts as one like any other, so a request
+    #: of countless empty entries is refused however few characters it has (a meeting excerpt has tens).
+    max_context_entries: int = Field(1000, ge=0, le=1_000_000)
 
 
 class LimitsConfig(_Section):

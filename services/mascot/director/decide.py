@@ -41,6 +41,7 @@ class Decision:
         parse_errors: The error of each failed attempt.
         model_choice: Persona the model named in its last attempt that named exactly one, before the cap; '' if none.
         generated_tokens: Tokens generated over all attempts.
+        delivered_tokens: Tokens of the accepted attempt (0 for a fallback or random directive).
         rejection_reasons: :attr:`DirectiveError.reason` of each failed attempt.
     """
 
@@ -50,6 +51,7 @@ class Decision:
     parse_errors: list[str] = field(default_factory=list)
     model_choice: str = ""
     generated_tokens: int = 0
+    delivered_tokens: int = 0
     rejection_reasons: list[str] = field(default_factory=list)
 
     @property
@@ -153,6 +155,7 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
             continue
         decision.directive = parsed
         decision.source = MODEL if attempt == 0 else RETRY
+        decision.delivered_tokens = len(result.token_ids)
         return decision
     card = fallback_persona(roster, history, cfg.max_consecutive_turns) or fallback_persona(roster, history, 10**9)
     decision.directive = fallback_directive(card)

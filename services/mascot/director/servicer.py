@@ -57,7 +57,9 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
         version = adapter or BASE_ADAPTER
         self.metrics.director_decisions.labels(persona=d.directive.persona_id, source=d.source).inc()
         self.metrics.generated_tokens.labels(component="director", persona="director",
-                                             adapter_version=version).inc(d.generated_tokens)
+                                             adapter_version=version).inc(d.delivered_tokens)
+        self.metrics.discarded_tokens.labels(component="director", persona="director").inc(
+            d.generated_tokens - d.delivered_tokens)
         return pb.NextDirectiveResponse(
             directive=dpb.Directive(persona_id=d.directive.persona_id, action=d.directive.action,
                                     tone=d.directive.tone, source=SOURCES[d.source], raw=d.raw),

@@ -192,6 +192,9 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         if len(request.source_id) > 256:
             raise InvalidArgument("source_id is longer than 256 characters")
         _no_controls(request.source_id, "source_id")
+        if len(request.context) > self.cfg.dialogue.max_context_entries:
+            raise InvalidArgument(f"context has {len(request.context)} entries; the limit is "
+                                  f"{self.cfg.dialogue.max_context_entries} (dialogue.max_context_entries)")
         ctx = [(_no_controls(c.speaker, "context speaker"), _no_controls(c.content, "context content"))
                for c in request.context]
         if sum(len(s) + len(c) for s, c in ctx) > self.cfg.dialogue.max_context_chars:
@@ -252,11 +255,14 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
         else:
             detection = await self.loop.detect(text)
+            closed: list[str] = []
             try:
                 _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text,
-                                                      detection.events() if detection else [])
+                                                      detection.events() if detection else [], closed)
             except IntegrityError:
                 raise Unavailable("this message is being stored by another request; retry") from None
+            if closed:
+                self.metrics.rounds.labels(conv.mode, "interrupted").inc(len(closed))
             if detection is not None:
                 self.loop.count_safety(detection.categories)
                 safety_round = True
@@ -272,6 +278,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         st.agent_turns = done_before
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
+        outcome = "failed"
         try:
             reason = "completed"
             if safety_round:  # the round ends with its safety turn (stored already when this is a retry)
@@ -287,10 +294,16 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                     else:
                         yield item
             await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
+            outcome = reason
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
+        except (asyncio.CancelledError, GeneratorExit):
+            if outcome == "failed":
+                outcome = "cancelled"
+            raise
         finally:
             self.metrics.conversations_active.labels(conv.mode).dec()
+            self.metrics.rounds.labels(conv.mode, outcome).inc()
 
     async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any) -> AsyncIterator[cpb.RunSelfPlayResponse]:
         self._gate(context, limited=True)
@@ -320,6 +333,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         self._acquire(conv.id, key, opening)
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
+        outcome = "failed"
         try:
             detection = await self.loop.detect(opening)
             _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening,
@@ -344,13 +358,19 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                     else:
                         yield cpb.RunSelfPlayResponse(event=item)
             await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
+            outcome = reason
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield cpb.RunSelfPlayResponse(event=event(round_completed=cpb.RoundCompleted(
                 agent_turns=st.agent_turns, reason=REASONS[reason])))
         except IntegrityError:
             raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
+        except (asyncio.CancelledError, GeneratorExit):
+            if outcome == "failed":
+                outcome = "cancelled"
+            raise
         finally:
             self.metrics.conversations_active.labels(conv.mode).dec()
+            self.metrics.rounds.labels(conv.mode, outcome).inc()
             self._running.pop(conv.id, None)
 
     async def GetConversation(self, request: cpb.GetConversationRequest, context: Any) -> cpb.GetConversationResponse:

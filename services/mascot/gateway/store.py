@@ -471,12 +471,12 @@ class Store:
         with self.session() as s:
             return s.get(RoundRow, (conv_id, key))
 
-    def start_round(self, conv_id: str, key: str, text: str, safety_events: tuple[SafetyEvent, ...] | list = ()
-                    ) -> tuple[RoundRow, TurnRow]:
+    def start_round(self, conv_id: str, key: str, text: str, safety_events: tuple[SafetyEvent, ...] | list = (),
+                    closed: list[str] | None = None) -> tuple[RoundRow, TurnRow]:
         """Store the user's turn, a ``running`` round and the message's safety events in one transaction. Rounds of
         the conversation still ``running`` (a stream cancelled or failed mid-round and not retried) are closed in the
         same transaction with reason ``interrupted``: their later turns are refused (:class:`RoundClosed`), so the
-        stored order is the conversation's order.
+        stored order is the conversation's order. Their keys are appended to ``closed`` when given.
 
         Raises:
             IntegrityError: a round with this key already exists (a concurrent duplicate).
@@ -484,6 +484,8 @@ class Store:
         with self.session() as s, s.begin():
             open_rounds = list(s.scalars(select(RoundRow).where(RoundRow.conversation_id == conv_id,
                                                                 RoundRow.state == "running").with_for_update()))
+            if closed is not None:
+                closed.extend(r.idempotency_key for r in open_rounds)
             for rnd in open_rounds:  # unfinished rounds end here, so no later turn of theirs lands after this one
                 rnd.state, rnd.reason = "done", "interrupted"
                 rnd.agent_turns = int(s.scalar(select(func.count()).select_from(TurnRow).where(

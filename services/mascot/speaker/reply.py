@@ -45,6 +45,9 @@ class ReplyOutcome:
     rejected: bool = False
     cut_reason: str = ""
     attempts: int = 1
+    #: Tokens of the text delivered (``text`` as released, counted by the engine's tokenizer); the rest of
+    #: ``generated_tokens`` went to refused attempts and cut text.
+    delivered_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,9 @@ async def guarded_reply(engine: Any, build_filter: Callable[[], VisibleTextFilte
             else:
                 yield item
         if gate.accepted:
+            delivered = min(tokens, engine.count_tokens(gate.released)) if gate.released else 0
             yield ReplyOutcome(text=gate.released, think=filt.think, adapter_version=adapter or BASE_ADAPTER,
-                               generated_tokens=tokens, first_token_seconds=first[0], truncated=filt.truncated,
+                               generated_tokens=tokens, delivered_tokens=delivered, first_token_seconds=first[0], truncated=filt.truncated,
                                rejections=rejections, cut_reason=gate.cut_reason or "", attempts=attempt + 1)
             return
         rejections.append({"attempt": attempt, "reason": gate.rejected_reason or "empty",

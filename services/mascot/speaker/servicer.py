@@ -118,7 +118,9 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             async for item in gen:
                 if isinstance(item, ReplyOutcome):
                     self.metrics.generated_tokens.labels(component="speaker", persona=label,
-                                                         adapter_version=item.adapter_version).inc(item.generated_tokens)
+                                                         adapter_version=item.adapter_version).inc(item.delivered_tokens)
+                    self.metrics.discarded_tokens.labels(component="speaker", persona=label).inc(
+                        item.generated_tokens - item.delivered_tokens)
                     self._count_rejections(label, item)
                     pid = "" if label == "user" else label
                     yield pb.GenerateReplyResponse(final=pb.ReplyFinal(
