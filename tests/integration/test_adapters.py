@@ -306,7 +306,9 @@ async def test_a_broken_or_missing_registry_stops_writes_not_chat(admin, loras):
             persona_id="anchor", source_path=str(loras["v2"])), metadata=AUTH))
         assert code == grpc.StatusCode.UNAVAILABLE
         c = (await conv.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
-        assert dict(c.adapter_versions) == {}  # not pinned, but the conversation starts
+        # the conversation starts, pinned to the base model: no registry was ever read by this gateway, and a
+        # service's own choice (e.g. the highest version it has loaded) is never used instead
+        assert set(c.adapter_versions.values()) == {"base"} and "director" in c.adapter_versions
     (store / "registry.json").write_text(good)
     assert (await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=AUTH)).revision == 1
     assert not (store / "anchor" / "v2").exists()
@@ -367,6 +369,75 @@ async def test_retired_versions_unload_when_unused_and_load_again_on_first_use(e
         assert names[0] in engine.adapters() and names[2] not in engine.adapters()
         assert info(names[2], "staged") == 0 and info(names[0], "canary") == 1
     finally:
+        for name in names:
+            if name in engine.adapters():
+                await engine.unload_adapter(name)
+
+
+async def test_an_unreadable_registry_never_serves_a_rolled_back_version(engine, tiny_model_dir, loras, tmp_path,
+                                                                        monkeypatch):
+    """v1 stable, v2 stable, v3 canary 10%, rollback to v1 (v2 and v3 retired), then registry.json corrupt or deleted:
+    new conversations are pinned from the last registry the gateway read (v1) and a request that names no version
+    is answered with the stable v1 of the last registry read, never with v3 as the highest version loaded; with the
+    registry back, the same."""
+    from mascot.api.conversation.v1 import conversation_pb2 as cpb
+    from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+    from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+    from mascot.api.speaker.v1 import speaker_pb2 as spb
+    from mascot.api.speaker.v1 import speaker_pb2_grpc as spb_grpc
+    from mascot.core.adapters import registry as rg
+    from mascot.core.adapters import store as st
+
+    pid = "anchor"
+    names = [f"{pid}--v{i}" for i in (1, 2, 3)]
+    root = tmp_path / "store"
+    store = st.open_store(root)
+    for key in ("v1", "v2", "v3"):
+        store.publish(pid, loras[key], base_model=str(tiny_model_dir), run_id="r", data_ids=[], eval_metrics={})
+    store.update(lambda r: rg.promote(r, pid, 1))
+    store.update(lambda r: rg.promote(r, pid, 2))
+    store.update(lambda r: rg.promote(r, pid, 3, 0.1))
+    store.update(lambda r: rg.rollback(r, pid))
+    reg = json.loads((root / "registry.json").read_text())
+    assert reg["adapters"][pid]["stable"] == 1
+    cfg = make_config(tmp_path, adapters={"store": str(root), "base_model": str(tiny_model_dir), "max_rank": 4,
+                                          "retired_unload_s": 3600}, speaker={"max_tokens": 8})
+    stack = await start_stack(cfg, ("gateway", "director", "speaker"), engine=engine)
+    ch = channel(stack.target("gateway"))
+    sch = channel(stack.target("speaker"))
+    conv, speaker = cpb_grpc.ConversationServiceStub(ch), spb_grpc.SpeakerServiceStub(sch)
+
+    async def pins(n: int) -> list[str]:
+        return [(await conv.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT, persona_ids=[pid]))
+                 ).conversation.adapter_versions[pid] for _ in range(n)]
+
+    async def unpinned_reply_version() -> str:
+        req = spb.GenerateReplyRequest(persona_id=pid, directive=dpb.Directive(persona_id=pid, action="Listen.",
+                                                                               tone="Calm"),
+                                       history=[dpb.Turn(index=0, role=dpb.ROLE_USER, text="Hello.")], seed=1)
+        async for ev in speaker.GenerateReply(req):
+            if ev.HasField("final"):
+                return ev.final.adapter_version
+        raise AssertionError("no final event")
+
+    try:
+        await engine.load_adapter(names[2], str(loras["v3"]))  # v3 stays loaded from its canary days
+        assert await pins(36) == [names[0]] * 36
+        assert await unpinned_reply_version() == names[0]
+        for broken in ("{not json", None):
+            if broken is None:
+                (root / "registry.json").unlink()
+            else:
+                (root / "registry.json").write_text(broken)
+            assert await pins(36) == [names[0]] * 36  # from the last registry read, not left to the services
+            assert await unpinned_reply_version() == names[0]  # the stable of the last registry, not the highest
+        (root / "registry.json").write_text(json.dumps(reg))
+        assert await pins(36) == [names[0]] * 36
+        assert await unpinned_reply_version() == names[0]
+    finally:
+        await ch.close()
+        await sch.close()
+        await stack.stop(0)
         for name in names:
             if name in engine.adapters():
                 await engine.unload_adapter(name)

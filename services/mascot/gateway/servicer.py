@@ -98,6 +98,11 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         # conversation id -> (idempotency key, text digest) of the round in progress
         self._running: dict[str, tuple[str, str]] = {}
         self._active_rounds = 0  # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
+        self.pinner = None
+        if cfg.adapters.store:  # new conversations are pinned from the registry, or its last good copy
+            from mascot.core.adapters.reconcile import VersionPinner
+
+            self.pinner = VersionPinner(cfg.adapters.store, cfg.adapters)
 
     # ------------------------------------------------------------------ helpers
     def _gate(self, context: Any, limited: bool = False) -> str:
@@ -201,11 +206,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             raise InvalidArgument(f"context exceeds {self.cfg.dialogue.max_context_chars} characters")
         conv_id = str(uuid.uuid4())
         pinned = {}
-        if self.cfg.adapters.store:  # pin this conversation's versions now; promotes later do not move it
-            from mascot.core.adapters.reconcile import pin_versions
-
-            pinned = await asyncio.to_thread(pin_versions, self.cfg.adapters.store, [*ids, "director"], conv_id,
-                                           self.cfg.adapters)
+        if self.pinner is not None:  # pin this conversation's versions now; promotes later do not move it
+            pinned = await asyncio.to_thread(self.pinner.pin, [*ids, "director"], conv_id)
         conv = await asyncio.to_thread(self.store.create_conversation, conv_id, mode, ids, request.source_id, ctx,
                                        pinned, owner)
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))

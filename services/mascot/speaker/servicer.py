@@ -87,6 +87,8 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
             card = self.catalog.get(request.persona_id)
             if request.adapter_version:
                 adapter = await self.resolver.ensure(request.adapter_version, card.id)
+            elif self.resolver.store is not None and self.cfg.adapter_mode == "per_persona":
+                adapter = self.resolver.default_adapter(card.id)  # the registry's stable version, never a canary
             else:
                 adapter = choose_adapter(self.engine.adapters(), card.id, self.cfg.adapter_mode,
                                          self.cfg.shared_adapter)

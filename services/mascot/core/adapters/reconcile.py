@@ -51,14 +51,45 @@ def pin_versions(store: str | Path | st.AdapterStore, persona_ids: Iterable[str]
     ``canary_weight`` share of conversation keys; ``"base"`` when the persona has neither.
 
     Blocking (call it in a worker thread). ``config`` (an ``AdaptersConfig``) supplies the PVC root and S3 endpoint
-    when ``store`` is a URI. An unreadable registry or store pins nothing (``{}``: the services' own choice) and logs a
-    warning, so chat keeps working while an operator restores it; the admin plane reports the problem.
+    when ``store`` is a URI. An unreadable registry or store pins nothing (``{}``) and logs a warning; the gateway
+    uses :class:`VersionPinner`, which falls back to the last registry it read instead.
     """
     try:
         reg = st.open_store(store, config=config).read_registry()
     except (RuntimeError, ValueError, *st.backend_errors()) as e:
         log.warning("adapter registry unreadable; conversation not pinned: %s", e)
         return {}
+    return _pins(reg, persona_ids, conversation_key)
+
+
+class VersionPinner:
+    """Pins new conversations (:func:`pin_versions`) and remembers the last registry it read: while the registry
+    cannot be read (deleted, corrupt, store down) new conversations are pinned from that last good registry, or to
+    the base model when none was ever read, never left to a service's own choice.
+
+    Args:
+        store: Store URI / path / :class:`~mascot.core.adapters.store.AdapterStore`.
+        config: Optional ``AdaptersConfig`` (PVC root, S3 endpoint).
+    """
+
+    def __init__(self, store: str | Path | st.AdapterStore, config: Any = None) -> None:
+        self.store, self.config = store, config
+        self.last_good: dict | None = None
+
+    def pin(self, persona_ids: Iterable[str], conversation_key: str) -> dict[str, str]:
+        """``{persona_id: "<persona>--v<N>" | "base"}`` for a new conversation (blocking; call it in a worker
+        thread). Never raises for an unreadable registry."""
+        try:
+            reg = st.open_store(self.store, config=self.config).read_registry()
+            self.last_good = reg
+        except (RuntimeError, ValueError, *st.backend_errors()) as e:
+            reg = self.last_good
+            log.warning("adapter registry unreadable (%s); pinning from %s", e,
+                        "the last registry read" if reg is not None else "the base model (none was read yet)")
+        return _pins(reg or {}, persona_ids, conversation_key)
+
+
+def _pins(reg: dict, persona_ids: Iterable[str], conversation_key: str) -> dict[str, str]:
     out = {}
     for pid in persona_ids:
         entry = reg.get("adapters", {}).get(pid)
@@ -96,6 +127,9 @@ class AdapterResolver:
         self._info: dict[str, tuple[str, str]] = {}  # name -> (persona, state) last reported
         self.failures: dict[str, str] = {}
         self.last_used: dict[str, float] = {}
+        #: The last registry read successfully (None before the first read): what :meth:`default_adapter` follows
+        #: while the registry cannot be read.
+        self.registry: dict | None = None
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -204,6 +238,7 @@ class AdapterResolver:
         except (RuntimeError, *st.backend_errors()) as e:
             log.warning("adapter registry unreadable: %s", e)
             return {"registry": str(e)}
+        self.registry = reg
         failed = {}
         for pid, entry in sorted(reg.get("adapters", {}).items()):
             for n, v in sorted(entry.get("versions", {}).items(), key=lambda kv: int(kv[0])):
@@ -220,6 +255,24 @@ class AdapterResolver:
                         await self._unload(name, now)
                 self._report(pid, name, state)
         return failed
+
+    def default_adapter(self, persona_id: str) -> str | None:
+        """The adapter for a request that names no version: the persona's stable version in the last registry read
+        (:attr:`registry`) when it is loaded, else None (the base model). Never a canary, retired or merely the
+        highest loaded version, so a rollback holds while the registry cannot be read.
+
+        Raises:
+            LookupError: this resolver has no store (nothing says which version is stable).
+        """
+        if self.store is None:
+            raise LookupError("no adapter store")
+        entry = (self.registry or {}).get("adapters", {}).get(persona_id) or {}
+        n = entry.get("stable")
+        name = f"{persona_id}--v{n}" if n else None
+        if name is not None and name in self.engine.adapters():
+            self.last_used[name] = self.clock()
+            return name
+        return None
 
     def _report(self, persona: str, name: str, state: str) -> None:
         if self.metrics is None:
