@@ -13,7 +13,7 @@ import json
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
@@ -61,7 +61,25 @@ def _selfplay_request(conv_id: str, rec: dict, mode: str, agent_turns: int, seed
 
 
 END_REASONS = {cpb.ROUND_END_REASON_COMPLETED: "completed", cpb.ROUND_END_REASON_EMPTY_REPLIES: "empty_replies",
-               cpb.ROUND_END_REASON_SAFETY: "safety"}
+               cpb.ROUND_END_REASON_SAFETY: "safety", cpb.ROUND_END_REASON_INTERRUPTED: "interrupted"}
+
+
+async def read_conversation(stub: Any, conv_id: str, include_think: bool = False) -> cpb.GetConversationResponse:
+    """GetConversation over every page (``next_page_token``): one response holding all the turns.
+
+    Raises:
+        grpc.aio.AioRpcError: the gateway's status (NOT_FOUND, UNAVAILABLE, ...).
+    """
+    resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv_id,
+                                                                 include_think=include_think))
+    token = resp.next_page_token
+    while token:
+        page = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv_id,
+                                                                     include_think=include_think, page_token=token))
+        resp.conversation.turns.extend(page.conversation.turns)
+        token = page.next_page_token
+    resp.next_page_token = ""
+    return resp
 
 
 def transcript_line(resp: cpb.GetConversationResponse, mode: str, model: dict | None = None,
@@ -166,8 +184,7 @@ async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Pa
                 async for ev in stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns, seed + i)):
                     if ev.event.WhichOneof("event") == "round_completed":
                         reason = END_REASONS.get(ev.event.round_completed.reason, "")
-                resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id,
-                                                                             include_think=True))
+                resp = await read_conversation(stub, conv.id, include_think=True)
                 lines[i] = transcript_line(resp, mode, model, reason)
                 if progress:
                     progress()

@@ -76,6 +76,12 @@ class DialogueConfig(_Section):
     agent_turns_per_round: int = Field(3, ge=1, le=16)
     max_message_chars: int = Field(4000, ge=1, le=1_000_000)
     max_context_chars: int = Field(200_000, ge=0, le=10_000_000)
+    #: The most recent turns sent to the director and speakers with each call, at most this many turns and this many
+    #: characters (the services then fit them to the model's window, oldest first): a long conversation costs the
+    #: same per turn as a short one and never outgrows ``server.max_message_bytes``. Keep the characters above
+    #: what the model's window holds (about 4 characters per token: 32 000 covers an 8k window).
+    history_window_turns: int = Field(64, ge=1, le=100_000)
+    history_window_chars: int = Field(32_000, ge=1_000, le=10_000_000)
     #: Entries (utterances) of a conversation's context; an empty entry counts as one like any other, so a request
     #: of countless empty entries is refused however few characters it has (a meeting excerpt has tens).
     max_context_entries: int = Field(1000, ge=0, le=1_000_000)

@@ -188,7 +188,7 @@ def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-    from mascot.runjob import MODES, transcript_line
+    from mascot.runjob import MODES, read_conversation, transcript_line
 
     conv = (await stub.StartConversation(cpb.StartConversationRequest(
         mode=MODES[mode], source_id=sit.id[:256],
@@ -197,7 +197,7 @@ async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: in
             conversation_id=conv.id, opening_text=sit.opening, agent_turns=agent_turns, seed=seed,
             user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion))):
         pass
-    resp = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, include_think=True))
+    resp = await read_conversation(stub, conv.id, include_think=True)
     line = transcript_line(resp, mode)
     return {"personas": line["personas"], "turns": line["turns"]}
 

@@ -24,6 +24,10 @@ MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
 
 
+#: Most turns one GetConversation page holds (``page_size`` is capped here).
+MAX_PAGE_TURNS = 1000
+
+
 def _check_user_simulation(user: Any, max_chars: int) -> None:
     """Refuse a simulated user that cannot be used, before anything is stored (INVALID_ARGUMENT): a situation over
     ``max_chars`` code points (``dialogue.max_message_chars``), control characters in the situation or emotion, an
@@ -123,14 +127,15 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         """Ids of the conversations with a round running in this process (the retention sweep skips them)."""
         return set(self._running)
 
-    async def _conversation(self, conv_id: str, context: Any = None) -> tuple[Any, list]:
-        """The conversation and its turns. With caller tokens on, a conversation of another caller is NOT_FOUND
-        exactly as an unknown one (ids do not leak)."""
+    async def _conversation(self, conv_id: str, context: Any = None, **window: Any) -> tuple[Any, list]:
+        """The conversation and its turns (``window``: :meth:`Store.get_conversation`'s ``tail``, ``start``,
+        ``limit``). With caller tokens on, a conversation of another caller is NOT_FOUND exactly as an unknown one
+        (ids do not leak)."""
         if not conv_id:
             raise InvalidArgument("conversation_id is empty")
         if len(conv_id) > MAX_KEY_CHARS or CONTROL_CHARS.search(conv_id):  # cannot exist; never sent to the database
             raise NotFound("conversation_id names no conversation (StartConversation creates one)")
-        found = await asyncio.to_thread(self.store.get_conversation, conv_id)
+        found = await asyncio.to_thread(self.store.get_conversation, conv_id, **window)
         if found is None or (self.auth.enabled and found[0].owner != self.auth.authenticate(context)):
             raise NotFound(f"conversation {conv_id[:64]!r} does not exist (StartConversation creates one)")
         return found
@@ -221,7 +226,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         text = _nonblank(request.text, "text", self.cfg.dialogue.max_message_chars)
         self._admit()
         try:
-            conv, turns = await self._conversation(request.conversation_id, context)
+            conv, turns = await self._conversation(request.conversation_id, context,
+                                                   tail=self.cfg.dialogue.history_window_turns)
             self._acquire(conv.id, key, text)
             try:
                 async for ev in self._round(conv, turns, key, text, context):
@@ -253,7 +259,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                 yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
                                                                reason=REASONS.get(rnd.reason, 0)))
                 return
-            conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id)
+            conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
+                                                  self.cfg.dialogue.history_window_turns)
             safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
         else:
             detection = await self.loop.detect(text)
@@ -275,7 +282,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                         history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive) for t in turns],
                         context=[tuple(c) for c in conv.context], round_key=key,
                         seed=int(text_digest(conv.id + key)[:8], 16),
-                        safety_categories=set(conv.safety_categories or []))
+                        safety_categories=set(conv.safety_categories or []),
+                        first_index=turns[0].idx if turns else 0)
         done_before = sum(1 for r in replayed[1:] if r.role == "agent")
         st.agent_turns = done_before
         t0 = time.perf_counter()
@@ -328,7 +336,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
 
     async def _self_play(self, request: cpb.RunSelfPlayRequest, context: Any, opening: str, n: int, p: float
                          ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
-        conv, turns = await self._conversation(request.conversation_id, context)
+        conv, turns = await self._conversation(request.conversation_id, context, tail=1)
         if turns:
             raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
         key = "selfplay"
@@ -377,16 +385,34 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
 
     async def GetConversation(self, request: cpb.GetConversationRequest, context: Any) -> cpb.GetConversationResponse:
         self._gate(context)
-        conv, turns = await self._conversation(request.conversation_id, context)
-        return cpb.GetConversationResponse(conversation=self._conv_proto(conv, turns, request.include_think),
-                                           director_retries=conv.director_retries,
-                                           director_fallbacks=conv.director_fallbacks)
+        if request.page_size < 0:
+            raise InvalidArgument("page_size must not be negative")
+        start = 0
+        if request.page_token:
+            if not request.page_token.isdigit() or len(request.page_token) > 12:
+                raise InvalidArgument("page_token is not a next_page_token of GetConversation")
+            start = int(request.page_token)
+        size = min(request.page_size or MAX_PAGE_TURNS, MAX_PAGE_TURNS)
+        conv, rows = await self._conversation(request.conversation_id, context, start=start, limit=size + 1)
+        proto = self._conv_proto(conv, [], request.include_think)
+        budget = self.cfg.server.max_message_bytes // 2 - proto.ByteSize()  # half the limit: headroom for framing
+        more = len(rows) > size
+        for row in rows[:size]:
+            t = turn_to_proto(row, request.include_think)
+            budget -= t.ByteSize() + 8
+            if budget < 0 and proto.turns:
+                more = True
+                break
+            proto.turns.append(t)
+        next_token = str(proto.turns[-1].index + 1) if more and proto.turns else ""
+        return cpb.GetConversationResponse(conversation=proto, director_retries=conv.director_retries,
+                                           director_fallbacks=conv.director_fallbacks, next_page_token=next_token)
 
     async def DeleteConversation(self, request: cpb.DeleteConversationRequest, context: Any
                                  ) -> cpb.DeleteConversationResponse:
         """Erase the conversation with every turn, round and safety event (README "Security")."""
         self._gate(context)
-        conv, _ = await self._conversation(request.conversation_id, context)
+        conv, _ = await self._conversation(request.conversation_id, context, tail=1)
         if conv.id in self._running:
             raise FailedPrecondition("a round of this conversation is running; delete it after RoundCompleted")
         await asyncio.to_thread(self.store.delete_conversation, conv.id)

@@ -322,13 +322,24 @@ class Store:
             s.add(row)
         return row
 
-    def get_conversation(self, conv_id: str) -> tuple[ConversationRow, list[TurnRow]] | None:
-        """The conversation and its turns in order, or None."""
+    def get_conversation(self, conv_id: str, tail: int | None = None, start: int = 0, limit: int | None = None
+                         ) -> tuple[ConversationRow, list[TurnRow]] | None:
+        """The conversation and its turns in order, or None.
+
+        Args:
+            tail: Only the last ``tail`` turns (a round needs its recent history, not the whole conversation).
+            start: Only turns with index >= ``start`` (a page of GetConversation).
+            limit: At most ``limit`` turns from ``start``.
+        """
         with self.session() as s:
             conv = s.get(ConversationRow, conv_id)
             if conv is None:
                 return None
-            turns = list(s.scalars(select(TurnRow).where(TurnRow.conversation_id == conv_id).order_by(TurnRow.idx)))
+            q = select(TurnRow).where(TurnRow.conversation_id == conv_id, TurnRow.idx >= start)
+            if tail is not None:
+                turns = list(s.scalars(q.order_by(TurnRow.idx.desc()).limit(tail)))[::-1]
+            else:
+                turns = list(s.scalars(q.order_by(TurnRow.idx).limit(limit)))
             return conv, turns
 
     def delete_conversation(self, conv_id: str) -> bool:

@@ -26,7 +26,8 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.director.v1 import director_pb2 as dirpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.core.dialogue import HistoryTurn, directive_message, history_to_proto
-from mascot.core.errors import DeadlineExceeded, InvalidArgument, ServiceError, Unavailable
+from mascot.core.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError,
+                                 Unavailable)
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.safety import Detection, SafetyGate
 from mascot.gateway.store import NewTurn, SafetyEvent, Store, TurnRow
@@ -82,6 +83,11 @@ def _rpc_error(e: grpc.aio.AioRpcError, what: str) -> ServiceError:
         return DeadlineExceeded(f"the {what} did not answer before the deadline")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidArgument(f"the {what} rejected the request: {e.details()}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (e.details() or ""):
+        return FailedPrecondition(f"a request to the {what} is larger than server.max_message_bytes; lower "
+                                  "dialogue.history_window_chars or raise the limit (a retry cannot succeed)")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(f"the {what} is at capacity: {(e.details() or '')[:300]}; retry later")
     if code == grpc.StatusCode.UNAVAILABLE and e.details():
         return Unavailable(f"the {what} is unavailable: {e.details()[:300]}")
     return Unavailable(f"the {what} is unavailable ({code.name}); retry later")
@@ -116,6 +122,12 @@ class RoundState:
     adapter_versions: dict = field(default_factory=dict)
     #: Risk categories the conversation is flagged with; non-empty turns on reply screening.
     safety_categories: set = field(default_factory=set)
+    #: Stored index of ``history[0]``: the history holds the conversation's most recent turns only.
+    first_index: int = 0
+
+    def next_index(self) -> int:
+        """Stored index of the next turn."""
+        return self.first_index + len(self.history)
 
 
 class TurnLoop:
@@ -141,6 +153,19 @@ class TurnLoop:
         self.cfg, self.metrics = cfg, metrics
         self.safety = safety if safety is not None else SafetyGate(cfg.safety, catalog)
 
+    def window(self, st: RoundState) -> list[HistoryTurn]:
+        """The most recent turns of ``st.history`` within ``dialogue.history_window_turns`` and
+        ``dialogue.history_window_chars`` (at least the latest turn): what the director and speakers are sent."""
+        d = self.cfg.dialogue
+        out: list[HistoryTurn] = []
+        chars = 0
+        for h in reversed(st.history[-d.history_window_turns:]):
+            chars += len(h.text) + len(h.directive)
+            if out and chars > d.history_window_chars:
+                break
+            out.append(h)
+        return out[::-1]
+
     # ------------------------------------------------------------------ safety gate
     async def detect(self, text: str) -> Detection | None:
         """Risk in a user message (the classifier, when configured, runs in a worker thread)."""
@@ -159,7 +184,7 @@ class TurnLoop:
         t0 = time.perf_counter()
         pid = self.safety.persona_for(st.mode, [c.id for c in st.roster])
         d = self.safety.directive(pid)
-        index = len(st.history)
+        index = st.next_index()
         yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=dpb.Directive(
             persona_id=pid, action=d["action"], tone=d["tone"], source=dpb.DIRECTIVE_SOURCE_SAFETY, raw="")))
         text = self.safety.safety_text()
@@ -201,9 +226,9 @@ class TurnLoop:
     async def _direct(self, st: RoundState, exclude: list[str], deadline: Callable[[], float | None] | None) -> Any:
         try:
             return await self.director.NextDirective(dirpb.NextDirectiveRequest(
-                persona_ids=[c.id for c in st.roster], history=history_to_proto(st.history),
+                persona_ids=[c.id for c in st.roster], history=history_to_proto(self.window(st)),
                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
-                seed=st.seed + len(st.history) + 101 * len(exclude),
+                seed=st.seed + st.next_index() + 101 * len(exclude),
                 adapter_version=st.adapter_versions.get("director", ""), exclude_persona_ids=exclude),
                 timeout=self._timeout(deadline))
         except grpc.aio.AioRpcError as e:
@@ -219,7 +244,7 @@ class TurnLoop:
         caller ends the round. Refused attempts are stored with the turn (or, when none follows, with the round).
         """
         t0 = time.perf_counter()
-        index = len(st.history)
+        index = st.next_index()
         screening = bool(st.safety_categories)  # a flagged conversation: no reply text leaves before screening
         retries = fallbacks = 0
         director_s = 0.0
@@ -236,7 +261,7 @@ class TurnLoop:
             pid = directive.persona_id
             yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=directive))
             req = spb.GenerateReplyRequest(
-                persona_id=pid, directive=directive, history=history_to_proto(st.history),
+                persona_id=pid, directive=directive, history=history_to_proto(self.window(st)),
                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
                 roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + len(excluded) * 2,
                 adapter_version=st.adapter_versions.get(pid, ""))
@@ -287,9 +312,9 @@ class TurnLoop:
         through the safety gate like a live one; on risk its events are stored with it and the last item is the
         :class:`~mascot.gateway.safety.Detection`."""
         t0 = time.perf_counter()
-        index = len(st.history)
+        index = st.next_index()
         yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_USER))
-        req = spb.GenerateReplyRequest(user_simulation=user, history=history_to_proto(st.history),
+        req = spb.GenerateReplyRequest(user_simulation=user, history=history_to_proto(self.window(st)),
                                        context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
                                        roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13)
         final = None

@@ -175,22 +175,28 @@ class RunSelfPlayResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[ConversationEvent, _Mapping]] = ...) -> None: ...
 
 class GetConversationRequest(_message.Message):
-    __slots__ = ("conversation_id", "include_think")
+    __slots__ = ("conversation_id", "include_think", "page_size", "page_token")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_THINK_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     include_think: bool
-    def __init__(self, conversation_id: _Optional[str] = ..., include_think: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, conversation_id: _Optional[str] = ..., include_think: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class GetConversationResponse(_message.Message):
-    __slots__ = ("conversation", "director_retries", "director_fallbacks")
+    __slots__ = ("conversation", "director_retries", "director_fallbacks", "next_page_token")
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     DIRECTOR_RETRIES_FIELD_NUMBER: _ClassVar[int]
     DIRECTOR_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conversation: Conversation
     director_retries: int
     director_fallbacks: int
-    def __init__(self, conversation: _Optional[_Union[Conversation, _Mapping]] = ..., director_retries: _Optional[int] = ..., director_fallbacks: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, conversation: _Optional[_Union[Conversation, _Mapping]] = ..., director_retries: _Optional[int] = ..., director_fallbacks: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeleteConversationRequest(_message.Message):
     __slots__ = ("conversation_id",)
