@@ -47,7 +47,8 @@ async def run_pass(records: list[dict], agent_turns: int, concurrency: int, mode
     tmp = Path(tempfile.mkdtemp(prefix="mascot-quality-"))
     cfg = MascotConfig(engine={"model": model}, server={"gateway_port": 0, "metrics_port": 0},
                        store={"url": f"sqlite:///{tmp}/c.db"}, guard={"enabled": guard},
-                       limits={"max_active_rounds": max(16, concurrency)})
+                       limits={"max_active_rounds": max(16, concurrency),
+                               "max_rounds_per_caller": max(16, concurrency)})
     identity = model_identity(resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir))
     stack = await start_stack(cfg)
     try:

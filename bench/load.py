@@ -172,7 +172,8 @@ async def main() -> int:
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
     cfg = MascotConfig(server={"gateway_port": 0, "metrics_port": 0}, store={"url": f"sqlite:///{tmp}/load.db"},
                        engine={"model": model, **overrides.pop("engine", {})},
-                       limits={"max_active_rounds": capacity}, guard={"enabled": False},
+                       limits={"max_active_rounds": capacity, "max_rounds_per_caller": capacity},
+                       guard={"enabled": False},
                        director={"check_content": False, "rest_turns": 0, **overrides.pop("director", {})},
                        **overrides)
     stack = await start_stack(cfg)

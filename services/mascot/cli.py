@@ -201,6 +201,7 @@ def chat(
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.core.server import channel
+    from mascot.runjob import admitted
 
     modes = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
     if mode not in modes:
@@ -230,9 +231,10 @@ def chat(
                     console.print("[red]that line is not valid UTF-8 text (check the terminal's encoding); not sent"
                                   "[/red]")
                     continue
+                key = uuid.uuid4().hex
                 try:
-                    async for r in stub.SendMessage(cpb.SendMessageRequest(
-                            conversation_id=conv.id, text=text, idempotency_key=uuid.uuid4().hex)):
+                    async for r in admitted(lambda: stub.SendMessage(cpb.SendMessageRequest(
+                            conversation_id=conv.id, text=text, idempotency_key=key))):
                         ev = r.event
                         kind = ev.WhichOneof("event")
                         if kind == "turn_started":

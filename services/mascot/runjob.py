@@ -13,7 +13,7 @@ import json
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
@@ -62,6 +62,40 @@ def _selfplay_request(conv_id: str, rec: dict, mode: str, agent_turns: int, seed
 
 END_REASONS = {cpb.ROUND_END_REASON_COMPLETED: "completed", cpb.ROUND_END_REASON_EMPTY_REPLIES: "empty_replies",
                cpb.ROUND_END_REASON_SAFETY: "safety", cpb.ROUND_END_REASON_INTERRUPTED: "interrupted"}
+
+
+#: Longest a client waits, over all retries, for the gateway to admit one round it refused as overloaded.
+ADMISSION_WAIT_S = 900.0
+
+
+async def admitted(start: Callable[[], Any], max_wait_s: float = ADMISSION_WAIT_S,
+                   sleep: Callable[[float], Any] = asyncio.sleep) -> AsyncIterator[Any]:
+    """The responses of a round stream (``start()`` makes the call: SendMessage or RunSelfPlay), started again after
+    the wait the gateway asks for (``retry-after``) while it refuses the round as overloaded before anything was
+    stored (RESOURCE_EXHAUSTED: ``limits.max_active_rounds`` or ``limits.max_rounds_per_caller``).
+
+    Raises:
+        grpc.aio.AioRpcError: any other status, an overload refusal after the first response, or one past
+            ``max_wait_s`` seconds of waiting.
+    """
+    import grpc
+
+    from mascot.core.retry import overload_wait_s
+
+    waited = 0.0
+    while True:
+        got_any = False
+        try:
+            async for item in start():
+                got_any = True
+                yield item
+            return
+        except grpc.aio.AioRpcError as e:
+            wait = overload_wait_s(e)
+            if got_any or wait is None or waited + wait > max_wait_s:
+                raise
+            waited += wait
+            await sleep(wait)
 
 
 async def read_conversation(stub: Any, conv_id: str, include_think: bool = False) -> cpb.GetConversationResponse:
@@ -181,7 +215,9 @@ async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Pa
             async with gate:
                 conv = (await stub.StartConversation(_start_request(rec, mode))).conversation
                 reason = ""
-                async for ev in stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns, seed + i)):
+                events = admitted(lambda: stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns,
+                                                                             seed + i)))
+                async for ev in events:
                     if ev.event.WhichOneof("event") == "round_completed":
                         reason = END_REASONS.get(ev.event.round_completed.reason, "")
                 resp = await read_conversation(stub, conv.id, include_think=True)

@@ -135,7 +135,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                     stack.judges = service[1].judges
                 stack.servers[name] = await build_server(name, metrics, [service], host=srv.host,
                                                          port=getattr(srv, f"{name}_port"),
-                                                         max_message_bytes=srv.max_message_bytes, tls=srv.tls)
+                                                         max_message_bytes=srv.max_message_bytes, tls=srv.tls,
+                                                         stream_stall_s=srv.stream_stall_s)
         if "gateway" in components:
             from mascot.gateway.servicer import ConversationServicer
             from mascot.gateway.store import Store
@@ -171,7 +172,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                 services.append(await _training_service(cfg, metrics, stack))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
-                                                          max_message_bytes=srv.max_message_bytes, tls=srv.tls)
+                                                          max_message_bytes=srv.max_message_bytes, tls=srv.tls,
+                                                          stream_stall_s=srv.stream_stall_s)
             from mascot.gateway.store import watch_health
 
             # A store that vanished or stopped answering turns the gateway's health NOT_SERVING (its writes are

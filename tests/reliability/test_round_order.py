@@ -141,3 +141,75 @@ async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_co
     finally:
         await ch.close()
         await stack.stop(0)
+
+
+async def test_a_client_that_stops_reading_cannot_hold_a_round_slot(tmp_path):
+    """A stream whose client stops reading (a tiny HTTP/2 window, nothing read after RoundStarted) is ended after
+    ``server.stream_stall_s`` and its slot freed, so the next caller's round runs (before: every slot stayed held)."""
+    long_reply = "Tell me more about what happened next, and how it felt. " * 40
+    eng = ScriptedEngine(lambda p: DIRECTOR, lambda p: long_reply)
+    stack = await start_stack(make_config(tmp_path, server={"stream_stall_s": 1.0}, limits={"max_active_rounds": 1}),
+                              ("gateway", "director", "speaker"), engine=eng)
+    slow_ch = grpc.aio.insecure_channel(stack.target("gateway"), options=[
+        ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+    ch = channel(stack.target("gateway"))
+    slow, stub = cpb_grpc.ConversationServiceStub(slow_ch), cpb_grpc.ConversationServiceStub(ch)
+    try:
+        c1 = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        c2 = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        stalled = _send(slow, c1.id, "Hello.", "s1")
+        first = await stalled.read()
+        assert first.event.HasField("round_started")  # then this client reads nothing more
+        active = stack.metrics.registry.get_sample_value
+        for _ in range(200):
+            if active("mascot_conversations_active", {"mode": "support"}) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert active("mascot_conversations_active", {"mode": "support"}) == 0
+        events = await collect(_send(stub, c2.id, "My turn now.", "s2"))  # the slot is free again
+        assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED
+        assert _count(stack, "SendMessage", "UNAVAILABLE") == 1
+        stalled.cancel()
+        # what the stalled round stored is kept: a retry with its key replays it and finishes it
+        again = await collect(_send(stub, c1.id, "Hello.", "s1"))
+        assert again[0].round_started.replayed and again[-1].HasField("round_completed")
+    finally:
+        await slow_ch.close()
+        await ch.close()
+        await stack.stop(0)
+
+
+async def test_one_caller_cannot_take_every_round_slot_and_our_clients_wait_as_told(tmp_path):
+    """``limits.max_rounds_per_caller``: a third concurrent round of one caller is refused before anything is
+    stored (RESOURCE_EXHAUSTED with retry-after); :func:`mascot.runjob.admitted` waits as told and then runs it."""
+    from mascot.runjob import admitted
+
+    stack = await start_stack(make_config(tmp_path, limits={"max_active_rounds": 10, "max_rounds_per_caller": 2}),
+                              ("gateway", "director", "speaker"), engine=SlowSpeaker(0.02))
+    ch = channel(stack.target("gateway"))
+    stub = cpb_grpc.ConversationServiceStub(ch)
+    try:
+        convs = [(await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+                 for _ in range(3)]
+        calls = [_send(stub, c.id, "Hello.", "p1") for c in convs[:2]]
+        for call in calls:
+            assert (await call.read()).event.HasField("round_started")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(_send(stub, convs[2].id, "Me too.", "p1"))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_rounds_per_caller" in err.value.details()
+        assert dict(err.value.trailing_metadata())["retry-after"] == "1"
+        assert stack.store.count_turns(convs[2].id) == 0  # refused before anything was stored
+        waited: list[float] = []
+
+        async def sleep(s: float) -> None:
+            waited.append(s)
+            await asyncio.sleep(s)
+
+        third = [r.event async for r in admitted(lambda: _send(stub, convs[2].id, "Me too.", "p1"), sleep=sleep)]
+        assert third[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED and waited and waited[0] == 1.0
+        for call in calls:
+            call.cancel()
+    finally:
+        await ch.close()
+        await stack.stop(0)

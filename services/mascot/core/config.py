@@ -97,6 +97,9 @@ class LimitsConfig(_Section):
     #: one batch; more rounds only queue in the engine (at 64 on 2 busy CPU cores, bench/load.py, a model call
     #: queued past ``server.call_timeout_s``). Raise it with the engine's throughput (vLLM on a GPU: hundreds).
     max_active_rounds: int = Field(16, ge=1, le=100_000)
+    #: Rounds one caller (its caller id, or its address without caller tokens) runs at once; one more is refused the
+    #: same way, so no single client holds every slot. Above ``mascot run``'s default ``--concurrency`` (8).
+    max_rounds_per_caller: int = Field(12, ge=1, le=100_000)
 
 
 class SelfPlayConfig(_Section):
@@ -278,6 +281,9 @@ class ServerConfig(_Section):
     call_timeout_s: float = Field(120.0, gt=0, le=3600)
     #: gRPC message size limit in bytes, equal on servers and clients.
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    #: Longest wait, in seconds, for a client to take one message of a server stream (SendMessage, RunSelfPlay,
+    #: GenerateReply): a client that stops reading has its call ended with UNAVAILABLE, which frees its round slot.
+    stream_stall_s: float = Field(60.0, gt=0, le=3600)
     metrics_port: int = Field(9464, ge=0, le=65535)
     #: TLS / mutual TLS of every gRPC server and of the gateway's channels (off by default).
     tls: TLSConfig = TLSConfig()

@@ -21,10 +21,16 @@ import grpc
 
 from google.protobuf.message import DecodeError
 
-from mascot.core.errors import InvalidArgument, ResourceExhausted, ServiceError
+from mascot.core.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
 
 log = logging.getLogger("mascot.access")
 REQUEST_ID_KEY = "x-request-id"
+#: Default of ``server.stream_stall_s``: seconds a server stream waits for its client to take one message.
+DEFAULT_STREAM_STALL_S = 60.0
+
+
+class StreamStalled(Unavailable):
+    """The client stopped reading a server stream for longer than ``server.stream_stall_s`` (UNAVAILABLE)."""
 
 
 class _Undecodable:
@@ -104,6 +110,12 @@ def _request_id(context: grpc.aio.ServicerContext) -> str:
     return uuid.uuid4().hex
 
 
+def _consume(fut: "asyncio.Future[Any]") -> None:
+    """Retrieve the outcome of an abandoned write, so asyncio does not report it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _exception_code(e: BaseException) -> grpc.StatusCode:
     """The status :meth:`BoundaryInterceptor._fail` sends for an exception that is not a ServiceError."""
     if _disk_full(e):
@@ -117,11 +129,15 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     Args:
         component: Label value for ``mascot_rpc_*`` metrics (gateway, director, speaker).
         metrics: A :class:`~mascot.core.metrics.Metrics`.
+        stream_stall_s: Longest wait for a client to take one message of a server stream (HTTP/2 flow control: a
+            client that stops reading stops the writes). Past it the call ends with UNAVAILABLE, so a client that
+            does not read cannot hold a round slot (``server.stream_stall_s``).
     """
 
-    def __init__(self, component: str, metrics: Any) -> None:
+    def __init__(self, component: str, metrics: Any, stream_stall_s: float = DEFAULT_STREAM_STALL_S) -> None:
         self._component = component
         self._metrics = metrics
+        self._stall_s = stream_stall_s
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -195,12 +211,30 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0, rid = time.perf_counter(), _request_id(context)
             code = grpc.StatusCode.OK
+            stream = None
+            recorded = False
             try:
                 _refuse_undecodable(request)
-                async for item in fn(request, context):
-                    yield item
+                stream = fn(request, context)
+                async for item in stream:
+                    # A write waits for the client's HTTP/2 window; gRPC cannot cancel it, so the wait is bounded
+                    # here and a write that never completes is left to end with the connection.
+                    write = asyncio.ensure_future(context.write(item))
+                    done, _ = await asyncio.wait({write}, timeout=self._stall_s)
+                    if not done:
+                        write.add_done_callback(_consume)
+                        raise StreamStalled(f"the client did not read the stream for {self._stall_s:g} s "
+                                            "(server.stream_stall_s); the call was ended. What was acknowledged is "
+                                            "stored: retry with the same idempotency key to replay it")
+                    write.result()
             except ServiceError as e:
                 code = e.code
+                if isinstance(e, StreamStalled):  # free the round (slot, running state) before the status, which
+                    await stream.aclose()          # waits behind the unread messages
+                    self._record(rpc, code, t0, rid)
+                    recorded = True
+                    log.warning("%s.%s: the client stopped reading for %.0f s; round released", self._component,
+                                rpc, self._stall_s)
                 await self._fail(context, e)
             except (grpc.aio.AbortError, grpc.RpcError):
                 code = context.code() or grpc.StatusCode.UNKNOWN
@@ -212,5 +246,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 code = _exception_code(e)
                 await self._fail(context, e)
             finally:
-                self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)
+                if stream is not None:  # the handler's own cleanup (slots, running rounds) runs now, not at GC
+                    await stream.aclose()
+                if not recorded:
+                    self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0,
+                                 rid)
         return handler

@@ -87,6 +87,12 @@ def _retry_after_s(err: grpc.aio.AioRpcError) -> float | None:
     return None
 
 
+def overload_wait_s(err: grpc.aio.AioRpcError) -> float | None:
+    """Seconds to wait before retrying a call the server refused as overloaded (RESOURCE_EXHAUSTED with
+    ``retry-after`` metadata, e.g. the gateway's round admission), else None (do not retry it for that reason)."""
+    return _retry_after_s(err) if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+
+
 async def call_with_retry(call: Callable[[float], Awaitable[T]], target: str, policy: RetryPolicy, *,
                           sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                           clock: Callable[[], float] = time.monotonic,

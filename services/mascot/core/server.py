@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mascot.core.interceptors import BoundaryInterceptor
+from mascot.core.interceptors import DEFAULT_STREAM_STALL_S, BoundaryInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: Environment variables of client TLS (:meth:`ClientTLS.from_env`) and of the public API's caller token.
@@ -171,7 +171,8 @@ class Server:
 
 async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callable, Any, str]], *,
                        host: str = "127.0.0.1", port: int = 0,
-                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None) -> Server:
+                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None,
+                       stream_stall_s: float = DEFAULT_STREAM_STALL_S) -> Server:
     """Create, bind and start a server.
 
     Args:
@@ -183,13 +184,14 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         max_message_bytes: gRPC send/receive limit.
         tls: ``server.tls`` (:class:`~mascot.core.config.TLSConfig`); TLS or mutual TLS when it names a certificate,
             plaintext when None or off.
+        stream_stall_s: ``server.stream_stall_s`` (see :class:`~mascot.core.interceptors.BoundaryInterceptor`).
 
     Raises:
         RuntimeError: the port could not be bound.
         ValueError: a TLS file cannot be read.
     """
     creds = server_credentials(tls)
-    server = grpc.aio.server(interceptors=[BoundaryInterceptor(component, metrics)],
+    server = grpc.aio.server(interceptors=[BoundaryInterceptor(component, metrics, stream_stall_s)],
                              options=_options(max_message_bytes))
     names = []
     for adder, servicer, name in add:

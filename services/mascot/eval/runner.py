@@ -188,14 +188,14 @@ def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-    from mascot.runjob import MODES, read_conversation, transcript_line
+    from mascot.runjob import MODES, admitted, read_conversation, transcript_line
 
     conv = (await stub.StartConversation(cpb.StartConversationRequest(
         mode=MODES[mode], source_id=sit.id[:256],
         context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context]))).conversation
-    async for _ in stub.RunSelfPlay(cpb.RunSelfPlayRequest(
+    async for _ in admitted(lambda: stub.RunSelfPlay(cpb.RunSelfPlayRequest(
             conversation_id=conv.id, opening_text=sit.opening, agent_turns=agent_turns, seed=seed,
-            user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion))):
+            user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion)))):
         pass
     resp = await read_conversation(stub, conv.id, include_think=True)
     line = transcript_line(resp, mode)
@@ -256,6 +256,10 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     base = deep_merge(cfg.model_dump(mode="python"), {"server": {"gateway_port": 0, "director_port": 0,
                                                                  "speaker_port": 0, "judge_port": 0,
                                                                  "reward_port": 0}})
+    # the run's own embedded gateways admit every dialogue it runs at once (all come from one local caller)
+    lim = base["limits"]
+    lim["max_active_rounds"] = max(lim["max_active_rounds"], opts.concurrency)
+    lim["max_rounds_per_caller"] = max(lim["max_rounds_per_caller"], opts.concurrency)
     metrics = Metrics()
     own_engine = engine is None
     if own_engine:

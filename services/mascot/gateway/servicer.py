@@ -102,6 +102,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         # conversation id -> (idempotency key, text digest) of the round in progress
         self._running: dict[str, tuple[str, str]] = {}
         self._active_rounds = 0  # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
+        self._caller_rounds: dict[str, int] = {}  # the same per caller key (limits.max_rounds_per_caller)
         self.pinner = None
         if cfg.adapters.store:  # new conversations are pinned from the registry, or its last good copy
             from mascot.core.adapters.reconcile import VersionPinner
@@ -156,18 +157,32 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                 adapter_versions=conv.adapter_versions, safety_flagged=bool(conv.safety_flagged),
                                 safety_categories=list(conv.safety_categories or []))
 
-    def _admit(self) -> None:
-        """Admission control: take one of ``limits.max_active_rounds`` round slots or refuse with RESOURCE_EXHAUSTED
-        (the boundary adds ``retry-after``) before anything is read or stored. The caller releases the slot with
-        :meth:`_release` in a ``finally``."""
-        cap = self.cfg.limits.max_active_rounds
+    def _caller_key(self, caller: str, context: Any) -> str:
+        """Who a round counts against for ``limits.max_rounds_per_caller``: the caller id, or the peer address
+        without caller tokens (the rate limit's key)."""
+        return f"caller:{caller}" if self.auth.enabled else f"peer:{peer_host(context)}"
+
+    def _admit(self, key: str) -> None:
+        """Admission control: take one of ``limits.max_active_rounds`` round slots, and one of the caller's
+        ``limits.max_rounds_per_caller``, or refuse with RESOURCE_EXHAUSTED (the boundary adds ``retry-after``) before
+        anything is read or stored. The caller releases them with :meth:`_release` in a ``finally``."""
+        cap, per = self.cfg.limits.max_active_rounds, self.cfg.limits.max_rounds_per_caller
         if self._active_rounds >= cap:
             raise ResourceExhausted(f"the gateway is running its limit of {cap} rounds at once; retry later (the "
                                     "retry-after metadata gives the seconds)")
+        if self._caller_rounds.get(key, 0) >= per:
+            raise ResourceExhausted(f"this caller already runs {per} rounds at once (limits.max_rounds_per_caller); "
+                                    "retry when one ends (the retry-after metadata gives the seconds)")
         self._active_rounds += 1
+        self._caller_rounds[key] = self._caller_rounds.get(key, 0) + 1
 
-    def _release(self) -> None:
+    def _release(self, key: str) -> None:
         self._active_rounds -= 1
+        left = self._caller_rounds.get(key, 1) - 1
+        if left > 0:
+            self._caller_rounds[key] = left
+        else:
+            self._caller_rounds.pop(key, None)
 
     def _acquire(self, conv_id: str, key: str, text: str) -> None:
         """Mark the round of ``key`` running on ``conv_id`` in this process.
@@ -218,13 +233,13 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))
 
     async def SendMessage(self, request: cpb.SendMessageRequest, context: Any) -> AsyncIterator[cpb.SendMessageResponse]:
-        self._gate(context, limited=True)
+        who = self._caller_key(self._gate(context, limited=True), context)
         key = request.idempotency_key
         if not key or len(key) > MAX_KEY_CHARS:
             raise InvalidArgument(f"idempotency_key must be 1 to {MAX_KEY_CHARS} characters")
         _no_controls(key, "idempotency_key")
         text = _nonblank(request.text, "text", self.cfg.dialogue.max_message_chars)
-        self._admit()
+        self._admit(who)
         try:
             conv, turns = await self._conversation(request.conversation_id, context,
                                                    tail=self.cfg.dialogue.history_window_turns)
@@ -235,7 +250,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             finally:
                 self._running.pop(conv.id, None)
         finally:
-            self._release()
+            self._release(who)
 
     async def _round(self, conv: Any, turns: list, key: str, text: str, context: Any) -> AsyncIterator[Any]:
         """The round of one user message. The safety gate runs first: a risky message is stored with its safety
@@ -316,7 +331,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self.metrics.rounds.labels(conv.mode, outcome).inc()
 
     async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any) -> AsyncIterator[cpb.RunSelfPlayResponse]:
-        self._gate(context, limited=True)
+        who = self._caller_key(self._gate(context, limited=True), context)
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
         if not request.HasField("user") or not request.user.situation.strip():
             raise InvalidArgument("user.situation is required for the simulated user")
@@ -327,12 +342,12 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         p = request.user_speak_prob if request.HasField("user_speak_prob") else self.cfg.selfplay.user_speak_prob
         if not 0.0 <= p <= 1.0:
             raise InvalidArgument(f"user_speak_prob must be in [0, 1], got {p}")
-        self._admit()
+        self._admit(who)
         try:
             async for item in self._self_play(request, context, opening, n, p):
                 yield item
         finally:
-            self._release()
+            self._release(who)
 
     async def _self_play(self, request: cpb.RunSelfPlayRequest, context: Any, opening: str, n: int, p: float
                          ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
