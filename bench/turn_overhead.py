@@ -1,7 +1,8 @@
 """Per-turn wall time through the gRPC services vs the same engine calls made in-process.
 
 Same tiny model, same inputs, the same per-turn sampling seeds so both paths generate the same tokens, measured side by side
-in one run (interleaved: one gRPC round, then the same round in-process). Prints the ratio; goal <= 1.05.
+in one run (interleaved round by round, the order alternating), each path on its own engine instance so neither finds
+its prompts in the other's prefix cache. Prints the ratio; goal <= 1.05.
 
     python bench/turn_overhead.py [--rounds N] [--model DIR]
 """
@@ -26,7 +27,7 @@ MESSAGES = ["I failed my driving test again and I feel stupid.", "My best friend
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6, help="user messages (3 agent turns each) per path")
+    ap.add_argument("--rounds", type=int, default=12, help="user messages (3 agent turns each) per path")
     ap.add_argument("--model", default="", help="model dir (default: build the tiny Qwen3)")
     args = ap.parse_args()
 
@@ -48,8 +49,13 @@ async def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="mascot-bench-"))
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))
+    # One engine per path: both paths send the same prompts, so with one shared prefix cache the path that runs second
+    # in a round would find its whole prompt cached by the first (a gain that grows with the history, not a gRPC
+    # cost). Each path keeps its own cache, as one serving process does across turns.
     engine = TransformersEngine(model, max_model_len=4096, batch_wait_ms=0)
+    inproc_engine = TransformersEngine(model, max_model_len=4096, batch_wait_ms=0)
     await engine.start()
+    await inproc_engine.start()
     # a speed bench on the tiny random model: the reply checks and the director's content rules are off (its text
     # fails them all; with them on the ratio would count regenerations, not the gRPC overhead)
     cfg = MascotConfig(server={"gateway_port": 0}, store={"url": f"sqlite:///{tmp}/bench.db"},
@@ -75,10 +81,10 @@ async def main() -> None:
         history.append(HistoryTurn("user", text))
         texts = []
         for _ in range(cfg.dialogue.agent_turns_per_round):
-            d = await decide(engine, roster, history, [], cfg.director)
+            d = await decide(inproc_engine, roster, history, [], cfg.director)
             card = catalog.get(d.directive.persona_id)
             out = None
-            async for item in persona_reply(engine, card, roster, history, [], d.directive.action, d.directive.tone,
+            async for item in persona_reply(inproc_engine, card, roster, history, [], d.directive.action, d.directive.tone,
                                             guard=cfg.guard.settings(), policy=RetryPolicy(max_attempts=1),
                                             repetition_penalty=cfg.speaker.repetition_penalty,
                                             frequency_penalty=cfg.speaker.frequency_penalty,
@@ -95,13 +101,19 @@ async def main() -> None:
 
     conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
     await grpc_round(conv.id, "warm up", "warm")  # first-call costs (grammar compile, channel) out of the figures
+    await inproc_round([], "warm up", 0)  # and the same for the in-process engine
     conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
     history: list = []
     g_times, i_times, same = [], [], 0
     for k in range(args.rounds):
         msg = MESSAGES[k % len(MESSAGES)]
-        gt, gn, gtexts = await grpc_round(conv.id, msg, f"k{k}")
-        it, inn, itexts = await inproc_round(history, msg, int(text_digest(conv.id + f"k{k}")[:8], 16))
+        seed = int(text_digest(conv.id + f"k{k}")[:8], 16)
+        if k % 2 == 0:  # the order alternates, so neither path always runs on a machine the other just warmed
+            gt, gn, gtexts = await grpc_round(conv.id, msg, f"k{k}")
+            it, inn, itexts = await inproc_round(history, msg, seed)
+        else:
+            it, inn, itexts = await inproc_round(history, msg, seed)
+            gt, gn, gtexts = await grpc_round(conv.id, msg, f"k{k}")
         g_times.append(gt / max(gn, 1))
         i_times.append(it / max(inn, 1))
         same += gtexts == itexts
@@ -110,10 +122,15 @@ async def main() -> None:
     await ch.close()
     await stack.stop(0)
     await engine.close()
+    await inproc_engine.close()
     g, i = statistics.median(g_times), statistics.median(i_times)
+    paired = statistics.median(a / b for a, b in zip(g_times, i_times))
     print(f"turns per path: {3 * args.rounds}; identical outputs in {same}/{args.rounds} rounds")
     print(f"per-turn wall time: gRPC services {g * 1000:.1f} ms, in-process {i * 1000:.1f} ms (medians)")
-    print(f"ratio gRPC / in-process = {g / i:.3f} (goal <= 1.05)")
+    print(f"paired per-round ratio: median {paired:.3f}, range {min(a / b for a, b in zip(g_times, i_times)):.3f}"
+          f"-{max(a / b for a, b in zip(g_times, i_times)):.3f}")
+    print(f"ratio gRPC / in-process = {sum(g_times) / sum(i_times):.3f} (goal <= 1.05; total per-turn time over the "
+          "rounds)")
 
 
 if __name__ == "__main__":

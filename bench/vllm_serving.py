@@ -85,6 +85,7 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.core.config import MascotConfig
     from mascot.core.server import channel
+    from mascot.runjob import admitted
     from mascot.stack import start_stack
     from tests.integration.test_adapters import make_lora
 
@@ -95,7 +96,9 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
                        engine={"model": model}, dialogue={"agent_turns_per_round": 1},
                        director={"policy": "random", "check_content": False, "rest_turns": 0}, guard={"enabled": False},
                        speaker={"temperature": 0.7, "max_tokens": 24},
-                       adapters={"store": str(tmp / "store"), "poll_s": 0.2, "max_rank": 16})
+                       adapters={"store": str(tmp / "store"), "poll_s": 0.2, "max_rank": 16},
+                       # every chatting conversation plus the one that measures the swap holds a round at once
+                       limits={"max_active_rounds": conversations + 1, "max_rounds_per_caller": conversations + 1})
     stack = await start_stack(cfg, engine=engine)
     ch = channel(stack.target("gateway"))
     admin, conv = adapter_pb2_grpc.AdapterServiceStub(ch), cpb_grpc.ConversationServiceStub(ch)
@@ -108,8 +111,10 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
 
         async def one_turn(conv_id: str, key: str) -> str:
             version = ""
-            async for r in conv.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text="hello there",
-                                                                   idempotency_key=key)):
+            # a round the gateway refuses as overloaded (retry-after) is started again after the wait, as every
+            # client of the project does (mascot.runjob.admitted)
+            async for r in admitted(lambda: conv.SendMessage(cpb.SendMessageRequest(
+                    conversation_id=conv_id, text="hello there", idempotency_key=key))):
                 if r.event.HasField("turn_completed") and r.event.turn_completed.turn.persona_id == "anchor":
                     version = r.event.turn_completed.turn.adapter_version
             return version

@@ -11,11 +11,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_turn_overhead_bench_prints_ratio(tiny_model_dir):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "turn_overhead.py"), "--rounds", "1", "--model",
+    import re
+
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "turn_overhead.py"), "--rounds", "4", "--model",
                           str(tiny_model_dir)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "ratio gRPC / in-process = " in out.stdout
-    assert "identical outputs in 1/1 rounds" in out.stdout
+    assert "identical outputs in 4/4 rounds" in out.stdout, out.stdout
+    m = re.search(r"ratio gRPC / in-process = ([\d.]+) \(goal <= 1.05", out.stdout)
+    assert m, out.stdout
+    # A regression bound, not the goal: at 4 rounds on 2 shared cores the ratio spreads by about +-0.1 from run to
+    # run (turns of 0.2-0.3 s with the same prompts vary that much), so the goal (<= 1.05) is the full-size figure
+    # of `make bench`, reported as measured; a path that adds a fixed cost per turn or per token (one gRPC message
+    # per token measured 1.08-1.23 at full size) is caught here only when it is large.
+    assert float(m.group(1)) <= 1.3, out.stdout
 
 
 def test_load_bench_small_size_loses_nothing_and_refuses_the_overload(tiny_model_dir):

@@ -153,6 +153,10 @@ class SpeakerConfig(_Section):
     #: Penalty on tokens already in the prompt or reply (vLLM's ``repetition_penalty``; 1 = off). It also pushes a
     #: reply away from the user's own words, so it stays off by default and rises only on a regeneration.
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    #: Streaming granularity: after a reply's first delta (sent at once), the text released within this many
+    #: milliseconds goes out as one delta, so a reply costs a few messages per hop instead of one per token (on a
+    #: 2-core CPU each message takes time from generation). 0 sends every delta as it comes.
+    stream_interval_ms: int = Field(50, ge=0, le=2000)
     #: Subtracted from a token's logit per earlier occurrence in the reply (vLLM's ``frequency_penalty``).
     frequency_penalty: float = Field(0.3, ge=-2.0, le=2.0)
     adapter_mode: Literal["none", "per_persona", "shared"] = "per_persona"

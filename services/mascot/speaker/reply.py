@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -156,6 +157,72 @@ async def guarded_reply(engine: Any, build_filter: Callable[[], VisibleTextFilte
     yield ReplyOutcome(text="", think=filt.think, adapter_version=adapter or BASE_ADAPTER, generated_tokens=tokens,
                        first_token_seconds=0.0, truncated=filt.truncated, rejections=rejections, rejected=True,
                        attempts=policy.max_attempts)
+
+
+async def coalesced(source: AsyncIterator[Any], interval_s: float) -> AsyncIterator[Any]:
+    """``source``'s items with consecutive text deltas (``str``) merged: the first delta passes at once, then the
+    text that arrives within ``interval_s`` seconds of a delta goes out as one; any other item (a
+    :class:`ReplyOutcome`) passes unchanged after the text before it. ``interval_s`` <= 0 passes every item as it
+    comes. Closing this generator stops ``source`` (its engine request ends)."""
+    if interval_s <= 0:
+        async for item in source:
+            yield item
+        return
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump() -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
+            await queue.put(_Failed(e))
+            return
+        await queue.put(end)
+
+    task = asyncio.create_task(pump())
+
+    def check(item: Any) -> Any:
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
+
+    try:
+        first = True
+        while True:
+            item = check(await queue.get())
+            if item is end:
+                return
+            if not isinstance(item, str) or first:
+                first = first and not isinstance(item, str)
+                yield item
+                continue
+            parts, after = [item], None
+            deadline = loop.time() + interval_s
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    nxt = check(await asyncio.wait_for(queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+                if isinstance(nxt, str):
+                    parts.append(nxt)
+                else:
+                    after = nxt
+                    break
+            yield "".join(parts)
+            if after is end:
+                return
+            if after is not None:
+                yield after
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@dataclass
+class _Failed:
+    error: BaseException
 
 
 def persona_sources(card: PersonaCard, system: str, action: str, tone: str) -> list[str]:

@@ -13,7 +13,7 @@ from mascot.core.dialogue import context_from_proto, history_from_proto, roster_
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
 from mascot.speaker.prompts import personality_text
-from mascot.speaker.reply import ReplyOutcome, choose_adapter, persona_reply, user_reply
+from mascot.speaker.reply import ReplyOutcome, choose_adapter, coalesced, persona_reply, user_reply
 
 MAX_TOKENS_LIMIT = 4096
 _LEVELS = {dpb.TRAIT_LEVEL_HIGH: "high", dpb.TRAIT_LEVEL_LOW: "low"}
@@ -117,7 +117,7 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
         else:
             raise InvalidArgument("set exactly one speaker: persona_id or user_simulation")
         try:
-            async for item in gen:
+            async for item in coalesced(gen, self.cfg.stream_interval_ms / 1000):
                 if isinstance(item, ReplyOutcome):
                     self.metrics.generated_tokens.labels(component="speaker", persona=label,
                                                          adapter_version=item.adapter_version).inc(item.delivered_tokens)
