@@ -62,7 +62,7 @@ async def test_a_conversation_past_the_message_limit_still_answers_and_pages(tmp
         small = await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, page_size=5,
                                                                       page_token="10"))
         assert [t.index for t in small.conversation.turns] == [10, 11, 12, 13, 14] and small.next_page_token == "15"
-        for bad in ("abc", "-1", "9" * 20):
+        for bad in ("abc", "-1", "9" * 20, "\u00b2", "\u0663"):  # superscript two, Arabic-Indic three
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv.id, page_token=bad))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,6 +11,7 @@ DEADLINE_EXCEEDED, never OK.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
@@ -31,6 +32,15 @@ DEFAULT_STREAM_STALL_S = 60.0
 
 class StreamStalled(Unavailable):
     """The client stopped reading a server stream for longer than ``server.stream_stall_s`` (UNAVAILABLE)."""
+
+
+_STALLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mascot_stream_stalled", default=False)
+
+
+def stream_stalled() -> bool:
+    """True inside a stream handler's cleanup when the boundary is closing it because its client stopped reading
+    (the call ends UNAVAILABLE, not CANCELLED)."""
+    return _STALLED.get()
 
 
 class _Undecodable:
@@ -220,9 +230,12 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                     # A write waits for the client's HTTP/2 window; gRPC cannot cancel it, so the wait is bounded
                     # here and a write that never completes is left to end with the connection.
                     write = asyncio.ensure_future(context.write(item))
-                    done, _ = await asyncio.wait({write}, timeout=self._stall_s)
+                    try:
+                        done, _ = await asyncio.wait({write}, timeout=self._stall_s)
+                    finally:
+                        if not write.done():
+                            write.add_done_callback(_consume)
                     if not done:
-                        write.add_done_callback(_consume)
                         raise StreamStalled(f"the client did not read the stream for {self._stall_s:g} s "
                                             "(server.stream_stall_s); the call was ended. What was acknowledged is "
                                             "stored: retry with the same idempotency key to replay it")
@@ -230,7 +243,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except ServiceError as e:
                 code = e.code
                 if isinstance(e, StreamStalled):  # free the round (slot, running state) before the status, which
-                    await stream.aclose()          # waits behind the unread messages
+                    _STALLED.set(True)             # waits behind the unread messages
+                    await stream.aclose()
                     self._record(rpc, code, t0, rid)
                     recorded = True
                     log.warning("%s.%s: the client stopped reading for %.0f s; round released", self._component,
@@ -239,7 +253,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except (grpc.aio.AbortError, grpc.RpcError):
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
-            except (GeneratorExit, asyncio.CancelledError):
+            except asyncio.CancelledError:
                 code = _ended_code(context)
                 raise
             except Exception as e:  # noqa: BLE001

@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
-#: How a round ended (``mascot_rounds_total{reason}``): the four stored end reasons of RoundCompleted, ``failed`` (the
-#: stream ended with an error status before RoundCompleted) and ``cancelled`` (the client cancelled it or its
-#: deadline passed).
-ROUND_OUTCOMES = ("completed", "empty_replies", "safety", "interrupted", "failed", "cancelled")
+#: How a round's stream ended (``mascot_rounds_total{reason}``): the end reasons RoundCompleted carries, ``failed``
+#: (an error status before RoundCompleted, a client that stopped reading included) and ``cancelled`` (the client
+#: cancelled it or its deadline passed). A round a newer message closes later (``interrupted`` in the API) was
+#: counted when its stream ended; a replay of a stored round is not counted again.
+ROUND_OUTCOMES = ("completed", "empty_replies", "safety", "failed", "cancelled")
 MODES = ("support", "meeting")
 
 
@@ -53,9 +54,9 @@ class Metrics:
             "reply checks, text cut after a failing sentence, directives re-asked.",
             ["component", "persona"], registry=r)
         self.rounds = Counter(
-            "mascot_rounds_total", "Rounds (SendMessage and RunSelfPlay streams) by how they ended: completed, "
-            "empty_replies (no acceptable reply), safety, interrupted (closed by a newer message), failed (an error "
-            "status), cancelled (by the client or its deadline).", ["mode", "reason"], registry=r)
+            "mascot_rounds_total", "Rounds (SendMessage and RunSelfPlay streams) by how their stream ended: "
+            "completed, empty_replies (no acceptable reply), safety, failed (an error status, a client that stopped "
+            "reading included), cancelled (by the client or its deadline).", ["mode", "reason"], registry=r)
         for mode in MODES:  # every outcome exists from the start, so increase() sees the first one
             for reason in ROUND_OUTCOMES:
                 self.rounds.labels(mode, reason)

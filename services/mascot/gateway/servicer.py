@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 import unicodedata
 import uuid
+from contextlib import aclosing
 from typing import Any, AsyncIterator
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
@@ -13,6 +16,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import CONTROL_CHARS, HistoryTurn, roster_from_ids
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from mascot.core.interceptors import stream_stalled
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
 from mascot.gateway.store import IntegrityError, Store, text_digest
@@ -23,6 +27,8 @@ MODE_VALUES = {v: k for k, v in MODES.items()}
 MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
 
+
+log = logging.getLogger(__name__)
 
 #: Most turns one GetConversation page holds (``page_size`` is capped here).
 MAX_PAGE_TURNS = 1000
@@ -184,15 +190,18 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         else:
             self._caller_rounds.pop(key, None)
 
-    def _acquire(self, conv_id: str, key: str, text: str) -> None:
-        """Mark the round of ``key`` running on ``conv_id`` in this process.
+    def _acquire(self, conv_id: str, key: str, text: str | None) -> None:
+        """Mark the round of ``key`` running on ``conv_id`` in this process (``text`` None: self-play, which has no
+        idempotency key of the caller's).
 
         Raises:
             InvalidArgument: the round of this key is running with another text (a retry could never succeed).
             Unavailable: the round of this key is running (a retry with the same key, once it ends, replays it).
-            FailedPrecondition: a round of another key is running on this conversation.
+            FailedPrecondition: a round of another key, or self-play, is running on this conversation.
         """
         held = self._running.get(conv_id)
+        if held is not None and text is None:
+            raise FailedPrecondition("self-play or a message is already running on this conversation")
         if held is not None and held[0] == key:
             if held[1] != text_digest(text):
                 raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
@@ -200,7 +209,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         if held is not None:
             raise FailedPrecondition("another message of this conversation is being answered; wait for its "
                                      "RoundCompleted event")
-        self._running[conv_id] = (key, text_digest(text))
+        self._running[conv_id] = (key, text_digest(text or ""))
 
     # ------------------------------------------------------------------ RPCs
     async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
@@ -245,8 +254,9 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                                    tail=self.cfg.dialogue.history_window_turns)
             self._acquire(conv.id, key, text)
             try:
-                async for ev in self._round(conv, turns, key, text, context):
-                    yield cpb.SendMessageResponse(event=ev)
+                async with aclosing(self._round(conv, turns, key, text, context)) as events:
+                    async for ev in events:
+                        yield cpb.SendMessageResponse(event=ev)
             finally:
                 self._running.pop(conv.id, None)
         finally:
@@ -285,12 +295,17 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                                       detection.events() if detection else [], closed)
             except IntegrityError:
                 raise Unavailable("this message is being stored by another request; retry") from None
-            if closed:
-                self.metrics.rounds.labels(conv.mode, "interrupted").inc(len(closed))
+            if closed:  # their streams were counted when they ended (cancelled or failed)
+                log.info("a new message closed %d unfinished round(s) of a conversation", len(closed))
             if detection is not None:
                 self.loop.count_safety(detection.categories)
                 safety_round = True
-            turns = [*turns, user_row]
+            if turns and turns[-1].idx + 1 != user_row.idx or not turns and user_row.idx != 0:
+                # a turn landed between the read and the new message (a closing round's last write): read again
+                conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
+                                                      self.cfg.dialogue.history_window_turns)
+            else:
+                turns = [*turns, user_row]
             yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
         st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
                         adapter_versions=dict(conv.adapter_versions or {}),
@@ -323,7 +338,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
         except (asyncio.CancelledError, GeneratorExit):
-            if outcome == "failed":
+            if outcome == "failed" and not stream_stalled():
                 outcome = "cancelled"
             raise
         finally:
@@ -344,8 +359,9 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             raise InvalidArgument(f"user_speak_prob must be in [0, 1], got {p}")
         self._admit(who)
         try:
-            async for item in self._self_play(request, context, opening, n, p):
-                yield item
+            async with aclosing(self._self_play(request, context, opening, n, p)) as items:
+                async for item in items:
+                    yield item
         finally:
             self._release(who)
 
@@ -355,7 +371,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         if turns:
             raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
         key = "selfplay"
-        self._acquire(conv.id, key, opening)
+        self._acquire(conv.id, key, None)
         t0 = time.perf_counter()
         self.metrics.conversations_active.labels(conv.mode).inc()
         outcome = "failed"
@@ -390,7 +406,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         except IntegrityError:
             raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
         except (asyncio.CancelledError, GeneratorExit):
-            if outcome == "failed":
+            if outcome == "failed" and not stream_stalled():
                 outcome = "cancelled"
             raise
         finally:
@@ -404,7 +420,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             raise InvalidArgument("page_size must not be negative")
         start = 0
         if request.page_token:
-            if not request.page_token.isdigit() or len(request.page_token) > 12:
+            if not re.fullmatch(r"[0-9]{1,12}", request.page_token):
                 raise InvalidArgument("page_token is not a next_page_token of GetConversation")
             start = int(request.page_token)
         size = min(request.page_size or MAX_PAGE_TURNS, MAX_PAGE_TURNS)

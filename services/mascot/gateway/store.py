@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, delete,
-                        event, exists, func, select)
+                        event, exists, func, select, update)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -98,8 +98,8 @@ class RoundRow(Base):
     idempotency_key: Mapped[str] = mapped_column(String(128), primary_key=True)
     text_sha256: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))  # running | done
-    #: Why it ended: completed, empty_replies, safety, or interrupted (closed by a newer message while running).
     user_turn_idx: Mapped[int] = mapped_column(Integer)
+    #: Why it ended: completed, empty_replies, safety, or interrupted (closed by a newer message while running).
     reason: Mapped[str] = mapped_column(String(32), default="")
     agent_turns: Mapped[int] = mapped_column(Integer, default=0)
     #: Refused replies of a turn that ended the round with no reply (migration 0004): ``{"rejections": [...]}``.
@@ -214,6 +214,14 @@ def _file_identity(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _lock_conversation(s: Session, conv_id: str) -> None:
+    """Take the write lock a read-then-write transaction needs before its first read: a no-op UPDATE of the
+    conversation row (SQLite: the database's write lock, since pysqlite starts a transaction only at the first write;
+    PostgreSQL: that row's lock). Concurrent writers of one conversation then run one after the other, so a round's
+    state and the next turn index are read under the lock they are written under."""
+    s.execute(update(ConversationRow).where(ConversationRow.id == conv_id).values(owner=ConversationRow.owner))
+
+
 def run_migrations(engine: Engine) -> None:
     """Bring the schema to the newest Alembic revision (idempotent)."""
     from alembic import command
@@ -271,7 +279,11 @@ class Store:
             return f"its database file cannot be read ({e.strerror})", where
         if identity != self._identity:
             return "its database file was replaced by another file while the gateway was serving", where
-        if os.statvfs(self._file).f_flag & os.ST_RDONLY:
+        try:
+            read_only = bool(os.statvfs(self._file).f_flag & os.ST_RDONLY)
+        except OSError as e:  # gone between the two calls, or the mount failed
+            return f"its database file cannot be read ({e.strerror})", where
+        if read_only:
             return "the file system of its database file is read-only", where
         return "", ""
 
@@ -280,7 +292,8 @@ class Store:
         if problem:
             if not self._lost:
                 log.error("conversation store %s: %s; every request that reads or writes it is refused with "
-                          "UNAVAILABLE until the gateway restarts", where, problem)
+                          "UNAVAILABLE until the file is back (a deleted or replaced file: restore it and restart the "
+                          "gateway)", where, problem)
             self._lost = True
             raise StoreUnavailable(f"the conversation store is unavailable: {problem}; nothing was stored. The "
                                    "operator must restore it and restart the gateway; retry later")
@@ -441,8 +454,9 @@ class Store:
             RoundClosed: the turn's round (``turn.round_key``) is no longer running: a newer message closed it.
         """
         with self.session() as s, s.begin():
+            _lock_conversation(s, conv_id)
             if turn.round_key:
-                rnd = s.get(RoundRow, (conv_id, turn.round_key), with_for_update=True)
+                rnd = s.get(RoundRow, (conv_id, turn.round_key))
                 if rnd is not None and rnd.state != "running":
                     raise RoundClosed("a newer message of this conversation closed this round before its turn was "
                                       "stored; the round's earlier turns stay (GetConversation shows them)")
@@ -493,8 +507,9 @@ class Store:
             IntegrityError: a round with this key already exists (a concurrent duplicate).
         """
         with self.session() as s, s.begin():
+            _lock_conversation(s, conv_id)
             open_rounds = list(s.scalars(select(RoundRow).where(RoundRow.conversation_id == conv_id,
-                                                                RoundRow.state == "running").with_for_update()))
+                                                                RoundRow.state == "running")))
             if closed is not None:
                 closed.extend(r.idempotency_key for r in open_rounds)
             for rnd in open_rounds:  # unfinished rounds end here, so no later turn of theirs lands after this one
@@ -518,7 +533,8 @@ class Store:
             RoundClosed: a newer message closed the round first (it stays ``interrupted``).
         """
         with self.session() as s, s.begin():
-            rnd = s.get(RoundRow, (conv_id, key), with_for_update=True)
+            _lock_conversation(s, conv_id)
+            rnd = s.get(RoundRow, (conv_id, key))
             if rnd.state != "running":
                 raise RoundClosed("a newer message of this conversation closed this round before it finished; "
                                   "the round's turns stay (GetConversation shows them)")
@@ -541,10 +557,10 @@ async def watch_health(store: Store, set_serving: Callable[[bool], Awaitable[Non
         try:
             await asyncio.to_thread(store.check)
             ok = True
-        except StoreUnavailable as e:
+        except Exception as e:  # noqa: BLE001 - whatever the probe hit, the store is not usable now
             ok = False
             if healthy:
-                log.error("gateway NOT_SERVING: %s", e.message)
+                log.error("gateway NOT_SERVING: %s", getattr(e, "message", None) or type(e).__name__)
         if ok != healthy:
             if ok:
                 log.warning("conversation store reachable again: gateway SERVING")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -46,8 +47,8 @@ class ReplyOutcome:
     rejected: bool = False
     cut_reason: str = ""
     attempts: int = 1
-    #: Tokens of the text delivered (``text`` as released, counted by the engine's tokenizer); the rest of
-    #: ``generated_tokens`` went to refused attempts and cut text.
+    #: Tokens of the text delivered (``text`` as released plus ``think``, counted by the engine's tokenizer); the
+    #: rest of ``generated_tokens`` went to refused attempts and cut text.
     delivered_tokens: int = 0
 
 
@@ -147,7 +148,8 @@ async def guarded_reply(engine: Any, build_filter: Callable[[], VisibleTextFilte
             else:
                 yield item
         if gate.accepted:
-            delivered = min(tokens, engine.count_tokens(gate.released)) if gate.released else 0
+            shown = gate.released + filt.think  # the reply and its thinking text are both stored
+            delivered = min(tokens, engine.count_tokens(shown)) if shown else 0
             yield ReplyOutcome(text=gate.released, think=filt.think, adapter_version=adapter or BASE_ADAPTER,
                                generated_tokens=tokens, delivered_tokens=delivered, first_token_seconds=first[0], truncated=filt.truncated,
                                rejections=rejections, cut_reason=gate.cut_reason or "", attempts=attempt + 1)
@@ -165,19 +167,24 @@ async def coalesced(source: AsyncIterator[Any], interval_s: float) -> AsyncItera
     :class:`ReplyOutcome`) passes unchanged after the text before it. ``interval_s`` <= 0 passes every item as it
     comes. Closing this generator stops ``source`` (its engine request ends)."""
     if interval_s <= 0:
-        async for item in source:
-            yield item
+        async with aclosing(source) as items:
+            async for item in items:
+                yield item
         return
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=256)  # bounded: a consumer that stops reading stops generation
     end = object()
 
     async def pump() -> None:
         try:
-            async for item in source:
-                await queue.put(item)
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
-            await queue.put(_Failed(e))
+            async with aclosing(source) as items:
+                async for item in items:
+                    await queue.put(item)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there (a cancel of ours too)
+            if not queue.full():
+                queue.put_nowait(_Failed(e))
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             return
         await queue.put(end)
 

@@ -248,8 +248,9 @@ def _copy_source_file(f: Path, root: Path, dest: Path) -> Path:
     Raises:
         PublishError: the link now points elsewhere.
     """
-    if f.is_symlink() and not _inside(Path(os.path.realpath(f)), root):
-        raise PublishError(f"the adapter file {f.name} became a link to outside the adapter directory during the copy")
+    if not _inside(Path(os.path.realpath(f)), root):  # a link, or a directory on its path swapped for one
+        raise PublishError(f"the adapter file {f.name} leads outside the adapter directory (a link changed during "
+                           "the copy); nothing is copied through such links")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(f, dest)
     return dest
@@ -536,8 +537,9 @@ class AdapterStore:
                             copy_function=lambda f, to: _copy_source_file(Path(f), root, Path(to)))
             return
         for f, rel in files:
-            if f.is_symlink() and not _inside(Path(os.path.realpath(f)), root):
-                raise PublishError(f"the adapter file {rel} became a link to outside the adapter directory")
+            if not _inside(Path(os.path.realpath(f)), root):
+                raise PublishError(f"the adapter file {rel} leads outside the adapter directory (a link changed "
+                                   "during the copy)")
             self.fs.put_file(str(f), f"{dest}/{rel}")
 
     def _move_version(self, tmp: str, final: str) -> None:
