@@ -72,7 +72,12 @@ _SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_UNSPECIFIED: "", dpb.DIRECTIVE_SOURCE_MODE
                  dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
 
 
-def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] | None = None,
+#: Most history turns and context entries a model-service request may carry (the gateway sends its history window,
+#: 64 turns by default; a meeting excerpt has tens of utterances). Empty entries count like any other.
+MAX_REQUEST_ENTRIES = 10_000
+
+
+def history_from_proto(turns: Sequence[dpb.Turn], known_personas: Sequence[str] | None = None,
                        names: Mapping[str, str] | None = None) -> list[HistoryTurn]:
     """Convert proto turns to :class:`HistoryTurn`.
 
@@ -80,8 +85,11 @@ def history_from_proto(turns: Iterable[dpb.Turn], known_personas: Sequence[str] 
     names for the canonical lines; the id is used when absent).
 
     Raises:
-        InvalidArgument: a turn with ROLE_UNSPECIFIED, or an agent turn without a known persona id.
+        InvalidArgument: more than :data:`MAX_REQUEST_ENTRIES` turns, a turn with ROLE_UNSPECIFIED, or an agent
+            turn without a known persona id.
     """
+    if len(turns) > MAX_REQUEST_ENTRIES:
+        raise InvalidArgument(f"history has {len(turns)} turns; at most {MAX_REQUEST_ENTRIES} (send the most recent)")
     out = []
     for i, t in enumerate(turns):
         if t.role == dpb.ROLE_USER:
@@ -125,8 +133,14 @@ def history_to_proto(history: Iterable[HistoryTurn]) -> list[dpb.Turn]:
                      if h.directive else None) for h in history]
 
 
-def context_from_proto(context: Iterable[dpb.ContextUtterance]) -> list[tuple[str, str]]:
-    """``(speaker, content)`` pairs."""
+def context_from_proto(context: Sequence[dpb.ContextUtterance]) -> list[tuple[str, str]]:
+    """``(speaker, content)`` pairs.
+
+    Raises:
+        InvalidArgument: more than :data:`MAX_REQUEST_ENTRIES` entries.
+    """
+    if len(context) > MAX_REQUEST_ENTRIES:
+        raise InvalidArgument(f"context has {len(context)} entries; at most {MAX_REQUEST_ENTRIES}")
     return [(c.speaker, c.content) for c in context]
 
 
