@@ -84,7 +84,8 @@ async def main() -> None:
             d = await decide(inproc_engine, roster, history, [], cfg.director)
             card = catalog.get(d.directive.persona_id)
             out = None
-            async for item in persona_reply(inproc_engine, card, roster, history, [], d.directive.action, d.directive.tone,
+            async for item in persona_reply(inproc_engine, card, roster, history, [], d.directive.action,
+                                            d.directive.tone,
                                             guard=cfg.guard.settings(), policy=RetryPolicy(max_attempts=1),
                                             repetition_penalty=cfg.speaker.repetition_penalty,
                                             frequency_penalty=cfg.speaker.frequency_penalty,

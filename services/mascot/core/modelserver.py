@@ -173,7 +173,8 @@ class OnePortModelServer(ModelServer):
         rt, size = self.runtime, self.cfg.server.max_message_bytes
         ours = (rt.service_name, V2_SERVICE)
         server = grpc.aio.server(
-            interceptors=[_Only(BoundaryInterceptor(rt.component, self.metrics, self.cfg.server.stream_stall_s), ours),
+            interceptors=[_Only(BoundaryInterceptor(rt.component, self.metrics, self.cfg.server.stream_stall_s),
+                                ours),
                           _Only(_OipStatus(), (V2_SERVICE,))],
             options=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)])
         v2_grpc.add_GRPCInferenceServiceServicer_to_server(

@@ -568,5 +568,7 @@ async def watch_health(store: Store, set_serving: Callable[[bool], Awaitable[Non
             healthy = ok
 
 
-__all__ = ["Store", "StoreUnavailable", "RoundClosed", "watch_health", "sqlite_file", "NewTurn", "ConversationRow", "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent",
-           "IntegrityError", "text_digest", "run_migrations"]
+__all__ = [
+    "Store", "StoreUnavailable", "RoundClosed", "watch_health", "sqlite_file", "NewTurn", "ConversationRow",
+    "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent", "IntegrityError", "text_digest", "run_migrations"
+]

@@ -151,7 +151,8 @@ async def guarded_reply(engine: Any, build_filter: Callable[[], VisibleTextFilte
             shown = gate.released + filt.think  # the reply and its thinking text are both stored
             delivered = min(tokens, engine.count_tokens(shown)) if shown else 0
             yield ReplyOutcome(text=gate.released, think=filt.think, adapter_version=adapter or BASE_ADAPTER,
-                               generated_tokens=tokens, delivered_tokens=delivered, first_token_seconds=first[0], truncated=filt.truncated,
+                               generated_tokens=tokens, delivered_tokens=delivered, first_token_seconds=first[0],
+                               truncated=filt.truncated,
                                rejections=rejections, cut_reason=gate.cut_reason or "", attempts=attempt + 1)
             return
         rejections.append({"attempt": attempt, "reason": gate.rejected_reason or "empty",
