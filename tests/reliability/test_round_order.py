@@ -9,6 +9,7 @@ INVALID_ARGUMENT; cancelled and deadline-exceeded streams were counted as ``code
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import grpc
 import pytest
@@ -40,10 +41,16 @@ class SlowSpeaker(ScriptedEngine):
             yield item
 
 
-async def _stack(tmp_path, delay_s: float):
+@asynccontextmanager
+async def _served(tmp_path, delay_s: float):
+    """``(stack, stub)`` of a gateway, director and speaker on a :class:`SlowSpeaker`; stopped on exit."""
     stack = await start_stack(make_config(tmp_path), ("gateway", "director", "speaker"), engine=SlowSpeaker(delay_s))
     ch = channel(stack.target("gateway"))
-    return stack, ch, cpb_grpc.ConversationServiceStub(ch)
+    try:
+        yield stack, cpb_grpc.ConversationServiceStub(ch)
+    finally:
+        await ch.close()
+        await stack.stop(0)
 
 
 def _send(stub, conv_id: str, text: str, key: str, **kw):
@@ -81,8 +88,7 @@ def _count(stack, rpc: str, code: str) -> float:
 
 
 async def test_a_round_cancelled_and_retried_after_a_newer_message_never_lands_after_it(tmp_path):
-    stack, ch, stub = await _stack(tmp_path, 0.0)
-    try:
+    async with _served(tmp_path, 0.0) as (stack, stub):
         conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
         call = _send(stub, conv.id, "Message A.", "kA")
         async for r in call:  # cancel A after its first agent turn
@@ -104,14 +110,10 @@ async def test_a_round_cancelled_and_retried_after_a_newer_message_never_lands_a
         rounds = {r: stack.metrics.registry.get_sample_value("mascot_rounds_total", {"mode": "support", "reason": r})
                   for r in ("completed", "cancelled", "failed")}
         assert rounds == {"completed": 1, "cancelled": 1, "failed": 0}  # each stream once; the replay not at all
-    finally:
-        await ch.close()
-        await stack.stop(0)
 
 
 async def test_the_same_key_with_another_text_while_its_round_runs_is_invalid_argument_at_once(tmp_path):
-    stack, ch, stub = await _stack(tmp_path, 0.05)
-    try:
+    async with _served(tmp_path, 0.05) as (stack, stub):
         conv_id = await _conversation(stub)
         call = await _started(stub, conv_id, "First text.", "k1")
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -121,14 +123,10 @@ async def test_the_same_key_with_another_text_while_its_round_runs_is_invalid_ar
             await collect(_send(stub, conv_id, "First text.", "k1"))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         call.cancel()
-    finally:
-        await ch.close()
-        await stack.stop(0)
 
 
 async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_codes(tmp_path):
-    stack, ch, stub = await _stack(tmp_path, 0.05)
-    try:
+    async with _served(tmp_path, 0.05) as (stack, stub):
         (await _started(stub, await _conversation(stub), "Hello.", "c1")).cancel()
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(_send(stub, await _conversation(stub), "Hello again.", "c2", timeout=0.5))
@@ -142,9 +140,6 @@ async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_co
         assert _count(stack, "SendMessage", "OK") == 0
         assert stack.metrics.registry.get_sample_value("mascot_rounds_total",
                                                        {"mode": "support", "reason": "cancelled"}) == 2
-    finally:
-        await ch.close()
-        await stack.stop(0)
 
 
 async def test_a_client_that_stops_reading_cannot_hold_a_round_slot(tmp_path):
