@@ -181,11 +181,13 @@ async def coalesced(source: AsyncIterator[Any], interval_s: float) -> AsyncItera
             async with aclosing(source) as items:
                 async for item in items:
                     await queue.put(item)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there (a cancel of ours too)
-            if not queue.full():
-                queue.put_nowait(_Failed(e))
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        except asyncio.CancelledError as e:
+            if asyncio.current_task().cancelling():  # ours: the consumer is gone
                 raise
+            await queue.put(_Failed(e))  # the source's own: handed on like any error
+            return
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, raised there
+            await queue.put(_Failed(e))  # waits for room, so the consumer always gets it
             return
         await queue.put(end)
 
