@@ -65,10 +65,6 @@ def check_admin_token(context: Any, token: str, service: str) -> None:
         raise PermissionDenied("the admin token is wrong")
 
 
-def _within(p: Path, root: Path) -> bool:
-    return p == root or root in p.parents
-
-
 def check_source_path(source: str, prefixes: list[str]) -> Path:
     """The resolved adapter directory of PublishAdapter if it lies inside one of ``prefixes``
     (``adapters.allowed_source_prefixes``; symlinks resolved), with no link at any depth in it leading outside the
@@ -83,16 +79,13 @@ def check_source_path(source: str, prefixes: list[str]) -> Path:
                               "path)")
     roots = [Path(os.path.realpath(p)) for p in prefixes]
 
-    def inside(p: Path) -> bool:
-        return any(p == r or r in p.parents for r in roots)
-
     real = Path(os.path.realpath(source))
-    outside = not inside(real)
+    outside = not any(st.path_inside(real, r) for r in roots)
     if not outside and real.is_dir():  # every link at any depth must stay inside the adapter directory itself
         for dirpath, dirnames, filenames in os.walk(real):
             for name in [*dirnames, *filenames]:
                 f = Path(dirpath) / name
-                if f.is_symlink() and not _within(Path(os.path.realpath(f)), real):
+                if f.is_symlink() and not st.path_inside(Path(os.path.realpath(f)), real):
                     raise InvalidArgument(f"source_path holds a link {f.relative_to(real).as_posix()[:200]!r} that "
                                           "leads outside the adapter directory; the gateway copies no file through "
                                           "such links: copy the file into the directory")

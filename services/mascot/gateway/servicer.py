@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 MAX_PAGE_TURNS = 1000
 
 
+def _ended_early(outcome: str) -> str:
+    """The ``mascot_rounds_total`` reason of a round stream closed before it finished: ``cancelled`` (its client
+    went away or its deadline passed), or ``failed`` when the boundary closed it because the client stopped reading;
+    an outcome already reached stays."""
+    return "cancelled" if outcome == "failed" and not stream_stalled() else outcome
+
+
 def _check_user_simulation(user: Any, max_chars: int) -> None:
     """Refuse a simulated user that cannot be used, before anything is stored (INVALID_ARGUMENT): a situation over
     ``max_chars`` code points (``dialogue.max_message_chars``), control characters in the situation or emotion, an
@@ -127,7 +134,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         """
         caller = self.auth.authenticate(context)
         if limited and self.limiter.enabled:
-            self.limiter.take(f"caller:{caller}" if self.auth.enabled else f"peer:{peer_host(context)}")
+            self.limiter.take(self._caller_key(caller, context))
         return caller
 
     def running_conversations(self) -> set[str]:
@@ -164,8 +171,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                 safety_categories=list(conv.safety_categories or []))
 
     def _caller_key(self, caller: str, context: Any) -> str:
-        """Who a round counts against for ``limits.max_rounds_per_caller``: the caller id, or the peer address
-        without caller tokens (the rate limit's key)."""
+        """Who a call counts against (the rate limit, ``limits.max_rounds_per_caller``): the caller id, or the peer
+        address without caller tokens."""
         return f"caller:{caller}" if self.auth.enabled else f"peer:{peer_host(context)}"
 
     def _admit(self, key: str) -> None:
@@ -338,8 +345,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
             yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
         except (asyncio.CancelledError, GeneratorExit):
-            if outcome == "failed" and not stream_stalled():
-                outcome = "cancelled"
+            outcome = _ended_early(outcome)
             raise
         finally:
             self.metrics.conversations_active.labels(conv.mode).dec()
@@ -406,8 +412,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         except IntegrityError:
             raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
         except (asyncio.CancelledError, GeneratorExit):
-            if outcome == "failed" and not stream_stalled():
-                outcome = "cancelled"
+            outcome = _ended_early(outcome)
             raise
         finally:
             self.metrics.conversations_active.labels(conv.mode).dec()

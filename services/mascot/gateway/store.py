@@ -273,16 +273,13 @@ class Store:
         where = str(self._file)
         try:
             identity = _file_identity(self._file)
+            read_only = bool(os.statvfs(self._file).f_flag & os.ST_RDONLY)
         except FileNotFoundError:
             return "its database file was deleted while the gateway was serving", where
         except OSError as e:
             return f"its database file cannot be read ({e.strerror})", where
         if identity != self._identity:
             return "its database file was replaced by another file while the gateway was serving", where
-        try:
-            read_only = bool(os.statvfs(self._file).f_flag & os.ST_RDONLY)
-        except OSError as e:  # gone between the two calls, or the mount failed
-            return f"its database file cannot be read ({e.strerror})", where
         if read_only:
             return "the file system of its database file is read-only", where
         return "", ""

@@ -11,8 +11,9 @@ must hash to the digest the registry holds (:meth:`mascot.core.adapters.store.Ad
 A loaded version that is no longer served to new conversations (``retired``, or ``staged`` again after a newer
 canary replaced it) is unloaded once no :meth:`~AdapterResolver.ensure` has resolved it for
 ``adapters.retired_unload_s`` seconds; a conversation still pinned to it loads it again on its next turn.
-:func:`pin_versions` picks the versions of a new conversation (stable, or the canary for its weighted share,
-:func:`mascot.core.adapters.registry.choose_version`).
+:class:`VersionPinner` picks the versions of a new conversation (stable, or the canary for its weighted share,
+:func:`mascot.core.adapters.registry.choose_version`), from the last registry it read when the registry cannot be
+read.
 """
 
 from __future__ import annotations
@@ -45,27 +46,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mascot" / "adapters"
 
 
-def pin_versions(store: str | Path | st.AdapterStore, persona_ids: Iterable[str], conversation_key: str,
-                 config: Any = None) -> dict[str, str]:
-    """``{persona_id: "<persona>--v<N>" | "base"}`` for a new conversation: the stable version, or the canary for a
-    ``canary_weight`` share of conversation keys; ``"base"`` when the persona has neither.
-
-    Blocking (call it in a worker thread). ``config`` (an ``AdaptersConfig``) supplies the PVC root and S3 endpoint
-    when ``store`` is a URI. An unreadable registry or store pins nothing (``{}``) and logs a warning; the gateway
-    uses :class:`VersionPinner`, which falls back to the last registry it read instead.
-    """
-    try:
-        reg = st.open_store(store, config=config).read_registry()
-    except (RuntimeError, ValueError, *st.backend_errors()) as e:
-        log.warning("adapter registry unreadable; conversation not pinned: %s", e)
-        return {}
-    return _pins(reg, persona_ids, conversation_key)
-
-
 class VersionPinner:
-    """Pins new conversations (:func:`pin_versions`) and remembers the last registry it read: while the registry
-    cannot be read (deleted, corrupt, store down) new conversations are pinned from that last good registry, or to
-    the base model when none was ever read, never left to a service's own choice.
+    """Pins new conversations to ``{persona_id: "<persona>--v<N>" | "base"}``: the stable version, or the canary for
+    a ``canary_weight`` share of conversation keys; ``"base"`` when the persona has neither. It remembers the last
+    registry it read: while the registry cannot be read (deleted, corrupt, store down) new conversations are pinned
+    from that last good registry, or to the base model when none was ever read, never left to a service's own
+    choice.
 
     Args:
         store: Store URI / path / :class:`~mascot.core.adapters.store.AdapterStore`.
@@ -75,12 +61,16 @@ class VersionPinner:
     def __init__(self, store: str | Path | st.AdapterStore, config: Any = None) -> None:
         self.store, self.config = store, config
         self.last_good: dict | None = None
+        self._opened: st.AdapterStore | None = None
 
     def pin(self, persona_ids: Iterable[str], conversation_key: str) -> dict[str, str]:
-        """``{persona_id: "<persona>--v<N>" | "base"}`` for a new conversation (blocking; call it in a worker
-        thread). Never raises for an unreadable registry."""
+        """The pins of a new conversation (blocking; call it in a worker thread). ``config`` of the constructor (an
+        ``AdaptersConfig``) supplies the PVC root and S3 endpoint when the store is a URI. Never raises for an
+        unreadable registry (it logs a warning)."""
         try:
-            reg = st.open_store(self.store, config=self.config).read_registry()
+            if self._opened is None:  # opened once, on first use
+                self._opened = st.open_store(self.store, config=self.config)
+            reg = self._opened.read_registry()
             self.last_good = reg
         except (RuntimeError, ValueError, *st.backend_errors()) as e:
             reg = self.last_good

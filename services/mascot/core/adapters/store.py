@@ -204,8 +204,20 @@ def _ignored(name: str) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in _IGNORE)
 
 
-def _inside(path: Path, root: Path) -> bool:
+def path_inside(path: Path, root: Path) -> bool:
+    """True when ``path`` is ``root`` or lies under it (both already resolved: :func:`os.path.realpath`)."""
     return path == root or root in path.parents
+
+
+def _check_still_inside(f: Path, root: Path, name: str) -> None:
+    """At copy time: ``f`` (listed by :func:`_source_files`) must still resolve inside ``root``.
+
+    Raises:
+        PublishError: a link, or a directory on its path, was swapped for one leading out.
+    """
+    if not path_inside(Path(os.path.realpath(f)), root):
+        raise PublishError(f"the adapter file {name} leads outside the adapter directory (a link changed during "
+                           "the copy); nothing is copied through such links")
 
 
 def _source_files(src: Path) -> list[tuple[Path, str]]:
@@ -234,7 +246,7 @@ def _source_files(src: Path) -> list[tuple[Path, str]]:
             rel = p.relative_to(src).as_posix()
             if p.is_symlink():
                 target = Path(os.path.realpath(p))
-                if not _inside(target, root) or not target.is_file():
+                if not path_inside(target, root) or not target.is_file():
                     raise PublishError(f"the adapter file {rel} is a link to a file outside the adapter directory "
                                        "(or to nothing); nothing is copied through such links: copy the file in")
             out.append((p, rel))
@@ -248,9 +260,7 @@ def _copy_source_file(f: Path, root: Path, dest: Path) -> Path:
     Raises:
         PublishError: the link now points elsewhere.
     """
-    if not _inside(Path(os.path.realpath(f)), root):  # a link, or a directory on its path swapped for one
-        raise PublishError(f"the adapter file {f.name} leads outside the adapter directory (a link changed during "
-                           "the copy); nothing is copied through such links")
+    _check_still_inside(f, root, f.name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(f, dest)
     return dest
@@ -537,9 +547,7 @@ class AdapterStore:
                             copy_function=lambda f, to: _copy_source_file(Path(f), root, Path(to)))
             return
         for f, rel in files:
-            if not _inside(Path(os.path.realpath(f)), root):
-                raise PublishError(f"the adapter file {rel} leads outside the adapter directory (a link changed "
-                                   "during the copy)")
+            _check_still_inside(f, root, rel)
             self.fs.put_file(str(f), f"{dest}/{rel}")
 
     def _move_version(self, tmp: str, final: str) -> None:
