@@ -8,6 +8,8 @@ in a cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from typing import Any, Callable
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
-from mascot.core.server import ClientTLS, Server, build_server, channel
+from mascot.core.server import ClientTLS, PortInUse, Server, build_server, channel, port_in_use_message
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
@@ -181,9 +183,21 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             stack.tasks.append(asyncio.create_task(watch_health(stack.store, stack.servers["gateway"].set_serving,
                                                                 cfg.store.health_poll_s)))
         if serve_metrics:
-            from prometheus_client import start_http_server
+            from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, start_http_server
 
-            stack.metrics_server, _ = start_http_server(srv.metrics_port, addr=srv.host, registry=metrics.registry)
+            # the process's own series (process_*, python_*), as the default registry would have them
+            for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+                with contextlib.suppress(ValueError):  # already registered on this registry
+                    metrics.registry.register(collector)
+
+            try:
+                stack.metrics_server, _ = start_http_server(srv.metrics_port, addr=srv.host,
+                                                            registry=metrics.registry)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                raise PortInUse(port_in_use_message("the Prometheus metrics port", srv.host, srv.metrics_port,
+                                                    "server.metrics_port")) from None
     except BaseException:
         await stack.stop(0)
         raise

@@ -1,5 +1,6 @@
 """Fixtures of the Helm chart tests: the chart rendered offline (helm-python-sdk, no helm binary) once per session for
-every ``helm/mascot/ci/*.yaml``, release ``demo`` in namespace ``mascot``."""
+every ``helm/mascot/ci/*.yaml``, release ``demo`` in namespace ``mascot``, as on a Kubernetes 1.33 cluster that serves
+the KServe and prometheus-operator APIs (``CLUSTER_APIS``; a test passes others to :func:`render`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ CI_FILES = sorted((CHART / "ci").glob("*.yaml"))
 CI_IDS = [p.name for p in CI_FILES]
 RELEASE, NAMESPACE = "demo", "mascot"
 KUBE_VERSION = "1.33.0"
+#: The custom resource APIs of the cluster the chart is rendered for (Helm's .Capabilities.APIVersions, which
+#: `helm install` reads from the cluster): KServe and prometheus-operator.
+CLUSTER_APIS = (
+    "serving.kserve.io/v1beta1", "serving.kserve.io/v1beta1/InferenceService",
+    "monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule",
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +42,25 @@ class Rendered:
         return obj
 
 
-def render(values: dict) -> Rendered:
-    """Render the chart with ``values`` (install; schema enforced by the renderer).
+def render(values: dict, api_versions: tuple[str, ...] = CLUSTER_APIS) -> Rendered:
+    """Render the chart with ``values`` (install; schema enforced by the renderer) for a Kubernetes ``KUBE_VERSION``
+    cluster serving ``api_versions`` besides the built-in APIs.
 
     Raises:
         helm_python.HelmValuesError: the values break values.schema.json.
+        helm_python.HelmRenderError: a template fails (the chart's cross-field checks call `fail`).
     """
-    import helm_python as helm
+    import json
 
-    out = helm.Chart.load(CHART).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    import helm_python as helm
+    from helm_python import _native
+
+    # Chart.render does not take the cluster's API versions; the library's render options do (as `helm template
+    # --api-versions`), so they are passed to it directly.
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "kube_version": f"v{KUBE_VERSION}",
+            "api_versions": list(api_versions)}
+    with helm.Chart.load(CHART) as chart:
+        out = json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(opts)))
     objects = []
     for template, text in sorted(out.items()):
         if template.endswith("NOTES.txt"):

@@ -1,13 +1,18 @@
 """The Helm chart helm/mascot, rendered offline with helm-python-sdk for every
 helm/mascot/ci/*.yaml: the kinds rendered per file, strict lint (Kubernetes 1.33), every object valid (core kinds with
-kubernetes-validate strict 1.33; InferenceService, ServiceMonitor and PrometheusRule against the CRD schemas in
-../shared/crds/), values.schema.json rejections, secure defaults, and the contracts the chart keeps with the code:
-the MascotConfig each component reads, the CLI commands it runs, the Alembic hook, the `helm test` health check and
-the training Job templates. Monitoring: test_helm_monitoring.py; checkov: test_helm_checkov.py."""
+kubernetes-validate strict 1.33; InferenceService, ServiceMonitor and PrometheusRule against their CRD schemas),
+values.schema.json rejections (the MascotConfig overrides by a schema generated from the model), the cross-field
+checks of the templates, secure defaults, and the contracts the chart keeps with the code: the MascotConfig each
+component reads, the CLI commands it runs, the Alembic hook, the `helm test` health check and the training Job
+templates. Operations: which value change restarts which pods, the pod extension points, PodDisruptionBudgets, the
+monitoring objects only where the cluster serves their API, the metrics scrape sources. Monitoring content:
+test_helm_monitoring.py; checkov: test_helm_checkov.py."""
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +24,8 @@ import yaml
 
 from tests.conftest import need
 from tests.contract.conftest import (
-    CHART, CI_IDS, KUBE_VERSION, NAMESPACE, RELEASE, load_ci, pod_specs, render, shared_path, training_templates,
+    CHART, CI_IDS, CLUSTER_APIS, KUBE_VERSION, NAMESPACE, RELEASE, load_ci, pod_specs, render, shared_path,
+    training_templates,
 )
 
 # The objects each ci file renders, hooks and test hooks included (a template change that adds or drops an object
@@ -31,7 +37,8 @@ EXPECTED_KINDS = {
     },
     "full.yaml": {
         "ConfigMap": 7, "CronJob": 1, "Deployment": 1, "HorizontalPodAutoscaler": 1, "InferenceService": 4,
-        "Ingress": 1, "Job": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1, "PodDisruptionBudget": 1,
+        "Ingress": 1, "Job": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
+        "PodDisruptionBudget": 2,  # the gateway's, and the speaker's (2 to 4 replicas)
         "PrometheusRule": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "ServiceAccount": 5, "ServiceMonitor": 2,
     },
     "external-postgresql.yaml": {
@@ -44,7 +51,7 @@ EXPECTED_KINDS = {
         "PodDisruptionBudget": 1, "Service": 5, "ServiceAccount": 3,
     },
 }
-CRD_KINDS = {  # kind -> (CRD file under ../shared/crds, served version)
+CRD_KINDS = {  # kind -> (CRD file under the shared CRD directory, served version)
     "InferenceService": ("kserve/serving.kserve.io_inferenceservices.yaml", "v1beta1"),
     "ServiceMonitor": ("prometheus-operator/crd-servicemonitors.yaml", "v1"),
     "PrometheusRule": ("prometheus-operator/crd-prometheusrules.yaml", "v1"),
@@ -88,7 +95,8 @@ def crd_to_jsonschema(node, strict: bool = True):
 
 @pytest.fixture(scope="session")
 def crd_validators() -> dict:
-    """kind -> a strict Draft7Validator of its CRD (read from ../shared/crds/ once per session, never copied)."""
+    """kind -> a strict Draft7Validator of its CRD (read from the shared CRD directory once per session, never
+    copied)."""
     import jsonschema
 
     crds = shared_path() / "crds"
@@ -280,7 +288,8 @@ def test_network_policies_deny_ingress_except_the_listed_paths(rendered):
     assert sorted(p["port"] for p in grpc_rule["ports"]) == [50061, 50062, 50063, 50064]
     (peer,) = grpc_rule["from"]
     assert peer["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "training", "test"]
-    assert metrics_rule["ports"] == [{"protocol": "TCP", "port": 8080}] and "namespaceSelector" in metrics_rule["from"][0]
+    assert metrics_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert "namespaceSelector" in metrics_rule["from"][0]
     gateway = full.one("NetworkPolicy", "-gateway")
     clients = gateway["spec"]["ingress"][0]["from"]
     assert clients[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ingress-nginx"}
@@ -414,7 +423,7 @@ def test_gateway_targets_the_model_services_the_chart_renders(rendered, ci):
         assert ("grpc", int(port)) in [(p["name"], p["containerPort"]) for p in ports]
 
 
-# ----------------------------------------------------------------------------------------------- contracts with the code
+# ---------------------------------------------------------------------------------------------- contracts with the code
 def _config(r, component: str) -> dict:
     return yaml.safe_load(r.one("ConfigMap", "-config")["data"][f"{component}.yaml"]) or {}
 
@@ -646,3 +655,422 @@ def test_training_launchers(launcher, command, head):
     (c,) = training_templates(r)["collaborative"]["spec"]["template"]["spec"]["containers"]
     assert c["command"] == command and c["args"][:len(head)] == head
     assert not r.of_kind("CronJob")
+
+
+# ----------------------------------------------------------------------------------------------- restarts on change
+def _merged(values: dict, extra: dict) -> dict:
+    from mascot.core.config import deep_merge
+
+    return deep_merge(copy.deepcopy(values), extra)
+
+
+def _pod_templates(r) -> dict[str, dict]:
+    """component -> {"metadata": labels and annotations, "spec": ...} of the pods of the gateway and of every model
+    service (an InferenceService predictor, whose labels and annotations KServe puts on its pods, or a Deployment)."""
+    out = {}
+    for _, obj in r.objects:
+        comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        if obj["kind"] == "Deployment":
+            out[comp] = obj["spec"]["template"]
+        elif obj["kind"] == "InferenceService":
+            p = obj["spec"]["predictor"]
+            out[comp] = {"metadata": {"labels": p["labels"], "annotations": p["annotations"]},
+                         "spec": {k: v for k, v in p.items() if k not in ("labels", "annotations")}}
+    return out
+
+
+@pytest.mark.parametrize("ci", ["full.yaml", "cpu-without-kserve.yaml"])
+@pytest.mark.parametrize("changed", ["gateway", "director"])
+def test_a_components_config_change_restarts_only_that_component(rendered, ci, changed):
+    """checksum/config covers only the component's own file: a gateway-only change leaves the GPU services' pods as
+    they were, a director-only change restarts the director alone."""
+    before_r = rendered[ci]
+    after_r = render(_merged(load_ci(ci), {changed: {"config": {"server": {"call_timeout_s": 42}}}}))
+    assert _config(after_r, changed)["server"]["call_timeout_s"] == 42
+    before, after = _pod_templates(before_r), _pod_templates(after_r)
+    assert set(before) == set(after) == {"gateway", *MODEL_COMPONENTS}
+    for comp, template in before.items():
+        annotations = template["metadata"]["annotations"]
+        assert {"checksum/config", "checksum/personas"} <= set(annotations), comp
+        if comp == changed:
+            new = after[comp]["metadata"]["annotations"]
+            assert new["checksum/config"] != annotations["checksum/config"]
+            assert new["checksum/personas"] == annotations["checksum/personas"]
+        else:
+            assert after[comp] == template, f"a {changed}-only config change would restart {comp}"
+    if before_r.values.get("training", {}).get("enabled"):
+        assert training_templates(after_r) == training_templates(before_r)
+
+
+def test_a_persona_change_restarts_every_component_that_reads_personas(rendered):
+    """The gateway and the four model services load the persona catalog once at start (training Jobs do not mount
+    it): a card's change restarts exactly those pods, through checksum/personas only."""
+    values = copy.deepcopy(load_ci("full.yaml"))
+    values["personas"]["sets"]["night-owl.yaml"]["personas"][0]["goal"] = "Keep the user company, one question a time."
+    before_r, after_r = rendered["full.yaml"], render(values)
+    assert before_r.one("ConfigMap", "-personas")["data"] != after_r.one("ConfigMap", "-personas")["data"]
+    before, after = _pod_templates(before_r), _pod_templates(after_r)
+    reads_personas = {"gateway", *MODEL_COMPONENTS}
+    assert set(before) == reads_personas
+    for comp, template in before.items():
+        old, new = template["metadata"]["annotations"], after[comp]["metadata"]["annotations"]
+        assert new["checksum/personas"] != old["checksum/personas"], comp
+        assert new["checksum/config"] == old["checksum/config"], comp
+        same = copy.deepcopy(after[comp])
+        same["metadata"]["annotations"]["checksum/personas"] = old["checksum/personas"]
+        assert same == template, f"{comp}: only checksum/personas may change"
+    assert training_templates(after_r) == training_templates(before_r)
+    assert after_r.of_kind("CronJob") == before_r.of_kind("CronJob")
+
+
+def test_job_template_changes_restart_the_gateway_and_phase_config_changes_restart_nothing(rendered):
+    """The gateway's TrainingService loads the Job templates once at start (checksum/training-templates); a Job reads
+    its phase config from its own ConfigMap when it starts, so a phase config change restarts no running pod."""
+    values, before_r = load_ci("full.yaml"), rendered["full.yaml"]
+    before = _pod_templates(before_r)
+    assert "checksum/training-templates" in before["gateway"]["metadata"]["annotations"]
+    assert "checksum/training-templates" not in _pod_templates(rendered["minimal.yaml"])["gateway"]["metadata"][
+        "annotations"]  # no training, no templates
+    resized = render(_merged(values, {"training": {"resources": {"limits": {"memory": "128Gi"}}}}))
+    after = _pod_templates(resized)
+    assert training_templates(resized) != training_templates(before_r)
+    old, new = before["gateway"]["metadata"]["annotations"], after["gateway"]["metadata"]["annotations"]
+    assert new["checksum/training-templates"] != old["checksum/training-templates"]
+    assert {k: v for k, v in new.items() if k != "checksum/training-templates"} == {
+        k: v for k, v in old.items() if k != "checksum/training-templates"}
+    assert all(after[comp] == before[comp] for comp in MODEL_COMPONENTS)
+    phase = render(_merged(values, {"training": {"phases": {"collaborative": {"config": {"max_model_len": 2048}}}}}))
+    assert _pod_templates(phase) == before
+    jobs, old_jobs = training_templates(phase), training_templates(before_r)
+    run_config = {name: job["spec"]["template"]["metadata"]["annotations"]["checksum/run-config"]
+                  for name, job in jobs.items()}
+    assert run_config["collaborative"] != old_jobs["collaborative"]["spec"]["template"]["metadata"]["annotations"][
+        "checksum/run-config"]
+    assert jobs["persona-alignment"] == old_jobs["persona-alignment"]
+
+
+# ----------------------------------------------------------------------------------------------- extension points
+EXTENSIONS = {
+    "extraEnv": [{"name": "EXTRA_FLAG", "value": "1"},
+                 {"name": "EXTRA_SECRET", "valueFrom": {"secretKeyRef": {"name": "extra", "key": "token"}}}],
+    "extraVolumes": [{"name": "extra", "configMap": {"name": "extra-files"}}],
+    "extraVolumeMounts": [{"name": "extra", "mountPath": "/etc/extra", "readOnly": True}],
+    # the chart's own labels win over podLabels (selectors and budgets keep matching)
+    "podLabels": {"example.com/team": "ml", "app.kubernetes.io/component": "not-mine"},
+    "podAnnotations": {"example.com/owner": "ml-platform"},
+    "priorityClassName": "mascot-critical",
+    "runtimeClassName": "nvidia",
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+}
+#: Workloads with the extension points (training: its Job templates and CronJob; one pod per Job, so no spread).
+EXTENDED = {field: ("gateway", *MODEL_COMPONENTS) + (() if field == "topologySpreadConstraints" else ("training",))
+            for field in EXTENSIONS}
+
+
+def _extended_pods(r) -> list[tuple[str, str, dict, dict]]:
+    """(component, where, pod metadata, pod spec) of every workload with extension points."""
+    pods = [(comp, f"pods of {comp}", t["metadata"], t["spec"]) for comp, t in _pod_templates(r).items()]
+    for phase, job in training_templates(r).items():
+        t = job["spec"]["template"]
+        pods.append(("training", f"Job template {phase}", t["metadata"], t["spec"]))
+    for cron in r.of_kind("CronJob"):
+        t = cron["spec"]["jobTemplate"]["spec"]["template"]
+        pods.append(("training", "CronJob", t["metadata"], t["spec"]))
+    return pods
+
+
+@pytest.mark.parametrize("kserve", [True, False], ids=["kserve", "without-kserve"])
+@pytest.mark.parametrize("field", sorted(EXTENSIONS))
+def test_extension_points_render_in_every_pod_they_are_set_for(crd_validators, field, kserve):
+    import kubernetes_validate
+
+    value = EXTENSIONS[field]
+    values = {comp: {field: value} for comp in EXTENDED[field]}
+    values["training"] = {**values.get("training", {}), "enabled": True, "cronJob": {"enabled": True}}
+    values["kserve"] = {"enabled": kserve}
+    r = render(values)
+    pods = _extended_pods(r)
+    assert {comp for comp, *_ in pods} == {"gateway", *MODEL_COMPONENTS, "training"}
+    for comp, where, meta, spec in pods:
+        if comp not in EXTENDED[field]:
+            assert field not in spec, where
+            continue
+        (c,) = spec["containers"]
+        if field == "extraEnv":
+            assert c["env"][-len(value):] == value, where
+        elif field == "extraVolumes":
+            assert spec["volumes"][-len(value):] == value, where
+        elif field == "extraVolumeMounts":
+            assert c["volumeMounts"][-len(value):] == value, where
+        elif field == "podLabels":
+            assert meta["labels"]["example.com/team"] == "ml", where
+            assert meta["labels"]["app.kubernetes.io/component"] == comp, where
+        elif field == "podAnnotations":
+            assert meta["annotations"]["example.com/owner"] == "ml-platform", where
+            assert any(k.startswith("checksum/") for k in meta["annotations"]), where
+        else:
+            assert spec[field] == value, where
+    # the objects stay valid where the field landed (strict: a misplaced key would be pruned or refused)
+    for _, obj in r.objects:
+        if obj["kind"] == "InferenceService":
+            assert crd_errors(crd_validators, obj) == [], obj["metadata"]["name"]
+        elif obj["kind"] in ("Deployment", "CronJob"):
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    for job in training_templates(r).values():
+        kubernetes_validate.validate(job, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("ci", CI_IDS)
+def test_extension_points_are_off_by_default(rendered, ci):
+    values = rendered[ci].values
+    for _, obj in rendered[ci].objects:
+        for where, spec in pod_specs(obj):
+            comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+            own = values.get(comp) or {}
+            for field in ("priorityClassName", "runtimeClassName", "topologySpreadConstraints"):
+                assert (field in spec) == bool(own.get(field)), (where, field)
+            names = {e["name"] for c in spec["containers"] for e in c.get("env", [])}
+            assert not names & {"EXTRA_FLAG", "EXTRA_SECRET"}, where
+
+
+def test_image_pull_secrets_accept_kubernetes_objects_and_plain_names(rendered):
+    values = {"imagePullSecrets": [{"name": "ghcr-pull"}, "mirror-pull"],
+              "store": {"type": "postgresql", "postgresql": {"existingSecret": "pg"}},
+              "training": {"enabled": True, "cronJob": {"enabled": True}}}
+    for r in (render(values), render({**values, "kserve": {"enabled": False}}), rendered["full.yaml"]):
+        specs = [(where, spec) for _, obj in r.objects for where, spec in pod_specs(obj)]
+        # the gateway, the model services, the migrations hook, the test Pod, the Job templates and the CronJob
+        assert {where.split("/")[0] for where, _ in specs} >= {"Deployment", "Job", "Pod", "ConfigMap", "CronJob"}
+        for where, spec in specs:
+            assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}, {"name": "mirror-pull"}], where
+    _rejected({"imagePullSecrets": [{"nam": "ghcr-pull"}]}, "/imagePullSecrets/0", "name")
+    _rejected({"imagePullSecrets": [""]}, "/imagePullSecrets/0", "")
+
+
+# ----------------------------------------------------------------------------------------------- disruption budgets
+def _budgets(r) -> dict[str, dict]:
+    return {p["metadata"]["labels"]["app.kubernetes.io/component"]: p["spec"] for p in r.of_kind("PodDisruptionBudget")}
+
+
+def test_model_services_get_a_disruption_budget_only_when_they_can_run_more_than_one_pod(rendered):
+    # one pod each: no budget (it would protect nothing); the gateway's allows one eviction, so a drain never waits
+    assert set(_budgets(rendered["minimal.yaml"])) == set(_budgets(rendered["cpu-without-kserve.yaml"])) == {"gateway"}
+    # KServe: the speaker autoscales from 2 to 4; its budget selects the labels the predictor puts on its pods
+    full = rendered["full.yaml"]
+    budgets = _budgets(full)
+    assert set(budgets) == {"gateway", "speaker"}
+    assert budgets["speaker"]["maxUnavailable"] == 1 and "minAvailable" not in budgets["speaker"]
+    selector = budgets["speaker"]["selector"]["matchLabels"]
+    for comp, template in _pod_templates(full).items():
+        selected = selector.items() <= template["metadata"]["labels"].items()
+        assert selected == (comp == "speaker"), comp
+    # a single replica that may scale out under KServe's HPA (maxReplicas > 1) gets one too
+    assert set(_budgets(render({"judge": {"maxReplicas": 3}}))) == {"gateway", "judge"}
+
+
+def test_disruption_budgets_without_kserve_select_the_deployments_pods():
+    r = render({"kserve": {"enabled": False},
+                "judge": {"minReplicas": 2, "maxReplicas": 2},  # two pods: auto
+                "director": {"pdb": {"enabled": True}},  # one pod, asked for: maxUnavailable 1 cannot block a drain
+                "speaker": {"minReplicas": 1, "maxReplicas": 3},  # a Deployment runs minReplicas: one pod, none
+                "reward": {"minReplicas": 2, "maxReplicas": 2, "pdb": {"enabled": False}}})
+    budgets = _budgets(r)
+    assert set(budgets) == {"gateway", "judge", "director"}
+    for comp in ("judge", "director"):
+        dep = r.one("Deployment", f"-{comp}")
+        assert budgets[comp] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
+        assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_min_available_replaces_max_unavailable_and_may_not_block_drains():
+    import helm_python as helm
+
+    r = render({"speaker": {"minReplicas": 2, "maxReplicas": 4, "pdb": {"minAvailable": "50%"}},
+                "reward": {"minReplicas": 3, "maxReplicas": 3, "pdb": {"minAvailable": 2}}})
+    budgets = _budgets(r)
+    assert budgets["speaker"]["minAvailable"] == "50%" and "maxUnavailable" not in budgets["speaker"]
+    assert budgets["reward"]["minAvailable"] == 2
+    for values, message in [
+        ({"director": {"pdb": {"enabled": True, "minAvailable": 1}}},
+         "director.pdb.minAvailable (1) leaves no pod evictable (at most 1 run): node drains would block"),
+        ({"gateway": {"pdb": {"minAvailable": 1}}}, "gateway.pdb.minAvailable (1) leaves no pod evictable (at most 1"),
+    ]:
+        with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+            render(values)
+    _rejected({"speaker": {"pdb": {"enabled": "yes"}}}, "/speaker/pdb/enabled", "")
+
+
+# ----------------------------------------------------------------------------------------------- cross-field checks
+@pytest.mark.parametrize("values,message", [
+    ({"director": {"minReplicas": 3, "maxReplicas": 2}},
+     "director.minReplicas (3) is greater than director.maxReplicas (2)"),
+    ({"store": {"type": "postgresql", "postgresql": {"existingSecret": "pg"}},
+      "gateway": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}},
+     "gateway.autoscaling.minReplicas (5) is greater than gateway.autoscaling.maxReplicas (3)"),
+], ids=["model-service", "gateway-autoscaling"])
+def test_min_replicas_above_max_replicas_is_refused_at_install(values, message):
+    """values.schema.json cannot compare two fields: the templates `fail` the install, upgrade and `helm template`,
+    naming the values. (`helm lint` renders in lint mode, where Helm only logs a `fail`.)"""
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmRenderError) as e:
+        render(values)
+    assert "invalid values" in str(e.value) and message in str(e.value), str(e.value)
+    assert "templates/validate.yaml" in str(e.value)
+
+
+def test_cross_field_checks_report_every_broken_rule_and_skip_disabled_services():
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmRenderError) as e:
+        render({"speaker": {"minReplicas": 4, "maxReplicas": 1}, "reward": {"minReplicas": 2, "maxReplicas": 1}})
+    assert "speaker.minReplicas (4)" in str(e.value) and "reward.minReplicas (2)" in str(e.value)
+    render({"judge": {"enabled": False, "minReplicas": 3, "maxReplicas": 1},
+            "director": {"minReplicas": 2, "maxReplicas": 2}})
+
+
+# ----------------------------------------------------------------------------------------------- config schema
+def test_the_config_schema_is_generated_from_mascot_config():
+    from mascot.core.config import MascotConfig
+    from mascot.core.config_schema import COMMAND, DEFINITION, dumps, updated_values_schema
+
+    text = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    schema = json.loads(text)
+    if dumps(updated_values_schema(schema)) != text:
+        pytest.fail(f"helm/mascot/values.schema.json does not match MascotConfig: run `{COMMAND}`")
+    generated = schema["definitions"][DEFINITION]
+    assert set(generated["properties"]) == set(MascotConfig.model_fields)
+    for path in (("config",), *((comp, "config") for comp in ("gateway", *MODEL_COMPONENTS))):
+        node = schema
+        for key in path:
+            node = node["properties"][key]
+        assert node == {"$ref": f"#/definitions/{DEFINITION}"}, path
+
+    def walk(node, where="config"):
+        if isinstance(node, dict):
+            assert "$ref" not in node and "required" not in node and "default" not in node, where
+            if "properties" in node:
+                assert node["additionalProperties"] is False, where
+            for key, sub in node.items():
+                walk(sub, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, sub in enumerate(node):
+                walk(sub, f"{where}/{i}")
+
+    walk(generated)
+    # a free-form map of the model stays a map
+    assert generated["properties"]["engine"]["properties"]["adapters"] == {
+        "additionalProperties": {"type": "string"}, "type": "object"}
+
+
+def test_the_config_schema_generator_rewrites_a_stale_schema(tmp_path, capsys):
+    from mascot.core.config_schema import DEFINITION, main
+
+    current = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    stale = json.loads(current)
+    stale["definitions"][DEFINITION]["properties"].pop("engine")
+    stale["properties"]["gateway"]["properties"]["config"] = {"type": "object"}
+    path = tmp_path / "values.schema.json"
+    path.write_text(json.dumps(stale, indent=2) + "\n", encoding="utf-8")
+    assert main(["--check", "--schema", str(path)]) == 1
+    assert "python -m mascot.core.config_schema" in capsys.readouterr().err
+    assert main(["--schema", str(path)]) == 0
+    assert path.read_text(encoding="utf-8") == current
+    assert main(["--check", "--schema", str(path)]) == 0
+
+
+def test_config_overrides_with_a_typo_or_out_of_range_are_refused_at_install():
+    _rejected({"config": {"engine": {"max_model_lenn": 4096}}}, "/config/engine", "max_model_lenn")
+    _rejected({"speaker": {"config": {"speaker": {"temperatur": 0.5}}}}, "/speaker/config/speaker", "temperatur")
+    _rejected({"config": {"engine": {"max_model_len": 16}}}, "/config/engine/max_model_len", "minimum")
+    _rejected({"gateway": {"config": {"servers": {}}}}, "/gateway/config", "servers")
+    _rejected({"config": {"judge": {"judges": [{"name": "gpt", "kind": "open-ai"}]}}},
+              "/config/judge/judges/0/kind", "")
+
+
+def test_valid_config_overrides_render_into_each_components_file():
+    from mascot.core.config import MascotConfig
+
+    r = render({"config": {"engine": {"max_model_len": 4096, "adapters": {"night_owl": "/mnt/adapters/night-owl"}},
+                           "judge": {"judges": [{"name": "gpt", "kind": "openai", "model": "gpt-4o-mini",
+                                                 "endpoint": "https://api.openai.com/v1"}]}},
+                "director": {"config": {"director": {"max_retries": 2}}}})
+    for comp in ("gateway", *MODEL_COMPONENTS):
+        cfg = _config(r, comp)
+        assert cfg["engine"]["max_model_len"] == 4096, comp
+        MascotConfig.model_validate(cfg)
+    assert _config(r, "director")["director"] == {"max_retries": 2} and "director" not in _config(r, "speaker")
+
+
+# ----------------------------------------------------------------------------------------------- monitoring APIs
+MONITORING_KINDS = ("ServiceMonitor", "PrometheusRule")
+
+
+def _without_monitoring(r) -> list:
+    return [(t, o) for t, o in r.objects if o["kind"] not in MONITORING_KINDS]
+
+
+def test_monitoring_objects_render_only_where_the_cluster_serves_their_api():
+    values = load_ci("full.yaml")
+    served = render(values)  # CLUSTER_APIS: KServe and prometheus-operator
+    assert len(served.of_kind("ServiceMonitor")) == 2 and len(served.of_kind("PrometheusRule")) == 1
+    assert "WARNING" not in served.notes and "Monitoring: ServiceMonitors, PrometheusRule" in served.notes
+    bare = render(values, api_versions=tuple(a for a in CLUSTER_APIS if not a.startswith("monitoring.coreos.com")))
+    assert not any(bare.of_kind(k) for k in MONITORING_KINDS)
+    assert _without_monitoring(bare) == _without_monitoring(served)  # the rest, the dashboard included, is the same
+    for kind, key in (("ServiceMonitor", "serviceMonitor"), ("PrometheusRule", "prometheusRule")):
+        assert (f"WARNING: monitoring.{key}.enabled is true, but the cluster does not serve "
+                f"monitoring.coreos.com/v1/{kind}") in bare.notes
+        assert f"set monitoring.{key}.enabled=false" in bare.notes
+    assert "Install the prometheus-operator" in bare.notes and "Grafana dashboard ConfigMap" in bare.notes
+    # one API of the two: that object renders, the other is reported
+    only_sm = render(values, api_versions=tuple(a for a in CLUSTER_APIS if not a.endswith("/PrometheusRule")))
+    assert len(only_sm.of_kind("ServiceMonitor")) == 2 and not only_sm.of_kind("PrometheusRule")
+    assert "monitoring.prometheusRule.enabled is true" in only_sm.notes
+    assert "monitoring.serviceMonitor.enabled is true" not in only_sm.notes
+    # switched off: nothing to report
+    off = render(_merged(values, {"monitoring": {"serviceMonitor": {"enabled": False},
+                                                 "prometheusRule": {"enabled": False}}}), api_versions=())
+    assert "WARNING" not in off.notes and not any(off.of_kind(k) for k in MONITORING_KINDS)
+
+
+# ----------------------------------------------------------------------------------------------- metrics sources
+def _metrics_rules(r) -> list[dict]:
+    """The ingress rules of the metrics ports: the gateway's metricsPort and the model services' httpPort."""
+    gateway = r.one("NetworkPolicy", "-gateway")["spec"]["ingress"][1]
+    models = r.one("NetworkPolicy", "-models")["spec"]["ingress"][1]
+    assert gateway["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert models["ports"] == [{"protocol": "TCP", "port": 8080}]
+    return [gateway, models]
+
+
+def test_metrics_scrapes_are_admitted_from_the_configured_peers(rendered):
+    import kubernetes_validate
+
+    default = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    for rule in _metrics_rules(rendered["full.yaml"]):
+        assert rule["from"] == default
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    custom = render({"networkPolicy": {"metricsFrom": [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]}})
+    for rule in _metrics_rules(custom):
+        assert rule["from"] == [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    for np in custom.of_kind("NetworkPolicy"):
+        kubernetes_validate.validate(np, KUBE_VERSION, strict=True)
+    for rule in _metrics_rules(render({"networkPolicy": {"metricsFrom": []}})):
+        assert "from" not in rule  # [] = any source
+    legacy = render({"networkPolicy": {"metricsNamespaceSelector": {"matchLabels": {"team": "sre"}}}})
+    for rule in _metrics_rules(legacy):
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "sre"}}}]
+
+
+def test_the_chart_readme_documents_operations():
+    import helm_python as helm
+
+    readme = helm.show(str(CHART), output_format="readme")
+    for topic in ("## Prerequisites", "## Install", "### Extension points", "### PodDisruptionBudgets",
+                  "## Configuration overrides", "python -m mascot.core.config_schema", "## Monitoring",
+                  "## Upgrades: what restarts", "kserve.enabled=false", "networkPolicy.metricsFrom",
+                  "--api-versions monitoring.coreos.com/v1/ServiceMonitor", *EXTENSIONS):
+        assert topic in readme, topic

@@ -18,7 +18,11 @@ from tests.conftest import need
 from tests.contract.conftest import CHART, NAMESPACE, RELEASE, render
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"
-ALERTS = {  # alert -> the catalog metrics its expression must read
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+ALERTS = {  # alert -> the metrics its expression must read (the catalog's, or Prometheus' own `up`)
+    "MascotTargetDown": {"up"},
+    "MascotMetricsAbsent": {"up"},
+    "MascotGatewayAtCapacity": {"mascot_rpc_requests_total"},
     "MascotRpcErrorRatioHigh": {"mascot_rpc_requests_total"},
     "MascotDirectorFallbackRatioHigh": {"mascot_director_decisions_total"},
     "MascotRewardFailures": {"mascot_reward_failures_total"},
@@ -28,7 +32,10 @@ ALERTS = {  # alert -> the catalog metrics its expression must read
 }
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
             "Inf", "NaN", "inf", "nan"}
-GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1d", "$__interval": "1m", "$namespace": ".*"}
+GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1d", "$__interval": "1m", "$namespace": ".*", "$release": ".*",
+                "$component": ".*", "$persona": ".*"}
+#: Series that are not in the catalog but every scrape has: Prometheus' own `up`, and the process collector's.
+STANDARD_SERIES = {"up", "process_resident_memory_bytes", "process_cpu_seconds_total"}
 
 
 def catalog_series() -> dict[str, str]:
@@ -92,11 +99,17 @@ def test_alerts_read_only_catalog_metrics(full):
     assert {r["alert"] for r in rules} == set(ALERTS)
     for r in rules:
         names = metric_names(r["expr"])
-        unknown = [n for n in names if n not in catalog]
+        unknown = [n for n in names if n not in catalog and n != "up"]
         assert names and not unknown, f"{r['alert']}: {unknown} not in mascot.core.metrics"
         assert ALERTS[r["alert"]] <= set(names), r["alert"]
         assert f'namespace="{NAMESPACE}"' in r["expr"], "scoped to the release namespace"
         assert r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
+        # every alert links its runbook, and the runbook has that section
+        assert r["annotations"]["runbook_url"] == f"docs/runbooks.md#{r['alert'].lower()}"
+        assert f"## {r['alert']}" in RUNBOOKS.read_text(), f"docs/runbooks.md has no section for {r['alert']}"
+    hosted = render({"monitoring": {"prometheusRule": {"runbookBaseUrl": "https://wiki.example/mascot"}}})
+    urls = {r["annotations"]["runbook_url"] for g in _rules(hosted)["groups"] for r in g["rules"]}
+    assert urls == {f"https://wiki.example/mascot#{a.lower()}" for a in ALERTS}
 
 
 def test_dashboard_reads_only_catalog_metrics_and_shows_all_of_them(full):
@@ -105,10 +118,31 @@ def test_dashboard_reads_only_catalog_metrics_and_shows_all_of_them(full):
     used = set()
     for expr in exprs:
         names = metric_names(expr)
-        unknown = [n for n in names if n not in catalog]
+        unknown = [n for n in names if n not in catalog and n not in STANDARD_SERIES]
         assert names and not unknown, f"{expr}: {unknown} not in mascot.core.metrics"
-        used |= {catalog[n] for n in names}
+        used |= {catalog[n] for n in names if n in catalog}
     assert used == set(catalog.values()), f"catalog metrics without a panel: {set(catalog.values()) - used}"
+
+
+def test_dashboard_reads_right(full):
+    """Distinct legends where a panel has several queries, no time series over the whole range, and the release,
+    component and persona variables applied to the queries that carry those labels."""
+    dashboard = _dashboard(full)
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "release", "component", "persona"} <= names
+    for p in dashboard["panels"]:
+        targets = p.get("targets", [])
+        legends = [t.get("legendFormat", "__auto") for t in targets]
+        if len(targets) > 1:
+            assert "__auto" not in legends and len(set(legends)) == len(legends), (p["title"], legends)
+        if p["type"] == "timeseries":
+            assert not any("$__range" in t["expr"] for t in targets), p["title"]
+        for t in targets:
+            assert 'release=~"$release"' in t["expr"], (p["title"], t["expr"])
+            if "mascot_rpc_requests_total" in t["expr"] and 'component="gateway"' not in t["expr"]:
+                assert 'component=~"$component"' in t["expr"], p["title"]
+            if "mascot_turn_duration_seconds_bucket" in t["expr"]:
+                assert 'persona=~"$persona"' in t["expr"], p["title"]
 
 
 def test_dashboard_file_is_the_configmap_content(full):

@@ -350,7 +350,7 @@ async def test_serving_downloads_a_version_from_s3_checks_it_and_generates(engin
             await res.ensure(name, pid)
         assert name not in engine.adapters() and not any(local.parent.iterdir())  # nothing half-downloaded kept
         assert metrics.registry.get_sample_value("mascot_adapter_load_failures_total",
-                                                 {"reason": "DigestMismatch"}) == 1
+                                                 {"reason": "digest"}) == 1
         put(client, uri, f"{pid}/v1/adapter_model.safetensors", good)
         man = json.loads(get(client, uri, f"{pid}/v1/manifest.json"))
         put(client, uri, f"{pid}/v1/manifest.json", json.dumps({**man, "digest": "0" * 64}).encode())

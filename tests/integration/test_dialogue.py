@@ -274,8 +274,23 @@ async def test_delete_and_list_personas(live):
     meeting = (await live.stub.ListPersonas(cpb.ListPersonasRequest(mode=cpb.MODE_MEETING))).personas
     assert {p.id for p in meeting} == set(conv.persona_ids)
     every = (await live.stub.ListPersonas(cpb.ListPersonasRequest())).personas
-    # 5 support + 4 meeting personas + the single-voice "supporter" of the evaluation baselines.
-    assert len(every) == 10 and {p.persona_set for p in every if p.id == "supporter"} == {"baselines"}
+    # 5 support + 4 meeting personas; the single-voice "supporter" of the evaluation baselines is not listed
+    assert len(every) == 9 and "supporter" not in {p.id for p in every}
+    support = (await live.stub.ListPersonas(cpb.ListPersonasRequest(mode=cpb.MODE_SUPPORT))).personas
+    assert {p.persona_set for p in support} == {"support"} and len(support) == 5
+
+
+@pytest.mark.parametrize("mode, ids, says", [
+    (cpb.MODE_SUPPORT, ["anchor", "supporter"], "'supporter' is evaluation-only"),
+    (cpb.MODE_MEETING, ["supporter"], "'supporter' is evaluation-only"),
+    (cpb.MODE_SUPPORT, ["anchor", "critic"], "'critic' belongs to the meeting set, not to support conversations"),
+    (cpb.MODE_MEETING, ["critic", "anchor"], "'anchor' belongs to the support set, not to meeting conversations"),
+])
+async def test_a_conversation_refuses_evaluation_only_and_other_mode_personas(live, mode, ids, says):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await live.stub.StartConversation(cpb.StartConversationRequest(mode=mode, persona_ids=ids))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in e.value.details() and "ListPersonas" in e.value.details()
 
 
 async def test_user_text_imitating_director_is_plain_text(tmp_path):

@@ -105,13 +105,14 @@ async def oip_rest(http, model, doc):
 
 
 def speaker_messages(items):
-    """Streamed GenerateReplyResponse messages with the final's timing cleared (it differs call to call)."""
+    """Streamed GenerateReplyResponse messages as (all delta text, the final with its timing cleared): the speaker
+    coalesces deltas by time (``speaker.stream_interval_ms``), so where one delta ends differs call to call."""
     out = [m if isinstance(m, spb.GenerateReplyResponse) else json_format.ParseDict(m, spb.GenerateReplyResponse())
            for m in items]
-    for m in out:
-        if m.HasField("final"):
-            m.final.ClearField("first_token")
-    return out
+    finals = [m.final for m in out if m.HasField("final")]
+    for f in finals:
+        f.ClearField("first_token")
+    return "".join(m.delta.text for m in out if m.HasField("delta")), finals
 
 
 async def test_director_native_equals_oip_health_and_metrics(tmp_path, engine):
@@ -136,7 +137,8 @@ async def test_director_native_equals_oip_health_and_metrics(tmp_path, engine):
 
         metrics = (await http.get("/metrics")).text
         assert 'mascot_rpc_requests_total{code="OK",component="director",rpc="NextDirective"} 1.0' in metrics
-        assert 'mascot_rpc_requests_total{code="OK",component="director",rpc="ModelInfer"} 1.0' in metrics
+        # ModelInfer: the gRPC and the REST call
+        assert 'mascot_rpc_requests_total{code="OK",component="director",rpc="ModelInfer"} 2.0' in metrics
         assert "mascot_director_decisions_total{" in metrics and "mascot_engine_batch_size" in metrics
     assert srv.runtime.ready is False  # shut down
 
@@ -150,11 +152,19 @@ async def test_speaker_stream_native_equals_oip_list(tmp_path, engine):
         assert "".join(m.delta.text for m in native[:-1]) == native[-1].final.text
         doc = oip_doc("GenerateReply", SPEAKER_REQ)
         via_grpc = await oip_grpc(ch, "speaker", doc)
-        assert isinstance(via_grpc, list) and len(via_grpc) == len(native)
+        assert isinstance(via_grpc, list) and via_grpc[-1].get("final")
         status, body = await oip_rest(http, "speaker", doc)
         assert status == 200
         via_rest = json.loads(body["outputs"][0]["data"][0])
         assert speaker_messages(via_grpc) == speaker_messages(native) == speaker_messages(via_rest)
+        # both OIP calls, gRPC and REST, are counted like the native one
+        metrics = (await http.get("/metrics")).text
+        assert 'mascot_rpc_requests_total{code="OK",component="speaker",rpc="ModelInfer"} 2.0' in metrics
+        assert 'mascot_rpc_requests_total{code="OK",component="speaker",rpc="GenerateReply"} 1.0' in metrics
+        status, _ = await oip_rest(http, "speaker", "not a JSON request")
+        assert status == 400
+        metrics = (await http.get("/metrics")).text
+        assert 'mascot_rpc_requests_total{code="INVALID_ARGUMENT",component="speaker",rpc="ModelInfer"} 1.0' in metrics
 
 
 async def test_judge_and_reward_native_equal_oip(tmp_path, engine):

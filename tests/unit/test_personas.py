@@ -38,6 +38,19 @@ def test_user_file_is_added(tmp_path):
     assert cat.get("coach").persona_set == "custom" and len(cat.cards) == 11
 
 
+def test_which_personas_a_conversation_may_use(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text(CARD)
+    cat = PersonaCatalog.load([f])
+    support, meeting = {c.id for c in cat.servable("support")}, {c.id for c in cat.servable("meeting")}
+    assert support == {c.id for c in cat.in_set("support")} | {"coach"}  # a user's set joins either mode
+    assert meeting == {c.id for c in cat.in_set("meeting")} | {"coach"}
+    assert {c.id for c in cat.servable()} == set(cat.cards) - {"supporter"}
+    assert "evaluation-only" in cat.unusable_reason(cat.get("supporter"), "support")
+    assert "meeting set" in cat.unusable_reason(cat.get("critic"), "support")
+    assert cat.unusable_reason(cat.get("coach"), "meeting") is None
+
+
 @pytest.mark.parametrize("edit, line, field", [
     (lambda s: s.replace("    default_tone: Energetic\n", "    default_tone: Energetic\n    mood: happy\n"), 10,
      "personas.0.mood"),

@@ -58,11 +58,12 @@ app.kubernetes.io/part-of: mascot
 {{- if $img.digest }}{{ printf "%s@%s" $img.repository $img.digest }}{{ else }}{{ printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) }}{{ end }}
 {{- end }}
 
+{{/* imagePullSecrets of every pod: entries are {name: x} (the Kubernetes form) or plain names (older values). */}}
 {{- define "mascot.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ . }}
+  - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -393,4 +394,130 @@ affinity:
 {{- $_ := set $res "requests" $requests }}
 {{- end }}
 {{- toYaml $res }}
+{{- end }}
+
+{{/* Labels of a workload's pods: the component's labels (plus `extra`, chart-owned) over <spec>.podLabels; the
+     chart's keys win, so selectors and PodDisruptionBudgets keep matching.
+     (dict "ctx" $ "component" "gateway" "spec" <values of the workload> ["extra" (dict ...)]). */}}
+{{- define "mascot.podLabels" -}}
+{{- $own := include "mascot.labels" (dict "ctx" .ctx "component" .component) | fromYaml }}
+{{- $own = mergeOverwrite $own (.extra | default dict) }}
+{{- toYaml (merge $own (deepCopy (.spec.podLabels | default dict))) }}
+{{- end }}
+
+{{/* Annotations of a workload's pods: the chart's (`own`: checksums) over <spec>.podAnnotations.
+     (dict "spec" <values of the workload> "own" (dict ...)). */}}
+{{- define "mascot.podAnnotations" -}}
+{{- toYaml (merge (.own | default dict) (deepCopy (.spec.podAnnotations | default dict))) }}
+{{- end }}
+
+{{/* Pod-level extension points of a workload (PodSpec fields; empty when unset): priorityClassName,
+     runtimeClassName and topologySpreadConstraints of <spec>. */}}
+{{- define "mascot.podExtensions" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The restart triggers of a component's pods: (dict "ctx" $ "component" "gateway"|"director"|...).
+     checksum/config covers only the component's own file of the config ConfigMap (the one its pods mount), so a
+     change to another component's config restarts nothing here; checksum/personas covers the persona ConfigMap's
+     data, which every component reads once at start (the gateway, and the director, speaker, judge and reward
+     through the persona catalog of their servicers). */}}
+{{- define "mascot.checksums" -}}
+{{- $personas := include (print .ctx.Template.BasePath "/configmap-personas.yaml") .ctx | fromYaml }}
+{{- $config := include "mascot.componentConfig" . | sha256sum }}
+{{- dict "checksum/config" $config "checksum/personas" (toYaml $personas.data | sha256sum) | toYaml }}
+{{- end }}
+
+{{/* The most pods a component runs: the gateway's replicaCount or autoscaling.maxReplicas; a model service's
+     maxReplicas under KServe (its HPA) or minReplicas as a plain Deployment (a fixed count). */}}
+{{- define "mascot.maxPods" -}}
+{{- $v := .ctx.Values }}
+{{- if eq .component "gateway" }}
+{{- ternary $v.gateway.autoscaling.maxReplicas $v.gateway.replicaCount $v.gateway.autoscaling.enabled | int }}
+{{- else }}
+{{- $c := index $v .component }}
+{{- ternary $c.maxReplicas $c.minReplicas $v.kserve.enabled | int }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when a component gets a PodDisruptionBudget: (dict "ctx" $ "component" c). The gateway: pdb.enabled. A
+     model service: pdb.enabled true, or "auto" and the service can run more than one pod (a budget on a single pod
+     protects nothing and, with minAvailable, blocks node drains). */}}
+{{- define "mascot.pdbEnabled" -}}
+{{- $c := index .ctx.Values .component }}
+{{- $on := toString $c.pdb.enabled }}
+{{- if eq .component "gateway" }}
+{{- if $c.pdb.enabled }}true{{ end }}
+{{- else if $c.enabled }}
+{{- if or (eq $on "true") (and (eq $on "auto") (gt (int (include "mascot.maxPods" .)) 1)) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The spec of a PodDisruptionBudget: minAvailable when set, else maxUnavailable. (dict "ctx" $ "component" c). */}}
+{{- define "mascot.pdbSpec" -}}
+{{- $pdb := (index .ctx.Values .component).pdb }}
+{{- if ne (toString ($pdb.minAvailable | default "")) "" }}
+minAvailable: {{ $pdb.minAvailable }}
+{{- else }}
+maxUnavailable: {{ $pdb.maxUnavailable }}
+{{- end }}
+selector:
+  matchLabels:
+    {{- include "mascot.selectorLabels" . | nindent 4 }}
+{{- end }}
+
+{{/* Checks across values that values.schema.json cannot express (it cannot compare two fields): install and upgrade
+     fail with every broken rule, naming the values. Invoked by templates/validate.yaml.
+     - minReplicas <= maxReplicas: the gateway's autoscaling (when enabled) and every enabled model service;
+     - an integer pdb.minAvailable leaves a pod evictable (below the most pods the component runs). */}}
+{{- define "mascot.validate" -}}
+{{- $v := .Values }}
+{{- $models := splitList " " (include "mascot.modelComponents" .) }}
+{{- $errors := list }}
+{{- $ranges := list }}
+{{- if $v.gateway.autoscaling.enabled }}
+{{- $ranges = append $ranges (dict "key" "gateway.autoscaling" "spec" $v.gateway.autoscaling) }}
+{{- end }}
+{{- range $c := $models }}
+{{- if (index $v $c).enabled }}{{ $ranges = append $ranges (dict "key" $c "spec" (index $v $c)) }}{{ end }}
+{{- end }}
+{{- range $r := $ranges }}
+{{- $min := int $r.spec.minReplicas }}
+{{- $max := int $r.spec.maxReplicas }}
+{{- if gt $min $max }}
+{{- $msg := printf "%s.minReplicas (%d) is greater than %s.maxReplicas (%d)" $r.key $min $r.key $max }}
+{{- $errors = append $errors $msg }}
+{{- end }}
+{{- end }}
+{{- range $c := prepend $models "gateway" }}
+{{- $scope := dict "ctx" $ "component" $c }}
+{{- $min := (index $v $c).pdb.minAvailable | default "" }}
+{{- if and (include "mascot.pdbEnabled" $scope) (not (kindIs "string" $min)) }}
+{{- $pods := int (include "mascot.maxPods" $scope) }}
+{{- if ge (int $min) $pods }}
+{{- $msg := printf "%s.pdb.minAvailable (%d) leaves no pod evictable (at most %d run)" $c (int $min) $pods }}
+{{- $fix := printf "lower it, or clear it to use %s.pdb.maxUnavailable" $c }}
+{{- $errors = append $errors (printf "%s: node drains would block; %s" $msg $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with $errors }}
+{{- fail (printf "invalid values:\n  - %s" (join "\n  - " .)) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the cluster serves the prometheus-operator API of a kind (monitoring.coreos.com/v1/<kind>):
+     (dict "ctx" $ "kind" "ServiceMonitor"|"PrometheusRule"). Helm fills .Capabilities.APIVersions from the cluster
+     on install and upgrade; `helm template` needs --api-versions monitoring.coreos.com/v1/<kind>. */}}
+{{- define "mascot.monitoringApi" -}}
+{{- if .ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) }}true{{ end }}
 {{- end }}

@@ -15,6 +15,7 @@ securityContext:
   {{- toYaml $v.podSecurityContext | nindent 2 }}
 terminationGracePeriodSeconds: {{ $m.terminationGracePeriodSeconds }}
 {{- with (include "mascot.scheduling" (dict "ctx" $ctx "spec" $c) | trim) }}{{- "\n" }}{{- . }}{{- end }}
+{{- with (include "mascot.podExtensions" $c | trim) }}{{- "\n" }}{{- . }}{{- end }}
 containers:
   # KServe's storage initializer fills /mnt/models from STORAGE_URI only for the container of this name.
   - name: kserve-container
@@ -43,6 +44,9 @@ containers:
       {{- if $v.kserve.enabled }}
       - name: PROTOCOL
         value: v2
+      {{- end }}
+      {{- with $c.extraEnv }}
+      {{- toYaml . | nindent 6 }}
       {{- end }}
     ports:
       # The first port is KServe's Service port 80; the others keep their numbers.
@@ -83,6 +87,9 @@ containers:
         subPath: {{ include "mascot.pvcPath" $uri }}
         readOnly: true
       {{- end }}
+      {{- with $c.extraVolumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 volumes:
   {{- include "mascot.scratchVolumes" $ctx | nindent 2 }}
   {{- with (include "mascot.commonVolumes" (dict "ctx" $ctx "component" $comp "readOnlyStore" true) | trim) }}{{- . | nindent 2 }}{{- end }}
@@ -97,6 +104,9 @@ volumes:
     persistentVolumeClaim:
       claimName: {{ include "mascot.pvcClaim" $uri }}
       readOnly: true
+  {{- end }}
+  {{- with $c.extraVolumes }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
 

@@ -35,37 +35,39 @@
 {{- end }}
 
 {{/* A training Job's spec (batch/v1 JobSpec), shared by the Job templates and the CronJob:
-     (dict "ctx" $ "phase" "persona-alignment"). The run id is the Job's name (one Job per run: Job specs are
-     immutable), read through the pod label batch.kubernetes.io/job-name; a restarted pod resumes the same run. */}}
+     (dict "ctx" $ "phase" "persona-alignment" ["withoutRunConfig" true]). The run id is the Job's name (one Job per
+     run: Job specs are immutable), read through the pod label batch.kubernetes.io/job-name; a restarted pod resumes
+     the same run. The pods carry the checksum of their phase config, unless withoutRunConfig. */}}
 {{- define "mascot.trainingJobSpec" -}}
 {{- $ctx := .ctx }}
 {{- $v := $ctx.Values }}
 {{- $t := $v.training }}
 {{- $fullname := include "mascot.fullname" $ctx }}
 {{- $argv := include "mascot.trainingArgv" . | fromJson }}
+{{- $phaseLabel := dict "mascot.ai/phase" .phase }}
+{{- $podLabels := dict "ctx" $ctx "component" "training" "spec" $t "extra" $phaseLabel }}
+{{- $checksums := dict }}
+{{- if not .withoutRunConfig }}
+{{- $_ := set $checksums "checksum/run-config" (include "mascot.trainingConfig" . | sha256sum) }}
+{{- end }}
 backoffLimit: {{ $t.backoffLimit }}
 activeDeadlineSeconds: {{ $t.activeDeadlineSeconds }}
 ttlSecondsAfterFinished: {{ $t.ttlSecondsAfterFinished }}
 template:
   metadata:
     labels:
-      {{- include "mascot.labels" (dict "ctx" $ctx "component" "training") | nindent 6 }}
-      mascot.ai/phase: {{ .phase }}
+      {{- include "mascot.podLabels" $podLabels | nindent 6 }}
     annotations:
-      checksum/run-config: {{ include "mascot.trainingConfig" . | sha256sum }}
+      {{- include "mascot.podAnnotations" (dict "spec" $t "own" $checksums) | nindent 6 }}
   spec:
     restartPolicy: OnFailure
     serviceAccountName: {{ $fullname }}-training
     automountServiceAccountToken: false
-    {{- with $v.imagePullSecrets }}
-    imagePullSecrets:
-      {{- range . }}
-      - name: {{ . }}
-      {{- end }}
-    {{- end }}
+    {{- with (include "mascot.imagePullSecrets" $ctx | trim) }}{{- . | nindent 4 }}{{- end }}
     securityContext:
       {{- toYaml $v.podSecurityContext | nindent 6 }}
     {{- with (include "mascot.scheduling" (dict "ctx" $ctx "spec" $t) | trim) }}{{- . | nindent 4 }}{{- end }}
+    {{- with (include "mascot.podExtensions" $t | trim) }}{{- . | nindent 4 }}{{- end }}
     containers:
       - name: train
         image: {{ include "mascot.trainingImage" $ctx }}
@@ -87,6 +89,9 @@ template:
               secretKeyRef:
                 name: {{ $v.adminToken.existingSecret }}
                 key: {{ $v.adminToken.key }}
+          {{- end }}
+          {{- with $t.extraEnv }}
+          {{- toYaml . | nindent 10 }}
           {{- end }}
         resources:
           {{- include "mascot.resources" (dict "ctx" $ctx "spec" $t) | nindent 10 }}
@@ -112,6 +117,9 @@ template:
           {{- if $t.gpu.enabled }}
           - name: shm
             mountPath: /dev/shm
+          {{- end }}
+          {{- with $t.extraVolumeMounts }}
+          {{- toYaml . | nindent 10 }}
           {{- end }}
     volumes:
       {{- include "mascot.scratchVolumes" $ctx | nindent 6 }}
@@ -139,4 +147,34 @@ template:
           medium: Memory
           sizeLimit: {{ $v.models.shmSizeLimit }}
       {{- end }}
+      {{- with $t.extraVolumes }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+{{- end }}
+
+{{/* The Job template of a phase, as the gateway's TrainingService loads it (training-templates ConfigMap):
+     (dict "ctx" $ "phase" "persona-alignment" ["withoutRunConfig" true]). */}}
+{{- define "mascot.trainingJobTemplate" -}}
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ include "mascot.fullname" .ctx }}-{{ .phase }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "mascot.labels" (dict "ctx" .ctx "component" "training") | nindent 4 }}
+    mascot.ai/phase: {{ .phase }}
+spec:
+  {{- include "mascot.trainingJobSpec" . | trim | nindent 2 }}
+{{- end }}
+
+{{/* Restart trigger of the gateway, whose TrainingService loads the Job templates once at start: their checksum
+     without the phase configs' (a Job reads its phase config from its ConfigMap when it starts, so a phase config
+     change needs no gateway restart). */}}
+{{- define "mascot.trainingTemplatesChecksum" -}}
+{{- $templates := list }}
+{{- range $phase := list "persona-alignment" "collaborative" }}
+{{- $template := include "mascot.trainingJobTemplate" (dict "ctx" $ "phase" $phase "withoutRunConfig" true) }}
+{{- $templates = append $templates $template }}
+{{- end }}
+{{- join "\n---\n" $templates | sha256sum }}
 {{- end }}

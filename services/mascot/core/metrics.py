@@ -7,6 +7,8 @@ user or request id.
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -18,6 +20,22 @@ SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 #: counted when its stream ended; a replay of a stored round is not counted again.
 ROUND_OUTCOMES = ("completed", "empty_replies", "safety", "failed", "cancelled")
 MODES = ("support", "meeting")
+#: ``mascot_director_decisions_total{source}``: how the director reached its directive.
+DIRECTIVE_SOURCES = ("model", "retry", "fallback", "random")
+#: ``mascot_adapter_load_failures_total{reason}``: ``fetch`` (the version's files could not be read from the store),
+#: ``digest`` (they do not match the registry's digest), ``engine`` (the engine refused them: corrupt or incompatible
+#: weights). The log line says which error.
+ADAPTER_LOAD_FAILURES = ("fetch", "digest", "engine")
+#: ``mascot_reward_failures_total{reason}``: a text over the reward model's window (``too_long``), and in training a
+#: reward call that timed out, returned nothing or NaN, or a rollout that filled the window (``window_full``).
+REWARD_FAILURES = ("too_long", "timeout", "none", "nan", "window_full")
+#: ``mascot_training_runs_total{phase, result}``.
+TRAINING_PHASES = ("persona-alignment", "collaborative")
+TRAINING_RESULTS = ("succeeded", "failed", "cancelled")
+#: Status codes every RPC's ``mascot_rpc_requests_total`` series starts with at zero: OK and the codes the alerts and
+#: the dashboard read (server errors, and RESOURCE_EXHAUSTED for capacity).
+RPC_DECLARED_CODES = ("OK", "UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "DATA_LOSS", "UNIMPLEMENTED",
+                      "RESOURCE_EXHAUSTED")
 
 
 class Metrics:
@@ -99,3 +117,46 @@ class Metrics:
             "mascot_adapter_load_failures_total", "Adapter loads that failed.", ["reason"], registry=r)
         self.training_runs = Counter(
             "mascot_training_runs_total", "Training runs finished.", ["phase", "result"], registry=r)
+        for reason in ADAPTER_LOAD_FAILURES:
+            self.adapter_load_failures.labels(reason)
+        for reason in REWARD_FAILURES:
+            self.reward_failures.labels(reason)
+        for phase in TRAINING_PHASES:
+            for result in TRAINING_RESULTS:
+                self.training_runs.labels(phase, result)
+
+    def declare(self, *, personas: Iterable[str] = (), safety_categories: Iterable[str] = (),
+                rpcs: Mapping[str, Iterable[str]] | None = None, judges: Iterable[str] = (),
+                judge_criteria: Iterable[str] = (), reward_models: Iterable[str] = ()) -> None:
+        """Create the label sets that depend on what this process serves, at zero.
+
+        A counter series that first appears at 1 is invisible to ``increase()`` and ``rate()`` (they need two
+        samples), so an alert on a rare event (the first director fallback, the first adapter that fails to load)
+        would never fire. The fixed label sets (round outcomes, adapter-load and reward failure reasons, training
+        phases and results) are created by the constructor; this adds the ones known only at start-up.
+
+        Args:
+            personas: Persona ids the director may choose (``mascot_director_decisions_total`` for every
+                :data:`DIRECTIVE_SOURCES`).
+            safety_categories: Categories of the safety gate (``mascot_safety_events_total``).
+            rpcs: ``{component: rpc names}`` served by this process (``mascot_rpc_requests_total`` for every
+                :data:`RPC_DECLARED_CODES`).
+            judges: Configured judge names (``mascot_judge_unparseable_total``).
+            judge_criteria: Rubric criteria (``mascot_judge_scores``, an empty histogram per criterion).
+            reward_models: Names of the served reward models (``mascot_reward_scores``, an empty histogram each).
+        """
+        for persona in personas:
+            for source in DIRECTIVE_SOURCES:
+                self.director_decisions.labels(persona, source)
+        for category in safety_categories:
+            self.safety_events.labels(category)
+        for judge in judges:
+            self.judge_unparseable.labels(judge)
+        for criterion in dict.fromkeys(judge_criteria):
+            self.judge_scores.labels(criterion)
+        for model in reward_models:
+            self.reward_scores.labels(model)
+        for component, names in (rpcs or {}).items():
+            for rpc in names:
+                for code in RPC_DECLARED_CODES:
+                    self.rpc_requests.labels(component, rpc, code)

@@ -46,9 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
+import time
 from typing import Any, Callable
 
 import grpc
@@ -71,7 +73,7 @@ from mascot.core.errors import ServiceError
 from mascot.core.interceptors import BoundaryInterceptor
 from mascot.core.metrics import Metrics
 from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime
-from mascot.core.server import server_credentials
+from mascot.core.server import PortInUse, port_in_use_message, enable_reflection, server_credentials, service_rpcs
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ class _ReadinessDataPlane(DataPlane):
     async def ready(self) -> bool:
         models = self.model_registry.get_models()
         return bool(models) and all([await m.healthy() for m in models.values()])
+
+
+#: HTTP status of a REST inference call -> the gRPC status code name it is counted under (the inverse of
+#: :data:`~mascot.core.model_runtime.HTTP_STATUS`, where 400 stands for INVALID_ARGUMENT).
+REST_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+              422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
+              504: "DEADLINE_EXCEEDED"}
 
 
 class _Only(grpc.aio.ServerInterceptor):
@@ -180,14 +189,19 @@ class OnePortModelServer(ModelServer):
         v2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self.dataplane, self.model_repository_extension), server)
         rt.add_to_server(rt.gate(), server)
+        self.metrics.declare(rpcs={rt.component: service_rpcs(ours)})
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (README "Security")
         address = f"{self.host}:{self.grpc_port}"
-        bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+        try:
+            bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+        except RuntimeError:  # grpcio raises "Failed to bind to address" without the reason
+            bound = 0
         if bound == 0:
-            raise RuntimeError(f"could not bind gRPC {self.host}:{self.grpc_port}; is the port in use?")
+            raise PortInUse(port_in_use_message(f"the {rt.component}'s gRPC port", self.host, self.grpc_port,
+                                                "--port"))
         await self._set_serving(False)
         await server.start()
         self._grpc, self.grpc_port = server, bound
@@ -198,8 +212,11 @@ class OnePortModelServer(ModelServer):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.http_port))
-        except OSError:
+        except OSError as e:
             sock.close()
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUse(port_in_use_message(f"the {self.runtime.component}'s KServe HTTP port", self.host,
+                                                    self.http_port, "--rest-port")) from None
             raise
         sock.listen(128)
         sock.setblocking(False)
@@ -211,6 +228,7 @@ class OnePortModelServer(ModelServer):
         app = FastAPI(title="KServe ModelServer", docs_url=None, redoc_url=None)
         rest._add_middlewares(app)
         app.add_api_route("/metrics", self._metrics_endpoint, methods=["GET"])  # before KServe's own /metrics
+        app.middleware("http")(self._count_rest_infer)
         rest._register_endpoints(app)
         rest._add_exception_handlers(app)
         app.add_exception_handler(ServiceError, _service_error)
@@ -226,6 +244,24 @@ class OnePortModelServer(ModelServer):
             self.failure = (task.exception() if not task.cancelled() else None) or RuntimeError("REST server ended")
             log.error("the KServe REST server ended unexpectedly: %s", self.failure)
             self.stop(None)
+
+    async def _count_rest_infer(self, request: Request, call_next: Callable) -> Response:
+        """Count REST Open Inference Protocol calls (``POST /v2/models/<name>/infer``) in ``mascot_rpc_requests_total``
+        and ``mascot_rpc_duration_seconds`` as ``rpc="ModelInfer"``, like the gRPC ones, with the status code the
+        HTTP status maps to (:data:`REST_CODES`)."""
+        path = request.url.path
+        if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+            return await call_next(request)
+        t0, code = time.perf_counter(), "INTERNAL"
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            code = REST_CODES.get(status, "UNKNOWN" if status >= 500 else "INVALID_ARGUMENT")
+            return response
+        finally:
+            self.metrics.rpc_requests.labels(self.runtime.component, "ModelInfer", code).inc()
+            self.metrics.rpc_duration.labels(self.runtime.component, "ModelInfer", code).observe(
+                time.perf_counter() - t0)
 
     async def _metrics_endpoint(self, _request: Request) -> Response:
         """``mascot_*`` series (this server's registry) followed by KServe's and the process's (the default one)."""

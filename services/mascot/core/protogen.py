@@ -13,6 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = ROOT / "protos"
 DEFAULT_OUT = ROOT / "services"
+#: The FileDescriptorSet of every proto file with source info (comments), relative to the output directory.
+DESCRIPTOR_SET = Path("mascot/api/descriptors.binpb")
 
 
 def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
@@ -21,7 +23,8 @@ def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
 
 
 def generate(out_dir: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list[Path]:
-    """Run ``grpc_tools.protoc`` on every proto file, writing ``*_pb2.py``, ``*_pb2.pyi``, ``*_pb2_grpc.py``.
+    """Run ``grpc_tools.protoc`` on every proto file, writing ``*_pb2.py``, ``*_pb2.pyi``, ``*_pb2_grpc.py`` and the
+    descriptor set :data:`DESCRIPTOR_SET` (with comments, for gRPC reflection).
 
     Args:
         out_dir: Directory that receives the ``mascot/api/...`` tree.
@@ -38,7 +41,7 @@ def generate(out_dir: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list
 
     wkt = Path(grpc_tools.__file__).parent / "_proto"
     files = [str(p.relative_to(proto_root)) for p in proto_files(proto_root)]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DESCRIPTOR_SET).parent.mkdir(parents=True, exist_ok=True)
     args = [
         "protoc",
         f"-I{proto_root}",
@@ -46,12 +49,16 @@ def generate(out_dir: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        # the descriptors with their comments, served by gRPC reflection (grpcurl describe shows the docs)
+        f"--descriptor_set_out={out_dir / DESCRIPTOR_SET}",
+        "--include_imports",
+        "--include_source_info",
         *files,
     ]
     rc = protoc.main(args)
     if rc != 0:
         raise RuntimeError(f"protoc failed with exit status {rc}")
-    generated = []
+    generated = [DESCRIPTOR_SET]
     for f in files:
         stem = f[: -len(".proto")]
         generated += [Path(stem + "_pb2.py"), Path(stem + "_pb2.pyi"), Path(stem + "_pb2_grpc.py")]

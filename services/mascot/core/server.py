@@ -11,6 +11,7 @@ TLS (README "Security"): servers serve TLS, or mutual TLS, when ``server.tls`` n
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -169,6 +170,83 @@ class Server:
         await self.server.stop(grace)
 
 
+DESCRIPTOR_SET = Path(__file__).resolve().parents[1] / "api" / "descriptors.binpb"
+
+
+@functools.lru_cache(maxsize=1)
+def _documented_files() -> dict[str, bytes]:
+    """File name -> serialized FileDescriptorProto with source info (comments), from :data:`DESCRIPTOR_SET`."""
+    from google.protobuf import descriptor_pb2
+
+    return {f.name: f.SerializeToString()
+            for f in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes()).file}
+
+
+def enable_reflection(service_names: Sequence[str], server: Any) -> None:
+    """gRPC server reflection of ``service_names`` on an aio ``server`` that serves our protos with their comments
+    (``make protos`` writes them with source info into ``mascot/api/descriptors.binpb``), so ``grpcurl describe`` shows
+    the API documentation. Other files (health, reflection, KServe's) are served as grpcio-reflection serves them,
+    without comments. grpcio-reflection 1.x builds each answer with ``FileDescriptor.CopyToProto``, which drops
+    comments; this servicer answers file requests from the stored descriptors instead."""
+    from google.protobuf import descriptor_pool
+    from grpc_reflection.v1alpha import reflection_pb2 as rpb
+    from grpc_reflection.v1alpha import reflection_pb2_grpc as rpb_grpc
+    from grpc_reflection.v1alpha._async import ReflectionServicer
+
+    documented = _documented_files()
+
+    class DocumentedReflection(ReflectionServicer):
+        def _answer(self, request: Any, descriptor: Any) -> Any:
+            files: dict[str, bytes] = {}
+
+            def collect(fd: Any) -> None:
+                if fd.name in files:
+                    return
+                files[fd.name] = documented.get(fd.name) or fd.serialized_pb
+                for dep in fd.dependencies:
+                    collect(dep)
+
+            collect(descriptor)
+            return rpb.ServerReflectionResponse(original_request=request, file_descriptor_response=
+                                                rpb.FileDescriptorResponse(file_descriptor_proto=list(files.values())))
+
+        def _file_by_filename(self, request: Any, filename: str) -> Any:
+            try:
+                return self._answer(request, self._pool.FindFileByName(filename))
+            except KeyError:
+                return super()._file_by_filename(request, filename)
+
+        def _file_containing_symbol(self, request: Any, name: str) -> Any:
+            try:
+                return self._answer(request, self._pool.FindFileContainingSymbol(name))
+            except KeyError:
+                return super()._file_containing_symbol(request, name)
+
+    rpb_grpc.add_ServerReflectionServicer_to_server(
+        DocumentedReflection(service_names, pool=descriptor_pool.Default()), server)
+
+
+def service_rpcs(service_names: Sequence[str]) -> list[str]:
+    """The method names of the named gRPC services (full names, e.g. ``mascot.api.director.v1.DirectorService``), as
+    the boundary interceptor labels them in ``mascot_rpc_requests_total{rpc}``. Raises KeyError for an unknown service
+    (its ``_pb2`` module not imported)."""
+    from google.protobuf import descriptor_pool
+
+    pool = descriptor_pool.Default()
+    return [m.name for name in service_names for m in pool.FindServiceByName(name).methods]
+
+
+class PortInUse(OSError):
+    """A server port could not be bound; the message names the port and the setting that chooses it."""
+
+
+def port_in_use_message(what: str, host: str, port: int, setting: str) -> str:
+    """The one wording of a port that cannot be bound: which port, on which address, and how to pick another."""
+    return (f"cannot listen on {host}:{port}, {what} ({setting}): the port is in use by another process (or "
+            f"{host} is not an address of this machine); stop that process or set {setting} to a free port "
+            "(0 picks one)")
+
+
 async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callable, Any, str]], *,
                        host: str = "127.0.0.1", port: int = 0,
                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None,
@@ -187,7 +265,7 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         stream_stall_s: ``server.stream_stall_s`` (see :class:`~mascot.core.interceptors.BoundaryInterceptor`).
 
     Raises:
-        RuntimeError: the port could not be bound.
+        PortInUse: the port could not be bound (another process holds it, or the address is not this host's).
         ValueError: a TLS file cannot be read.
     """
     creds = server_credentials(tls)
@@ -197,13 +275,17 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     for adder, servicer, name in add:
         adder(servicer, server)
         names.append(name)
+    metrics.declare(rpcs={component: service_rpcs(names)})
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    enable_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    except RuntimeError:  # grpcio raises "Failed to bind to address" without the reason
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"could not bind {host}:{port}; is the port in use?")
+        raise PortInUse(port_in_use_message(f"the {component}'s gRPC port", host, port, f"server.{component}_port"))
     await server.start()
     srv = Server(server, bound, hs, names)
     await srv.set_serving(True)

@@ -31,6 +31,7 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
 
         self.engine, self.catalog, self.cfg, self.metrics = engine, catalog, cfg, metrics
         self.resolver = resolver or AdapterResolver(engine, None, metrics)
+        metrics.declare(personas=[c.id for c in catalog.servable()])
 
     async def NextDirective(self, request: pb.NextDirectiveRequest, context: Any) -> pb.NextDirectiveResponse:
         roster = roster_from_ids(self.catalog, list(request.persona_ids))

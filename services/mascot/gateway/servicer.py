@@ -229,7 +229,10 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             raise InvalidArgument(f"a persona id is longer than {MAX_PERSONA_ID_CHARS} characters; ListPersonas shows "
                                   "the known ids")
         ids = list(request.persona_ids) or self._default_roster(mode)
-        roster_from_ids(self.catalog, ids)
+        for card in roster_from_ids(self.catalog, ids):
+            why = self.catalog.unusable_reason(card, mode)
+            if why is not None:
+                raise InvalidArgument(f"{why}; ListPersonas with this mode shows the personas it takes")
         if len(request.source_id) > 256:
             raise InvalidArgument("source_id is longer than 256 characters")
         _no_controls(request.source_id, "source_id")
@@ -458,7 +461,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         self._gate(context)
         if request.mode and request.mode not in MODES:
             raise InvalidArgument(f"unknown mode {request.mode}")
-        cards = self.catalog.in_set(MODES[request.mode]) if request.mode else list(self.catalog.cards.values())
+        cards = self.catalog.servable(MODES[request.mode] if request.mode else None)
         return cpb.ListPersonasResponse(personas=[dpb.Persona(
             id=c.id, name=c.name, role=c.role, goal=c.goal, default_tone=c.default_tone, persona_set=c.persona_set,
             max_answer_words=c.max_answer_words) for c in cards])

@@ -29,6 +29,7 @@ from mascot.core.dialogue import HistoryTurn, directive_message, history_to_prot
 from mascot.core.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError,
                                  Unavailable)
 from mascot.core.personas import PersonaCatalog
+from mascot.gateway.risk_rules import CATEGORIES, SCREEN_CATEGORIES
 from mascot.gateway.safety import Detection, SafetyGate
 from mascot.gateway.store import NewTurn, SafetyEvent, Store, TurnRow
 
@@ -152,6 +153,7 @@ class TurnLoop:
         self.store, self.catalog, self.director, self.speaker = store, catalog, director, speaker
         self.cfg, self.metrics = cfg, metrics
         self.safety = safety if safety is not None else SafetyGate(cfg.safety, catalog)
+        metrics.declare(safety_categories=(*CATEGORIES, *SCREEN_CATEGORIES))
 
     def window(self, st: RoundState) -> list[HistoryTurn]:
         """The most recent turns of ``st.history`` within ``dialogue.history_window_turns`` and

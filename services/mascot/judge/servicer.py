@@ -136,6 +136,10 @@ def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) ->
             backend = OpenAIJudgeBackend(spec.model, spec.endpoint, read_api_key(spec.api_key_env, spec.api_key_file),
                                          spec.response_format, spec.max_tokens, spec.timeout_s, spec.max_concurrency)
         judges[spec.name] = Judge(spec.name, backend, cfg.max_retries, cache, metrics)
+    if metrics is not None:
+        from mascot.judge.rubric import CRITERIA
+
+        metrics.declare(judges=list(judges), judge_criteria=[k for c in CRITERIA.values() for k in c])
     return judges
 
 

@@ -25,6 +25,8 @@ class RewardServicer(pb_grpc.RewardServiceServicer):
 
     def __init__(self, scorer: RewardScorer, catalog: PersonaCatalog, max_batch: int = 64, metrics: Any = None) -> None:
         self.scorer, self.catalog, self.max_batch, self.metrics = scorer, catalog, max_batch, metrics
+        if metrics is not None:
+            metrics.declare(reward_models=[scorer.meta.name])
 
     async def ScoreCandidates(self, request: pb.ScoreCandidatesRequest, context: Any) -> pb.ScoreCandidatesResponse:
         if not request.persona_id or request.persona_id not in self.catalog.cards:

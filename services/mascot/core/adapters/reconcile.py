@@ -135,15 +135,18 @@ class AdapterResolver:
             if name in self.engine.adapters():
                 return
             t0 = time.perf_counter()
+            stage = "fetch"
             try:
                 path = await asyncio.to_thread(self.store.local_version, persona, version, digest, self.cache_dir)
+                stage = "engine"
                 await self.engine.load_adapter(name, str(path))
             except Exception as e:  # noqa: BLE001 - any load failure is counted and reported, others still load
                 self.failures[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
                 log.warning("adapter %s failed to load from %s: %s", name, self.store.display(persona, f"v{version}"),
                             self.failures[name])
                 if self.metrics is not None:
-                    self.metrics.adapter_load_failures.labels(type(e).__name__).inc()
+                    reason = "digest" if isinstance(e, st.DigestMismatch) else stage
+                    self.metrics.adapter_load_failures.labels(reason).inc()
                 raise
             took = time.perf_counter() - t0
             self.failures.pop(name, None)

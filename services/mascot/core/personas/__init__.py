@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 SHIPPED_DIR = Path(__file__).parent
 SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml", SHIPPED_DIR / "baselines.yaml")
+#: Persona sets only the evaluation baselines use (the single-voice ``supporter``): never listed or served in a
+#: conversation.
+EVALUATION_SETS = frozenset({"baselines"})
+#: The shipped set of each conversation mode; a card of one mode's set is refused in the other mode. Sets users add
+#: (``personas.extra_files``) may join conversations of either mode.
+MODE_SETS = {"support": "support", "meeting": "meeting"}
 Level = Literal["low", "mid", "high"]
 ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -172,3 +178,21 @@ class PersonaCatalog:
     def in_set(self, persona_set: str) -> list[PersonaCard]:
         """Cards of one set, in file order."""
         return [c for c in self.cards.values() if c.persona_set == persona_set]
+
+    def unusable_reason(self, card: PersonaCard, mode: str) -> str | None:
+        """Why ``card`` may not speak in a conversation of ``mode`` ("support" or "meeting"), or None when it may.
+
+        Evaluation-only sets (:data:`EVALUATION_SETS`) never may; a shipped mode's set is refused in the other mode.
+        """
+        if card.persona_set in EVALUATION_SETS:
+            return f"persona {card.id!r} is evaluation-only (set {card.persona_set!r})"
+        other = {s for m, s in MODE_SETS.items() if m != mode}
+        if card.persona_set in other:
+            return f"persona {card.id!r} belongs to the {card.persona_set} set, not to {mode} conversations"
+        return None
+
+    def servable(self, mode: str | None = None) -> list[PersonaCard]:
+        """Cards a conversation may use, in file order: every card but the evaluation-only ones; with ``mode``, only
+        those :meth:`unusable_reason` accepts for that mode."""
+        return [c for c in self.cards.values()
+                if (c.persona_set not in EVALUATION_SETS if mode is None else self.unusable_reason(c, mode) is None)]

@@ -142,7 +142,8 @@ class ConversationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPersonas(self, request, context):
-        """ListPersonas lists the persona cards the gateway knows, optionally for one mode.
+        """ListPersonas lists the persona cards a conversation can use, optionally for one mode (evaluation-only cards
+        are never listed; with a mode, the other mode's shipped set is left out).
         Errors: INVALID_ARGUMENT (unknown mode), UNAUTHENTICATED / PERMISSION_DENIED (caller token), UNAVAILABLE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
