@@ -43,13 +43,12 @@ async def judge_blocks(judges: list, cards: list, items: list[tuple[Prefix, list
     """Mean collective score per ``(prefix, block)`` item (mean over criteria and judges; None when every judge's
     answer was unparseable). Returns ``(means, {"unparseable", "judge_calls"})``."""
     from mascot.judge import rubric as rb
-    from mascot.judge.judging import fit_prompt
+    from mascot.judge.judging import collective_item
 
     per_item: list[list[dict]] = [[] for _ in items]
     unparseable = calls = 0
     for j in judges:
-        prompts = [fit_prompt(j.backend, (lambda h, cx, b=block: rb.collective_messages(cards, h, b, cx)),
-                              prefix.history, prefix.context) for prefix, block in items]
+        prompts = [collective_item(j.backend, cards, prefix.history, block, prefix.context) for prefix, block in items]
         verdicts = await j.judge_many(rb.COLLECTIVE, prompts)
         for i, v in enumerate(verdicts):
             calls += v.attempts

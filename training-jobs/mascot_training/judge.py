@@ -24,7 +24,7 @@ from mascot.core.dialogue import history_from_dicts
 from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
-from mascot.judge.judging import fit_prompt
+from mascot.judge.judging import agent_item
 from mascot_training.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
 
 EMPTY_SCORES = {k: 1 for k in rb.AGENT_CRITERIA}
@@ -38,23 +38,14 @@ GroupJudge = Callable[[dict], Awaitable[tuple[list[list[dict | None]], int, int]
 
 
 def _judges(cfg, engine: Any, cache_url: str) -> list:  # noqa: ANN001
+    """The configured judges (local, OpenAI-compatible or metrics), built as the JudgeService builds them."""
     from mascot.core.config import JudgeConfig
-    from mascot.judge.backends import LocalJudgeBackend, OpenAIJudgeBackend, read_api_key
-    from mascot.judge.cache import JudgeCache
-    from mascot.judge.judging import Judge
+    from mascot.judge.servicer import build_judges
 
     jc = JudgeConfig(judges=cfg.judge.judges, max_retries=cfg.judge.max_retries, cache_url=cache_url)
-    cache = JudgeCache(cache_url)
-    out = []
-    for spec in jc.judges:
-        if spec.kind == "local":
-            backend = LocalJudgeBackend(engine, Path(str(cfg.model or cfg.tiny_dir)).name, spec.adapter or None,
-                                        spec.max_tokens)
-        else:
-            backend = OpenAIJudgeBackend(spec.model, spec.endpoint, read_api_key(spec.api_key_env, spec.api_key_file),
-                                         spec.response_format, spec.max_tokens, spec.timeout_s, spec.max_concurrency)
-        out.append(Judge(spec.name, backend, jc.max_retries, cache))
-    return out
+    needs_engine = any(spec.kind == "local" for spec in jc.judges)
+    name = Path(str(cfg.model or cfg.tiny_dir)).name
+    return list(build_judges(jc, engine if needs_engine else None, name).values())
 
 
 class Progress:
@@ -91,8 +82,8 @@ def _local_judge(judges: list, catalog: PersonaCatalog, names: dict[str, str]) -
         unparseable = calls = 0
         for j in judges:
             idx = [i for i, c in enumerate(g["candidates"]) if c.strip()]
-            items = [fit_prompt(j.backend, (lambda h, cx, t=g["candidates"][i]: rb.agent_messages(
-                card, h, t, cx, names)), history, context) for i in idx]
+            roster = catalog.in_set(card.persona_set)
+            items = [agent_item(j.backend, card, roster, history, g["candidates"][i], context, names) for i in idx]
             verdicts = await j.judge_many(rb.AGENT, items)
             for i, v in zip(idx, verdicts):
                 calls += v.attempts

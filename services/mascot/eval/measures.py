@@ -38,6 +38,8 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mascot.core.guard import words
+# the identity text, nearest-card identification and margin are shared with the metrics judge
+from mascot.core.embedding import IDENTITY_FIELDS, identify, identity_text, margin  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import numpy as np
@@ -67,52 +69,6 @@ DEFINITIONS: dict[str, str] = {
     "early_end": "1 when fewer agent turns were delivered than asked for",
     "reply_words": "mean words per agent reply",
 }
-#: Card fields that make a persona's identity text (see :func:`identity_text`).
-IDENTITY_FIELDS = ("role", "goal", "expertise", "allowed_moves", "style")
-
-
-def identity_text(card: PersonaCard) -> str:
-    """The text a persona is identified by: its role, goal, expertise, allowed moves and style, in that order.
-
-    Left out on purpose: the display name (replies rarely say their own speaker's name, and other personas' names
-    appear in replies that address them), the forbidden moves (they describe what the persona must not sound like,
-    which would pull the replies of the personas that do it towards this card) and the default tone.
-    """
-    parts = [f"{card.role}.", card.goal, *(f"{x}." for x in card.expertise), *(f"{x}." for x in card.allowed_moves),
-             *(f"{x}." for x in card.style)]
-    return " ".join(p.strip() for p in parts if p.strip())
-
-
-def identify(reply_emb: np.ndarray, card_emb: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """Nearest card of each reply and the full cosine matrix.
-
-    Args:
-        reply_emb: ``[n, d]`` L2-normalised reply embeddings.
-        card_emb: ``[k, d]`` L2-normalised card embeddings, ``k >= 1``.
-
-    Returns:
-        ``(nearest, cos)``: the index of the nearest card per reply (the lowest index on an exact tie) and the
-        ``[n, k]`` cosine matrix.
-
-    Raises:
-        ValueError: no cards, or the widths differ.
-    """
-    import numpy as np
-
-    if card_emb.shape[0] < 1:
-        raise ValueError("identify needs at least one persona card")
-    if reply_emb.shape[0] and reply_emb.shape[1] != card_emb.shape[1]:
-        raise ValueError(f"reply width {reply_emb.shape[1]} != card width {card_emb.shape[1]}")
-    cos = np.asarray(reply_emb, dtype=np.float64) @ np.asarray(card_emb, dtype=np.float64).T
-    return [int(i) for i in np.argmax(cos, axis=1)] if cos.size else [], cos
-
-
-def margin(cos_row: np.ndarray, own: int) -> float:
-    """cos to the own card minus the best cos to another card; the own cosine itself when there is one card."""
-    others = [float(c) for j, c in enumerate(cos_row) if j != own]
-    return float(cos_row[own]) - (max(others) if others else 0.0)
-
-
 class MeasureContext:
     """What the measures of one run share: the roster's card embeddings, the detectors' echo sources and an
     embedding cache (a text is embedded once per run).

@@ -1,15 +1,18 @@
 """Judge one item with retries, the drop rule and the cache.
 
-An answer that does not parse (or has a score out of range) is re-prompted with the reason, up to
-``max_retries`` times; after that the item is dropped: its verdict has status ``unparseable`` and is
-counted. Verdicts (both kinds) are cached by content hash, so repeating an item never calls the model.
+An item is a :class:`JudgeItem`: the rendered first-attempt prompt (what model judges read) and the parts it was
+built from (what the metrics judge measures). For a model judge, an answer that does not parse (or has a score out of
+range) is re-prompted with the reason, up to ``max_retries`` times; after that the item is dropped: its verdict has
+status ``unparseable`` and is counted. A backend that scores items itself (``scores_items``, the metrics judge)
+answers once. Verdicts (both kinds) are cached by content hash of the prompt, so repeating an item never calls the
+backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from mascot.core.errors import InvalidArgument
 from mascot.judge import rubric as rb
@@ -18,6 +21,49 @@ from mascot.judge.cache import CachedJudgement, JudgeCache, content_hash
 from mascot.judge.parse import JudgementError, parse_judgement
 
 OK, UNPARSEABLE = "ok", "unparseable"
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    """One thing to judge.
+
+    Attributes:
+        messages: The first-attempt chat prompt (fitted to a local judge model's window), read by model judges and
+            hashed for the cache.
+        history: The conversation before the reply or block, oldest first.
+        context: Seed context ``(speaker, text)`` shown before the history.
+        cards: The active personas (the roster); for the agent rubric they include :attr:`card`.
+        card: The persona whose reply is judged (agent rubric), else None.
+        reply: The judged reply (agent rubric).
+        block: The judged block of turns (collective rubric).
+    """
+
+    messages: list[dict]
+    history: Sequence[Any] = ()
+    context: Sequence[tuple[str, str]] = ()
+    cards: Sequence[Any] = ()
+    card: Any = None
+    reply: str = ""
+    block: Sequence[Any] = ()
+
+
+def agent_item(backend: Any, card: Any, roster: Sequence[Any], history: Sequence[Any], reply: str,
+               context: Sequence[tuple[str, str]] = (), names: Mapping[str, str] | None = None) -> JudgeItem:
+    """A :class:`JudgeItem` for the agent rubric: ``card``'s ``reply`` after ``history`` (``roster``: the active
+    personas, ``card`` among them or added). Raises InvalidArgument when the prompt cannot fit a local judge."""
+    messages = fit_prompt(backend, lambda h, cx: rb.agent_messages(card, h, reply, cx, names), list(history),
+                          list(context))
+    cards = [*roster, *([card] if all(c.id != card.id for c in roster) else [])]
+    return JudgeItem(messages, tuple(history), tuple(context), tuple(cards), card=card, reply=reply)
+
+
+def collective_item(backend: Any, roster: Sequence[Any], history: Sequence[Any], block: Sequence[Any],
+                    context: Sequence[tuple[str, str]] = ()) -> JudgeItem:
+    """A :class:`JudgeItem` for the collective rubric: ``block`` after ``history`` with the personas ``roster``.
+    Raises InvalidArgument when the prompt cannot fit a local judge."""
+    messages = fit_prompt(backend, lambda h, cx: rb.collective_messages(roster, h, block, cx), list(history),
+                          list(context))
+    return JudgeItem(messages, tuple(history), tuple(context), tuple(roster), block=tuple(block))
 
 
 @dataclass(frozen=True)
@@ -69,18 +115,41 @@ class Judge:
         """The backend's model name."""
         return self.backend.model
 
-    async def judge(self, rubric: str, messages: list[dict]) -> Verdict:
-        """Score one item whose first-attempt prompt is ``messages`` on ``rubric`` (``"agent"``/``"collective"``).
+    async def judge(self, rubric: str, item: "JudgeItem | list[dict]") -> Verdict:
+        """Score one item on ``rubric`` (``"agent"``/``"collective"``): a :class:`JudgeItem`, or for a model judge
+        just its first-attempt prompt.
 
         Raises:
             ServiceError: from the backend (endpoint unavailable, key rejected, prompt too long).
+            TypeError: a bare prompt given to a judge that scores items.
         """
+        if not isinstance(item, JudgeItem):
+            item = JudgeItem(list(item))
+        messages = item.messages
         identity = self.model + (f"@{self.backend.endpoint}" if getattr(self.backend, "endpoint", "") else "")
         key = content_hash(self.name, identity, self.version, messages)
         if self.cache is not None:
             hit = await asyncio.to_thread(self.cache.get, key)
             if hit is not None:
                 return Verdict(hit.status, hit.scores, hit.rationale, hit.error, 0, True, key)
+        if getattr(self.backend, "scores_items", False):  # measured, deterministic: one answer, no re-prompts
+            scores, rationale = await self.backend.score(rubric, item)
+            verdict = Verdict(OK, scores, rationale, "", 1, False, key)
+        else:
+            verdict = await self._ask(rubric, messages, key)
+        if self.metrics is not None:
+            if verdict.status == OK:
+                for k, s in verdict.scores.items():
+                    self.metrics.judge_scores.labels(k).observe(s)
+            else:
+                self.metrics.judge_unparseable.labels(self.name).inc()
+        if self.cache is not None:
+            await asyncio.to_thread(self.cache.put, key, self.name, self.model, CachedJudgement(
+                verdict.status, verdict.scores, verdict.rationale, verdict.error, verdict.attempts))
+        return verdict
+
+    async def _ask(self, rubric: str, messages: list[dict], key: str) -> Verdict:
+        """A model judge's verdict: ask, re-prompt an unparseable answer with the reason, drop after the retries."""
         schema = rb.json_schema(rubric)
         msgs, error = messages, ""
         verdict = None
@@ -102,18 +171,9 @@ class Judge:
             break
         if verdict is None:
             verdict = Verdict(UNPARSEABLE, {}, "", error, self.max_retries + 1, False, key)
-        if self.metrics is not None:
-            if verdict.status == OK:
-                for k, s in verdict.scores.items():
-                    self.metrics.judge_scores.labels(k).observe(s)
-            else:
-                self.metrics.judge_unparseable.labels(self.name).inc()
-        if self.cache is not None:
-            await asyncio.to_thread(self.cache.put, key, self.name, self.model, CachedJudgement(
-                verdict.status, verdict.scores, verdict.rationale, verdict.error, verdict.attempts))
         return verdict
 
-    async def judge_many(self, rubric: str, items: list[list[dict]]) -> list[Verdict]:
+    async def judge_many(self, rubric: str, items: "Sequence[JudgeItem | list[dict]]") -> list[Verdict]:
         """Score several items concurrently (the local engine batches them); results in input order."""
         return list(await asyncio.gather(*(self.judge(rubric, m) for m in items)))
 

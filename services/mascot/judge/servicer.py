@@ -10,7 +10,7 @@ from mascot.core.dialogue import context_from_proto, history_from_proto, roster_
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
-from mascot.judge.judging import OK, Judge, fit_prompt
+from mascot.judge.judging import OK, Judge, JudgeItem, agent_item, collective_item
 
 RUBRICS = {pb.RUBRIC_AGENT: rb.AGENT, pb.RUBRIC_COLLECTIVE: rb.COLLECTIVE}
 
@@ -36,14 +36,16 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
             raise InvalidArgument(f"unknown judge {name!r}; configured judges: {', '.join(self.judges)}")
         return self.judges[name]
 
-    def build_items(self, request: pb.JudgeCandidatesRequest, backend: Any = None) -> tuple[str, list[list[dict]]]:
-        """Validate a request and build each candidate's first-attempt judge messages.
+    def build_items(self, request: pb.JudgeCandidatesRequest, backend: Any = None) -> tuple[str, list[JudgeItem]]:
+        """Validate a request and build each candidate's :class:`~mascot.judge.judging.JudgeItem` (its first-attempt
+        judge messages and the parts they were built from). The agent rubric's roster is ``roster_persona_ids``, or
+        the judged persona's set.
 
         With a local backend (an engine with a finite window), seed context and then history are dropped oldest
         first until the prompt fits (:func:`fit_prompt`).
 
         Returns:
-            ``(rubric, messages per candidate)``.
+            ``(rubric, item per candidate)``.
 
         Raises:
             InvalidArgument: see the RPC's error list.
@@ -56,9 +58,6 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
         if n > self.max_batch:
             raise InvalidArgument(f"{n} candidates exceed the batch limit of {self.max_batch}; split the call")
         rubric = RUBRICS[request.rubric]
-
-        def fit(build, h, cx):  # noqa: ANN001, ANN202
-            return fit_prompt(backend, build, h, cx)
 
         known = list(self.catalog.cards)
         history = history_from_proto(request.history, known_personas=known)
@@ -73,8 +72,9 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                 if not c.text.strip():
                     raise InvalidArgument(f"candidates[{i}]: text is empty; the agent rubric judges a reply")
                 card = self.catalog.get(c.persona_id)
-                items.append(fit((lambda h, cx, card=card, text=c.text: rb.agent_messages(card, h, text, cx, names)),
-                                 history, context))
+                roster = (roster_from_ids(self.catalog, list(request.roster_persona_ids))
+                          if request.roster_persona_ids else self.catalog.in_set(card.persona_set))
+                items.append(agent_item(backend, card, roster, history, c.text, context, names))
         else:
             for i, c in enumerate(request.candidates):
                 block = history_from_proto(c.block, known_personas=known)
@@ -84,8 +84,7 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                 ids = list(request.roster_persona_ids) or list(dict.fromkeys(
                     t.persona_id for t in history + block if t.role == "agent"))
                 cards = roster_from_ids(self.catalog, ids)
-                items.append(fit((lambda h, cx, cards=cards, block=block: rb.collective_messages(cards, h, block, cx)),
-                                 history, context))
+                items.append(collective_item(backend, cards, history, block, context))
         return rubric, items
 
     async def JudgeCandidates(self, request: pb.JudgeCandidatesRequest, context: Any) -> pb.JudgeCandidatesResponse:
@@ -122,10 +121,16 @@ def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) ->
 
     cache = JudgeCache(cfg.cache_url) if cfg.cache_url else None
     judges: dict[str, Judge] = {}
+    encoder = None
     for spec in cfg.judges:
         if spec.name in judges:
             raise ValueError(f"two judges are named {spec.name!r}; judge names must be unique")
-        if spec.kind == "local":
+        if spec.kind == "metrics":
+            from mascot.judge.metrics import MetricsJudgeBackend
+
+            backend = MetricsJudgeBackend(encoder)  # one encoder for every metrics judge
+            encoder = backend.encoder
+        elif spec.kind == "local":
             if engine is None:
                 raise ValueError(f"judge {spec.name!r} is local but no engine runs in this process")
             backend = LocalJudgeBackend(engine, model_name + (f"+{spec.adapter}" if spec.adapter else ""),
@@ -146,18 +151,19 @@ def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) ->
 def parse_judge_spec(spec: str) -> dict:
     """Parse a CLI judge spec into a :class:`~mascot.core.config.JudgeSpec` dict.
 
-    Forms: ``local``; ``openai:MODEL@URL``; ``NAME=openai:MODEL@URL`` (e.g.
-    ``gpt4o=openai:gpt-4o@https://api.openai.com/v1``); ``NAME=local``.
+    Forms: ``local``; ``metrics``; ``openai:MODEL@URL``; ``NAME=openai:MODEL@URL`` (e.g.
+    ``gpt4o=openai:gpt-4o@https://api.openai.com/v1``); ``NAME=local``; ``NAME=metrics``.
 
     Raises:
         ValueError: any other form.
     """
     name, _, body = spec.partition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
     body = body.strip()
-    if body == "local":
-        return {"name": name or "local", "kind": "local"}
+    if body in ("local", "metrics"):
+        return {"name": name or body, "kind": body}
     if body.startswith("openai:") and "@" in body:
         model, _, url = body[len("openai:"):].partition("@")
         if model and url:
             return {"name": name or model.replace("/", "_")[:64], "kind": "openai", "model": model, "endpoint": url}
-    raise ValueError(f"bad judge spec {spec!r}: use 'local', 'openai:MODEL@URL' or 'NAME=openai:MODEL@URL'")
+    raise ValueError(f"bad judge spec {spec!r}: use 'local', 'metrics', 'openai:MODEL@URL' or "
+                     "'NAME=openai:MODEL@URL'")

@@ -1,0 +1,190 @@
+"""The metrics judge (``judge.judges[].kind: metrics``): the rubric's criteria scored 1-5 from measured signals.
+
+A CPU stand-in for an LLM judge, for machines where no judge model with signal runs (the 135M default model scores
+everything alike). It is deterministic, needs no model but the bundled all-MiniLM-L6-v2 sentence encoder
+(:class:`~mascot.core.embedding.SentenceEncoder`), and answers through the same :class:`~mascot.judge.judging.Judge`
+(cache, metrics, report fields) as the model judges. It is never the default judge: what it measures is narrower
+than what the rubric asks, and two of the agent criteria have no signal of their own (below).
+
+Signals (cosines of L2-normalised MiniLM embeddings):
+
+- **margin**: cosine of the reply to its persona's identity text (:func:`~mascot.core.embedding.identity_text`)
+  minus the best cosine to another active persona's: the zero-shot persona identifiability of the quality measures.
+- **relevance**: cosine of the reply to the latest user message before it (to the seed context when the history
+  has no user message; no signal, the middle score, when there is neither).
+- **overlap**: the highest cosine of the reply to an earlier agent turn (0 when there is none).
+- **form**: 5 minus one point for each of: fewer than :data:`MIN_WORDS` words, more than the persona's
+  ``max_answer_words``, a leading speaker label (``Name:``), list or markdown markup, no closing punctuation.
+
+Agent rubric: ``persona_consistency`` <- margin, ``response_relevance`` <- relevance, ``social_contribution`` <-
+overlap (less is better), ``emotional_expressiveness`` <- form, ``empathetic_support_quality`` <- the mean of the
+relevance and form scores (rounded half up). The last two carry no measurement of emotion or support: they keep
+the rubric's keys and reward well-formed, on-topic replies.
+
+Collective rubric (over the block's agent turns): ``fidelity`` <- the mean margin score, ``originality_specificity``
+<- the mean overlap score (each turn against every earlier turn, the block's included), ``relevance_coherence`` <- the
+mean relevance score, ``engagement_contribution`` <- the mean form score (rounded half up).
+
+The thresholds (:data:`MARGIN_STEPS`, :data:`RELEVANCE_STEPS`, :data:`OVERLAP_STEPS`) were set on MiniLM's cosine
+scale: unrelated English sentences sit near 0.0-0.2, paraphrases above 0.7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Sequence
+
+from mascot.core.embedding import SentenceEncoder, identity_text
+from mascot.core.guard import words
+from mascot.judge import rubric as rb
+
+#: Score 5, 4, 3, 2 from these lower bounds of the margin; below the last, 1.
+MARGIN_STEPS = (0.10, 0.05, 0.0, -0.05)
+#: Score 5, 4, 3, 2 from these lower bounds of the relevance cosine; below the last, 1.
+RELEVANCE_STEPS = (0.50, 0.40, 0.30, 0.20)
+#: Score 5, 4, 3, 2 up to these upper bounds of the overlap cosine; above the last, 1.
+OVERLAP_STEPS = (0.50, 0.60, 0.70, 0.85)
+#: Fewer words than this cost a form point.
+MIN_WORDS = 5
+_LABEL = re.compile(r"^\s*[A-Z][\w .'-]{0,40}:\s")
+_MARKUP = re.compile(r"(^|\n)\s*([-*•]|\d+[.)]|#+)\s|\*\*|__|`")
+
+
+def step_score(value: float, steps: Sequence[float], higher_is_better: bool = True) -> int:
+    """Map a measured value to 1-5 with four thresholds: ``steps`` are the bounds of scores 5, 4, 3 and 2 (lower
+    bounds when higher is better, upper bounds otherwise); anything past the last bound scores 1."""
+    for score, bound in zip((5, 4, 3, 2), steps):
+        if (value >= bound) if higher_is_better else (value <= bound):
+            return score
+    return 1
+
+
+def form_score(reply: str, max_words: int) -> tuple[int, list[str]]:
+    """5 minus one per form fault of ``reply`` (see the module docstring); returns the score and the faults."""
+    n = len(words(reply))
+    finished = reply.rstrip().endswith((".", "!", "?", '"', "'", ")"))
+    faults = [name for name, bad in (
+        ("short", n < MIN_WORDS), ("long", n > max_words), ("speaker label", bool(_LABEL.match(reply))),
+        ("markup", bool(_MARKUP.search(reply))), ("unfinished", not finished),
+    ) if bad]
+    return max(1, 5 - len(faults)), faults
+
+
+def _half_up(x: float) -> int:
+    return int(x + 0.5)
+
+
+class MetricsJudgeBackend:
+    """Scores :class:`~mascot.judge.judging.JudgeItem` s from measured signals (module docstring).
+
+    Args:
+        encoder: A :class:`~mascot.core.embedding.SentenceEncoder` (loaded on first use when None).
+    """
+
+    #: The judge scores structured items, not prompts (:class:`~mascot.judge.judging.Judge` reads this).
+    scores_items = True
+    model = "metrics:all-MiniLM-L6-v2"
+
+    def __init__(self, encoder: SentenceEncoder | None = None) -> None:
+        self._encoder = encoder
+
+    @property
+    def encoder(self) -> SentenceEncoder:
+        """The sentence encoder (loaded on first use)."""
+        if self._encoder is None:
+            self._encoder = SentenceEncoder(device="cpu")
+        return self._encoder
+
+    async def complete(self, messages: list[dict], schema: dict, seed: int = 0) -> str:
+        """Not available: the metrics judge reads the parts of an item, not a rendered prompt.
+
+        Raises:
+            TypeError: always.
+        """
+        raise TypeError("the metrics judge scores JudgeItems (card, history, reply or block), not prompts")
+
+    async def score(self, rubric: str, item: Any) -> tuple[dict[str, int], str]:
+        """Scores 1-5 for every criterion of ``rubric`` and a rationale listing the measured values.
+
+        Raises:
+            TypeError: ``item`` lacks what the rubric needs (a card and reply, or a block).
+        """
+        if rubric == rb.AGENT and (item.card is None or not item.reply.strip()):
+            raise TypeError("the metrics judge needs the item's persona card and reply (agent rubric)")
+        if rubric == rb.COLLECTIVE and not any(t.role == "agent" for t in item.block):
+            raise TypeError("the metrics judge needs the item's block of agent turns (collective rubric)")
+        return await asyncio.to_thread(self._score, rubric, item)
+
+    # ------------------------------------------------------------------ signals
+    def _signals(self, card: Any, reply: str, cards: Sequence[Any], before: Sequence[Any],
+                 context: Sequence[tuple[str, str]], emb: dict[str, Any]) -> dict[str, Any]:
+        """Margin, relevance and overlap of one reply (``before``: the turns before it), with their scores."""
+        def vec(text: str) -> Any:
+            return emb[text]
+
+        r = vec(reply)
+        own = float(r @ vec(identity_text(card)))
+        others = [float(r @ vec(identity_text(c))) for c in cards if c.id != card.id]
+        margin = own - (max(others) if others else 0.0)
+        user = next((t.text for t in reversed(before) if t.role == "user" and t.text.strip()), "")
+        anchor = user or " ".join(text for _, text in context)
+        relevance = float(r @ vec(anchor)) if anchor.strip() else None
+        earlier = [t.text for t in before if t.role == "agent" and t.text.strip()]
+        overlap = max((float(r @ vec(t)) for t in earlier), default=0.0)
+        if any(t.strip() == reply.strip() for t in earlier):
+            overlap = 1.0
+        form, faults = form_score(reply, card.max_answer_words)
+        return {"margin": margin, "own": own, "best_other": max(others) if others else None,
+                "relevance": relevance, "overlap": overlap, "form": form, "faults": faults,
+                "margin_score": step_score(margin, MARGIN_STEPS),
+                "relevance_score": 3 if relevance is None else step_score(relevance, RELEVANCE_STEPS),
+                "overlap_score": step_score(overlap, OVERLAP_STEPS, higher_is_better=False)}
+
+    def _embed_all(self, texts: Sequence[str]) -> dict[str, Any]:
+        unique = list(dict.fromkeys(t for t in texts if t.strip()))
+        vectors = self.encoder.embed(unique)
+        return dict(zip(unique, vectors))
+
+    def _score(self, rubric: str, item: Any) -> tuple[dict[str, int], str]:
+        cards = list(item.cards) or ([item.card] if item.card is not None else [])
+        history = list(item.history)
+        if rubric == rb.AGENT:
+            emb = self._embed_all([item.reply, *(identity_text(c) for c in cards), *(t.text for t in history),
+                                   " ".join(text for _, text in item.context)])
+            s = self._signals(item.card, item.reply, cards, history, item.context, emb)
+            scores = {"emotional_expressiveness": s["form"],
+                      "empathetic_support_quality": _half_up((s["relevance_score"] + s["form"]) / 2),
+                      "persona_consistency": s["margin_score"], "response_relevance": s["relevance_score"],
+                      "social_contribution": s["overlap_score"]}
+            return scores, _rationale([s])
+        by_id = {c.id: c for c in cards}
+        block = list(item.block)
+        emb = self._embed_all([*(t.text for t in history + block), *(identity_text(c) for c in cards),
+                               " ".join(text for _, text in item.context)])
+        measured = []
+        for i, t in enumerate(block):
+            if t.role != "agent" or not t.text.strip() or t.persona_id not in by_id:
+                continue
+            measured.append(self._signals(by_id[t.persona_id], t.text, cards, history + block[:i], item.context, emb))
+        if not measured:
+            raise TypeError("the block's agent turns name no persona of the roster")
+
+        def mean(key: str) -> int:
+            return _half_up(sum(m[key] for m in measured) / len(measured))
+
+        scores = {"fidelity": mean("margin_score"), "originality_specificity": mean("overlap_score"),
+                  "relevance_coherence": mean("relevance_score"), "engagement_contribution": mean("form")}
+        return scores, _rationale(measured)
+
+
+def _rationale(measured: Sequence[dict[str, Any]]) -> str:
+    """The measured values behind the scores, for people reading a judgement (at most 300 characters)."""
+    def avg(key: str) -> str:
+        vals = [m[key] for m in measured if m[key] is not None]
+        return f"{sum(vals) / len(vals):.2f}" if vals else "n/a"
+
+    faults = sorted({f for m in measured for f in m["faults"]})
+    text = (f"metrics over {len(measured)} turn(s): persona margin {avg('margin')}, relevance {avg('relevance')}, "
+            f"overlap with earlier turns {avg('overlap')}, form faults: {', '.join(faults) or 'none'}")
+    return text[:300]

@@ -1,0 +1,117 @@
+"""The metrics judge on planted inputs whose answer is known, with the real bundled MiniLM encoder: a reply that is its
+persona's own card text is consistent with that persona and not with another, a copy of an earlier turn contributes
+nothing, an off-topic reply is irrelevant, form faults cost points; deterministic; served by JudgeService like the
+model judges (cache, report fields)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.embedding import SentenceEncoder, identity_text
+from mascot.core.personas import PersonaCatalog
+from mascot.judge import rubric as rb
+from mascot.judge.judging import Judge, agent_item, collective_item
+from mascot.judge.metrics import (MARGIN_STEPS, OVERLAP_STEPS, MetricsJudgeBackend, form_score, step_score)
+
+USER = "I failed my driving test again and I feel stupid."
+ON_TOPIC = "Failing the driving test twice is really frustrating. What happened during the test this time?"
+OFF_TOPIC = "The stock market closed higher today after strong quarterly earnings from chip makers."
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return MetricsJudgeBackend(SentenceEncoder(device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return PersonaCatalog.load()
+
+
+def judge(backend, rubric, item):
+    return asyncio.run(Judge("metrics", backend, max_retries=0).judge(rubric, item))
+
+
+def test_thresholds_map_to_one_to_five():
+    assert [step_score(v, MARGIN_STEPS) for v in (0.2, 0.07, 0.01, -0.03, -0.3)] == [5, 4, 3, 2, 1]
+    assert [step_score(v, OVERLAP_STEPS, higher_is_better=False) for v in (0.1, 0.55, 0.65, 0.8, 0.99)] == [
+        5, 4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("reply, faults", [
+    ("That sounds really hard, and it makes sense to feel low.", []),
+    ("Anchor: that sounds really hard, and it makes sense.", ["speaker label"]),
+    ("- that sounds really hard\n- and it makes sense.", ["markup"]),
+    ("ok", ["short", "unfinished"]),
+    (" ".join(["word"] * 80) + ".", ["long"]),
+])
+def test_form_faults(reply, faults):
+    score, found = form_score(reply, max_words=60)
+    assert found == faults and score == 5 - len(faults)
+
+
+def test_a_reply_that_is_its_own_card_is_consistent_and_is_not_anothers(backend, catalog):
+    roster = catalog.in_set("support")
+    history = [HistoryTurn("user", USER)]
+    for card in roster:
+        own = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, identity_text(card)))
+        assert own.status == "ok" and own.scores["persona_consistency"] == 5, (card.id, own.rationale)
+        other = next(c for c in roster if c.id != card.id)
+        wrong = judge(backend, rb.AGENT, agent_item(backend, other, roster, history, identity_text(card)))
+        assert wrong.scores["persona_consistency"] <= 2, (card.id, other.id, wrong.rationale)
+
+
+def test_relevance_follows_the_users_message(backend, catalog):
+    roster = catalog.in_set("support")
+    card, history = roster[0], [HistoryTurn("user", USER)]
+    on = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, ON_TOPIC))
+    off = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, OFF_TOPIC))
+    assert on.scores["response_relevance"] >= 4 and off.scores["response_relevance"] <= 2, (on, off)
+    assert on.scores["empathetic_support_quality"] > off.scores["empathetic_support_quality"]
+
+
+def test_a_copy_of_an_earlier_turn_contributes_nothing(backend, catalog):
+    roster = catalog.in_set("support")
+    card = roster[1]
+    history = [HistoryTurn("user", USER), HistoryTurn("agent", ON_TOPIC, roster[0].id)]
+    copy = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, ON_TOPIC))
+    fresh = judge(backend, rb.AGENT, agent_item(backend, card, roster, history,
+                                                "You could book another lesson and practise the manoeuvre you missed."))
+    assert copy.scores["social_contribution"] == 1 and fresh.scores["social_contribution"] >= 4, (copy, fresh)
+
+
+def test_collective_block_scores_fidelity_and_originality(backend, catalog):
+    roster = catalog.in_set("support")
+    history = [HistoryTurn("user", USER)]
+    distinct = [HistoryTurn("agent", identity_text(c), c.id) for c in roster[:3]]
+    repeated = [HistoryTurn("agent", ON_TOPIC, roster[0].id), HistoryTurn("agent", ON_TOPIC, roster[1].id)]
+    good = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, distinct))
+    bad = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, repeated))
+    assert good.scores["fidelity"] == 5 and set(good.scores) == set(rb.COLLECTIVE_CRITERIA)
+    assert bad.scores["originality_specificity"] < good.scores["originality_specificity"]
+    assert bad.scores["fidelity"] < good.scores["fidelity"]
+
+
+def test_deterministic_and_complete(backend, catalog):
+    roster = catalog.in_set("support")
+    item = agent_item(backend, roster[2], roster, [HistoryTurn("user", USER)], ON_TOPIC)
+    a, b = judge(backend, rb.AGENT, item), judge(backend, rb.AGENT, item)
+    assert a.scores == b.scores and a.rationale == b.rationale and set(a.scores) == set(rb.AGENT_CRITERIA)
+    assert "persona margin" in a.rationale and a.attempts == 1
+
+
+def test_a_bare_prompt_is_refused(backend):
+    with pytest.raises(TypeError, match="persona card and reply"):
+        judge(backend, rb.AGENT, [{"role": "user", "content": "score this"}])
+
+
+def test_cli_judge_spec_names_the_metrics_judge():
+    from mascot.judge.servicer import parse_judge_spec
+
+    assert parse_judge_spec("metrics") == {"name": "metrics", "kind": "metrics"}
+    assert parse_judge_spec("cpu=metrics") == {"name": "cpu", "kind": "metrics"}
+    with pytest.raises(ValueError, match="'metrics'"):
+        parse_judge_spec("metric")
