@@ -74,6 +74,7 @@ bench: setup
 	$(BIN)/python bench/grpo_step.py --size full
 	$(BIN)/python bench/vllm_serving.py --size full
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/shared_engine.py --size full
 	$(BIN)/python bench/dialogue_quality.py --size full
 
 clean:

@@ -9,6 +9,21 @@ loading the model (random A, small random B), so multi-LoRA runs at real size to
     python bench/gpu_check.py                  # pytest -m vllm, then the 8B-shape generation figures
     python bench/gpu_check.py --weights /models/Qwen3-8B
     python bench/gpu_check.py --shape tiny --skip-tests   # the same path on CPU with a tiny shape (CI smoke)
+
+GRPO with vLLM generation: then, with CUDA, two optimiser steps of each phase's GRPO with ``generation.backend: vllm``
+in colocate mode on the tiny model, each in a subprocess of its own (``--grpo-step persona|director``): the persona
+stage's ``train_persona`` (format reward) and the director stage's trainer (rollouts on scripted speakers, directives
+sampled by :class:`~mascot_training.director_grpo.VllmDirector`). Without CUDA they are skipped with the reason
+printed (TRL's vLLM generation needs CUDA); ``--skip-grpo`` leaves them out.
+
+Shared engine: then, with CUDA, ``bench/shared_engine.py --engine vllm`` (director and speaker on one vLLM engine
+against one engine each, the same memory budget in all; the real model at ``--weights``, else the bundled default
+model): the throughput ratio on the GPU, and host memory (RSS) of the serving processes; GPU memory is the same in
+both by construction (``--memory-share``). Skipped without CUDA; ``--skip-shared`` leaves it out.
+
+Tensor parallelism: the engine shards the model over the visible GPUs (``CUDA_VISIBLE_DEVICES`` selects them; the
+largest count the model's attention heads divide, see :func:`tensor_parallel_size`), as the Helm chart sets
+``engine.tensor_parallel_size`` to a service's ``gpu.count``; ``--tensor-parallel-size N`` fixes it. On CPU it is 1.
 """
 
 from __future__ import annotations
@@ -69,16 +84,42 @@ def write_random_lora(model_dir: Path, out: Path, rank: int = 16, seed: int = 0)
     return out
 
 
-async def generation_figures(model: str, dummy: bool, lora: Path, dtype: str) -> dict:
-    """Start the vllm engine on ``model`` and time one greedy generation, 16 concurrent, and one through the LoRA."""
+def visible_gpus() -> int:
+    """CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` applies); 0 without CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def tensor_parallel_size(model_dir: Path, gpus: int) -> int:
+    """The largest tensor-parallel size <= ``gpus`` vLLM can shard ``model_dir`` over: it divides the attention
+    heads, and divides or is a multiple of the key/value heads (vLLM replicates them beyond their count); 1 for
+    ``gpus`` < 2 (CPU, or one GPU).
+
+    Raises:
+        OSError / KeyError: ``config.json`` is missing or lacks ``num_attention_heads``.
+    """
+    c = json.loads((model_dir / "config.json").read_text())
+    heads = c["num_attention_heads"]
+    kv = c.get("num_key_value_heads") or heads
+    for size in range(max(1, gpus), 1, -1):
+        if heads % size == 0 and (kv % size == 0 or size % kv == 0):
+            return size
+    return 1
+
+
+async def generation_figures(model: str, dummy: bool, lora: Path, dtype: str, tp: int = 1) -> dict:
+    """Start the vllm engine on ``model`` sharded over ``tp`` GPUs (tensor parallelism, 1 = one device) and time
+    one greedy generation, 16 concurrent, and one through the LoRA."""
     from mascot.core.engine import GenerationRequest, SamplingParams
     from mascot.core.engine.vllm import VllmEngine
 
     engine = VllmEngine(model, dtype=dtype, max_model_len=4096, max_batch_size=32, max_loras=2, max_lora_rank=16,
-                        load_format="dummy" if dummy else "auto")
+                        load_format="dummy" if dummy else "auto", tensor_parallel_size=tp)
     t0 = time.perf_counter()
     await engine.start()
-    figures = {"engine_start_s": round(time.perf_counter() - t0, 1)}
+    figures = {"engine_start_s": round(time.perf_counter() - t0, 1),
+               "tensor_parallel_size": engine.vllm_args.tensor_parallel_size}
     try:
         await engine.load_adapter("persona--v1", str(lora))
         prompt = engine.render_chat([{"role": "user", "content": "I lost my job today and I feel awful."}])
@@ -103,12 +144,144 @@ async def generation_figures(model: str, dummy: bool, lora: Path, dtype: str) ->
     return figures
 
 
+GRPO_MESSAGES = ["I failed my driving test again and I feel stupid.", "My best friend is moving to another country.",
+                 "I finally finished my thesis!", "I can't stop worrying about my mother's health."]
+
+
+def grpo_vllm_step(phase: str, model_dir: Path, work: Path) -> dict:
+    """Two GRPO optimiser steps (one for ``director``) on ``model_dir`` with ``generation.backend: vllm`` in colocate
+    mode: ``phase`` ``persona`` runs :func:`mascot_training.persona_grpo.train_persona` (format reward, 4 completions
+    of 16 tokens per prompt); ``director`` runs the director stage's trainer on 4 rollouts of one prefix with
+    scripted speakers, its directives sampled by TRL's vLLM engine. Needs CUDA.
+
+    Returns:
+        ``{"steps", "seconds", "use_vllm", "vllm_mode", ...}`` (persona: ``reward_first``, ``reward_last``; director:
+        ``rollouts`` by outcome and ``directive_tokens`` of a direct sample after training).
+
+    Raises:
+        mascot_training.config.ConfigError: no CUDA GPU.
+    """
+    sys.path[:0] = [str(ROOT / "training-jobs"), str(ROOT)]
+    from mascot.core.dialogue import HistoryTurn
+    from mascot.core.personas import PersonaCatalog
+    from mascot_training.config import GrpoConfig, LoraConfig
+
+    cat = PersonaCatalog.load()
+    gen = {"backend": "vllm", "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.2}
+    t0 = time.perf_counter()
+    if phase == "persona":
+        from mascot_training.persona_grpo import make_reward_func, prompt_row, train_persona
+
+        names = {c.id: c.name for c in cat.cards.values()}
+        rows = [prompt_row(cat.get("anchor"), [HistoryTurn("user", m)], [], names, f"g{i}")
+                for i, m in enumerate(GRPO_MESSAGES * 2)]
+        g = GrpoConfig(num_generations=4, batch_size=8, max_completion_length=16, max_steps=2, generation=gen)
+        trainer, m = train_persona(str(model_dir), rows, make_reward_func(None, cat, g), g, LoraConfig(r=4, alpha=8),
+                                   work, max_model_len=1024)
+        out = {"steps": m["steps"], "reward_first": m["reward_first"], "reward_last": m["reward_last"]}
+    else:
+        from transformers import AutoTokenizer
+
+        from mascot_training.collab_config import CollaborativeConfig
+        from mascot_training.director_grpo import LoopThread, RolloutStats, VllmDirector, build_trainer
+        from mascot_training.rollout import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
+        from tests.helpers import ScriptedEngine
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        roster = [cat.get(i) for i in ("anchor", "catalyst", "beacon")]
+        runner = RolloutRunner(ScriptedEngine(lambda p: "unused", lambda p: "Let us look at that together."), tok,
+                               roster, RolloutSettings(suffix_agent_turns=2, user_speak_prob=1.0,
+                                                       max_consecutive_turns=2, speaker_max_tokens=16,
+                                                       max_sequence_tokens=1024))
+        prefix = Prefix("sit-1#0", "sit-1", "I failed my driving test.", "ashamed", 0,
+                        [HistoryTurn("user", "I failed my driving test again.")])
+        cfg = CollaborativeConfig(max_model_len=1024, lora={"r": 4, "alpha": 8},
+                                  phase2={"num_generations": 4, "suffix_agent_turns": 2, "user_speak_prob": 1.0},
+                                  director_grpo={"batch_size": 4, "max_steps": 1, "generation": gen})
+        loop, stats = LoopThread(), RolloutStats()
+        try:
+            trainer = build_trainer(str(model_dir), {prefix.prefix_id: prefix}, runner, loop,
+                                    lambda items: [0.5] * len(items), cfg, work, stats)
+            trainer.train()
+            stops = PolicyDirector(trainer.model, tok, max_tokens=8, temperature=1.0, top_p=1.0).stop_ids
+            sample = VllmDirector(trainer.vllm_generation.llm, stops, max_tokens=8, temperature=1.0,
+                                  top_p=1.0).generate([tok("Agent:", add_special_tokens=False)["input_ids"]], 0)
+        finally:
+            loop.close()
+        out = {"steps": trainer.state.global_step, "rollouts": dict(stats.outcomes),
+               "directive_tokens": len(sample[0])}
+    return {**out, "use_vllm": trainer.use_vllm, "vllm_mode": trainer.vllm_mode,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def grpo_vllm_checks(timeout_s: float = 900) -> dict:
+    """Run :func:`grpo_vllm_step` for both phases, each in a subprocess, on a fresh tiny model; skipped (the reason
+    printed and returned) without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "no CUDA device: TRL's vLLM generation (generation.backend: vllm) runs on CUDA GPUs only"
+        print(f"GRPO with vLLM generation (colocate): skipped, {why}")
+        return {"grpo_vllm_colocate": {"skipped": why}}
+    from mascot.core.engine.tiny import build_tiny_qwen3
+
+    tmp = Path(tempfile.mkdtemp(prefix="mascot-gpu-check-grpo-"))
+    model = build_tiny_qwen3(tmp / "tiny")
+    results = {}
+    for phase in ("persona", "director"):
+        proc = subprocess.run([sys.executable, __file__, "--grpo-step", phase, "--grpo-model", str(model),
+                               "--grpo-work", str(tmp / phase)], capture_output=True, text=True, timeout=timeout_s,
+                              cwd=ROOT)
+        # the figures are the last JSON line (vLLM may log on stdout after it, at exit)
+        last = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith('{"steps"')), "")
+        results[phase] = json.loads(last) if proc.returncode == 0 and last else {
+            "error": f"exit code {proc.returncode}", "stderr": proc.stderr[-2000:]}
+        print(f"GRPO {phase} with vLLM generation (colocate): {json.dumps(results[phase])[:2500]}")
+    return {"grpo_vllm_colocate": results}
+
+
+def shared_engine_check(weights: str, timeout_s: float = 1800) -> dict:
+    """``bench/shared_engine.py`` on the vLLM engine (one shared director+speaker engine against one engine each, the
+    same KV-cache budget in all): the GPU throughput and memory ratios. Skipped (the reason printed and returned)
+    without CUDA, where two vLLM engines on a few cores measure the CPU, not the sharing."""
+    import re
+
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "no CUDA device: the shared-engine throughput ratio is a GPU figure (the CPU one is make bench's)"
+        print(f"shared engine vs one per component (vllm): skipped, {why}")
+        return {"shared_engine": {"skipped": why}}
+    cmd = [sys.executable, str(ROOT / "bench" / "shared_engine.py"), "--size", "full", "--engine", "vllm",
+           "--memory-share", "0.8", *(["--model", weights] if weights else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+    print(proc.stdout[-3000:])
+    mem = re.search(r"memory separate / shared = ([\d.]+)", proc.stdout)
+    thr = re.search(r"throughput shared / separate = ([\d.]+)", proc.stdout)
+    if proc.returncode or not (mem and thr):
+        return {"shared_engine": {"error": f"exit code {proc.returncode}", "stderr": proc.stderr[-2000:]}}
+    return {"shared_engine": {"memory_separate_over_shared": float(mem.group(1)),
+                              "throughput_shared_over_separate": float(thr.group(1))}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights", default="", help="a local Qwen3-8B directory (default: dummy 8B-shape weights)")
     ap.add_argument("--shape", choices=("8b", "tiny"), default="8b", help="architecture when --weights is not given")
     ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m vllm first")
+    ap.add_argument("--skip-grpo", action="store_true", help="do not run the GRPO steps with vLLM generation")
+    ap.add_argument("--skip-shared", action="store_true", help="do not run the shared-engine comparison")
+    ap.add_argument("--grpo-step", choices=("persona", "director"), default="",
+                    help="(internal) run one phase's GRPO step with vLLM generation and print its figures as JSON")
+    ap.add_argument("--grpo-model", default="", help="(internal) the model of --grpo-step")
+    ap.add_argument("--grpo-work", default="", help="(internal) the work directory of --grpo-step")
+    ap.add_argument("--tensor-parallel-size", type=int, default=0,
+                    help="GPUs to shard the model over (default 0: every visible GPU the model's heads allow; "
+                         "1 on CPU)")
     args = ap.parse_args()
+    if args.grpo_step:
+        print(json.dumps(grpo_vllm_step(args.grpo_step, Path(args.grpo_model), Path(args.grpo_work))))
+        return
     if not args.skip_tests:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "vllm", "-q", "-p", "no:cacheprovider"],
                             cwd=ROOT).returncode
@@ -122,7 +295,12 @@ def main() -> None:
         model, dummy = write_shape_model(tmp / "model", args.shape), args.shape == "8b"
     lora = write_random_lora(model, tmp / "lora")
     dtype = "float32" if args.shape == "tiny" and not args.weights else "bfloat16"
-    figures = asyncio.run(generation_figures(str(model), dummy, lora, dtype))
+    tp = args.tensor_parallel_size or tensor_parallel_size(model, visible_gpus())
+    figures = asyncio.run(generation_figures(str(model), dummy, lora, dtype, tp))
+    if not args.skip_grpo:
+        figures.update(grpo_vllm_checks())
+    if not args.skip_shared:
+        figures.update(shared_engine_check(args.weights))
     print(json.dumps({"model": str(args.weights or f"random {args.shape} shape"), **figures}))
 
 

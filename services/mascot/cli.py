@@ -147,7 +147,8 @@ def serve(
 
 @app.command("serve-model")
 def serve_model(
-    component: str = typer.Argument(..., help="Model service to run: director, speaker, judge or reward."),
+    component: str = typer.Argument(..., help="Model service(s) to run: director, speaker, judge or reward, or "
+                                    "several comma-separated (e.g. director,speaker,judge) served on one engine."),
     grpc_port: int = typer.Option(..., "--port", min=0, max=65535,
                                   help="gRPC port: our service + Open Inference Protocol + health (0: a free one)."),
     http_port: int = typer.Option(..., "--rest-port", min=0, max=65535,
@@ -157,13 +158,17 @@ def serve_model(
     host: Optional[str] = typer.Option(None, "--host", help="Bind address of both ports (default server.host, "
                                        "127.0.0.1; 0.0.0.0 in a container)."),
 ) -> None:
-    """Run one model service under the one-port KServe ModelServer (mascot.core.modelserver); prints
-    {"component", "grpc_port", "http_port"} as one JSON line once bound; SIGTERM stops it."""
+    """Run model services under the one-port KServe ModelServer (mascot.core.modelserver): several components
+    given together share one engine; prints {"component", "grpc_port", "http_port"} as one JSON line once bound;
+    SIGTERM stops it."""
     from mascot.stack import MODEL_COMPONENTS
 
-    if component not in MODEL_COMPONENTS:
-        console.print(f"[red]unknown model component {component!r}[/red]; choose from {', '.join(MODEL_COMPONENTS)}")
+    names = [c.strip() for c in component.split(",") if c.strip()]
+    if not names or any(c not in MODEL_COMPONENTS for c in names) or len(set(names)) != len(names):
+        console.print(f"[red]unknown model component(s) {component!r}[/red]; choose one or more of "
+                      f"{', '.join(MODEL_COMPONENTS)}, comma-separated, each once")
         raise typer.Exit(2)
+    component = ",".join(names)
     cfg = _config(config, **{"engine.model": model, "server.host": host})
     _quiet()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

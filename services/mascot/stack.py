@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
-from mascot.core.server import ClientTLS, PortInUse, Server, build_server, channel, port_in_use_message
+from mascot.core.server import (ClientTLS, ConnectionSettings, PortInUse, Server, build_server, channel,
+                                port_in_use_message)
 
 log = logging.getLogger(__name__)
 COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
@@ -90,7 +91,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             ``cfg.engine`` when a model component runs.
         metrics: Metrics to register on; a fresh registry by default.
         serve_metrics: Serve the registry as Prometheus text on ``http://<server.host>:<server.metrics_port>/metrics``
-            (``mascot serve`` does; port 0 picks a free one, see :attr:`Stack.metrics_port`). The model services under
+            (``mascot serve`` does; port 0 picks a free one, see :attr:`Stack.metrics_port`), with the process's own
+            series and, on a vllm engine with ``engine.log_stats``, vLLM's ``vllm:*``. The model services under
             KServe serve theirs on the REST port instead (``mascot serve-model``).
 
     Raises:
@@ -109,6 +111,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
     catalog = PersonaCatalog.load(cfg.personas.extra_files)
     stack = Stack(cfg=cfg, metrics=metrics)
     srv = cfg.server
+    conns = ConnectionSettings.from_config(srv)  # keepalive and max connection age of servers and channels alike
     try:
         if needs_engine(cfg, components):
             if engine is None:
@@ -138,7 +141,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                 stack.servers[name] = await build_server(name, metrics, [service], host=srv.host,
                                                          port=getattr(srv, f"{name}_port"),
                                                          max_message_bytes=srv.max_message_bytes, tls=srv.tls,
-                                                         stream_stall_s=srv.stream_stall_s)
+                                                         stream_stall_s=srv.stream_stall_s, connections=conns)
         if "gateway" in components:
             from mascot.gateway.servicer import ConversationServicer
             from mascot.gateway.store import Store
@@ -149,8 +152,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             if not director_target or not speaker_target:
                 raise ValueError("a gateway alone needs server.director_target and server.speaker_target")
             out_tls = ClientTLS.from_config(srv.tls)  # the gateway's channels follow server.tls, never the env
-            dch = channel(director_target, srv.max_message_bytes, tls=out_tls, token="")
-            sch = channel(speaker_target, srv.max_message_bytes, tls=out_tls, token="")
+            dch = channel(director_target, srv.max_message_bytes, tls=out_tls, token="", connections=conns)
+            sch = channel(speaker_target, srv.max_message_bytes, tls=out_tls, token="", connections=conns)
             stack.channels += [dch, sch]
             stack.store = Store(cfg.store.url)
             loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
@@ -175,7 +178,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes, tls=srv.tls,
-                                                          stream_stall_s=srv.stream_stall_s)
+                                                          stream_stall_s=srv.stream_stall_s, connections=conns)
             from mascot.gateway.store import watch_health
 
             # A store that vanished or stopped answering turns the gateway's health NOT_SERVING (its writes are
@@ -189,6 +192,11 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 with contextlib.suppress(ValueError):  # already registered on this registry
                     metrics.registry.register(collector)
+            # the engine's own series that its library keeps in the default registry (vLLM's vllm:*, with
+            # engine.log_stats), read from there at every scrape
+            prefix = getattr(stack.engine, "prometheus_prefix", None)
+            if prefix:
+                metrics.export_default_series(prefix)
 
             try:
                 stack.metrics_server, _ = start_http_server(srv.metrics_port, addr=srv.host,
@@ -311,7 +319,8 @@ def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -
         raise ValueError(f"adapters.promote_gate.situations: {e}") from None
     if not situations:
         raise ValueError(f"adapters.promote_gate.situations {pg.situations} holds no situations")
-    jch = channel(target, cfg.server.max_message_bytes, tls=ClientTLS.from_config(cfg.server.tls), token="")
+    jch = channel(target, cfg.server.max_message_bytes, tls=ClientTLS.from_config(cfg.server.tls), token="",
+                  connections=ConnectionSettings.from_config(cfg.server))
     stack.channels.append(jch)
     judge = judge_pb2_grpc.JudgeServiceStub(jch)
 

@@ -41,6 +41,57 @@ class Rendered:
         (obj,) = [o for o in self.of_kind(kind) if o["metadata"]["name"].endswith(name_suffix)]
         return obj
 
+    @property
+    def effective(self) -> dict:
+        """The chart's values.yaml with this rendering's values merged over it (as Helm merges them)."""
+        return effective_values(self.values)
+
+    @property
+    def hosted(self) -> list[str]:
+        """The components the generation service hosts here (see :func:`hosted_components`)."""
+        return hosted_components(self.values)
+
+    @property
+    def services(self) -> list[str]:
+        """The model services rendered here (see :func:`model_services`)."""
+        return model_services(self.values)
+
+    def service_of(self, component: str) -> str:
+        """The model service that serves ``component`` here."""
+        return "generation" if component in self.hosted else component
+
+
+MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def effective_values(values: dict) -> dict:
+    """values.yaml with ``values`` merged over it, maps merged key by key and everything else replaced (Helm's
+    coalescing)."""
+    return _merge(yaml.safe_load((CHART / "values.yaml").read_text()), values or {})
+
+
+def hosted_components(values: dict) -> list[str]:
+    """The components the generation service hosts for ``values``: ``generation.components`` whose own section is
+    enabled, in that order; none when ``generation.enabled`` is false (the chart's mascot.generationComponents)."""
+    v = effective_values(values)
+    if not v["generation"]["enabled"]:
+        return []
+    return [c for c in v["generation"]["components"] if v[c]["enabled"]]
+
+
+def model_services(values: dict) -> list[str]:
+    """The enabled model services the chart renders for ``values``, in its order: ``generation`` when it hosts any
+    component, then each enabled component it does not host (the chart's mascot.modelServices)."""
+    v, hosted = effective_values(values), hosted_components(values)
+    return (["generation"] if hosted else []) + [c for c in MODEL_COMPONENTS if c not in hosted and v[c]["enabled"]]
+
 
 def render(values: dict, api_versions: tuple[str, ...] = CLUSTER_APIS) -> Rendered:
     """Render the chart with ``values`` (install; schema enforced by the renderer) for a Kubernetes ``KUBE_VERSION``

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,39 +25,46 @@ import yaml
 
 from tests.conftest import need
 from tests.contract.conftest import (
-    CHART, CI_IDS, CLUSTER_APIS, KUBE_VERSION, NAMESPACE, RELEASE, load_ci, pod_specs, render, shared_path,
-    training_templates,
+    CHART, CI_IDS, CLUSTER_APIS, KUBE_VERSION, MODEL_COMPONENTS, NAMESPACE, RELEASE, load_ci, model_services,
+    pod_specs, render, shared_path, training_templates,
 )
 
 # The objects each ci file renders, hooks and test hooks included (a template change that adds or drops an object
-# must update this table on purpose).
+# must update this table on purpose). full.yaml runs one service per component (generation.enabled false); the others
+# the default generation service (director, speaker and judge on one engine) beside the reward service.
 EXPECTED_KINDS = {
-    "minimal.yaml": {
-        "ConfigMap": 2, "Deployment": 1, "InferenceService": 2, "NetworkPolicy": 3, "PersistentVolumeClaim": 1,
-        "Pod": 1, "PodDisruptionBudget": 1, "Service": 1, "ServiceAccount": 3,
+    "minimal.yaml": {  # the generation service only (director and speaker; no judge, no reward)
+        "ConfigMap": 2, "Deployment": 1, "InferenceService": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1,
+        "Pod": 1, "PodDisruptionBudget": 1, "Service": 2, "ServiceAccount": 3,  # Services: gateway + 1 headless
     },
     "full.yaml": {
         "ConfigMap": 7, "CronJob": 1, "Deployment": 1, "HorizontalPodAutoscaler": 1, "InferenceService": 4,
         "Ingress": 1, "Job": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
         "PodDisruptionBudget": 2,  # the gateway's, and the speaker's (2 to 4 replicas)
-        "PrometheusRule": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "ServiceAccount": 5, "ServiceMonitor": 2,
+        "PrometheusRule": 1, "Role": 1, "RoleBinding": 1, "Service": 5, "ServiceAccount": 5, "ServiceMonitor": 2,
     },
-    "external-postgresql.yaml": {
-        "ConfigMap": 3, "Deployment": 1, "InferenceService": 4, "Job": 1, "NetworkPolicy": 3,
-        "PersistentVolumeClaim": 1, "Pod": 1, "PodDisruptionBudget": 1, "Service": 1, "ServiceAccount": 4,
+    "external-postgresql.yaml": {  # generation and reward
+        "ConfigMap": 3, "Deployment": 1, "InferenceService": 2, "Job": 1, "NetworkPolicy": 3,
+        "PersistentVolumeClaim": 1, "Pod": 1, "PodDisruptionBudget": 1, "Service": 3, "ServiceAccount": 4,
         "ServiceMonitor": 2,
     },
-    "cpu-without-kserve.yaml": {
-        "ConfigMap": 2, "Deployment": 5, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
-        "PodDisruptionBudget": 1, "Service": 5, "ServiceAccount": 3,
+    "cpu-without-kserve.yaml": {  # generation and reward as Deployments
+        "ConfigMap": 2, "Deployment": 3, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
+        "PodDisruptionBudget": 1, "Service": 5, "ServiceAccount": 3,  # Services: gateway, 2 ClusterIP, 2 headless
     },
+}
+#: The model services each ci file renders, in the chart's order.
+EXPECTED_SERVICES = {
+    "minimal.yaml": ["generation"],
+    "full.yaml": ["director", "speaker", "judge", "reward"],
+    "external-postgresql.yaml": ["generation", "reward"],
+    "cpu-without-kserve.yaml": ["generation", "reward"],
 }
 CRD_KINDS = {  # kind -> (CRD file under the shared CRD directory, served version)
     "InferenceService": ("kserve/serving.kserve.io_inferenceservices.yaml", "v1beta1"),
     "ServiceMonitor": ("prometheus-operator/crd-servicemonitors.yaml", "v1"),
     "PrometheusRule": ("prometheus-operator/crd-prometheusrules.yaml", "v1"),
 }
-MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
 LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
           "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "helm.sh/chart")
 
@@ -124,6 +132,12 @@ def test_kinds_rendered_per_ci_file(rendered, ci):
     for _, obj in rendered[ci].objects:
         counts[obj["kind"]] = counts.get(obj["kind"], 0) + 1
     assert counts == EXPECTED_KINDS[ci]
+    # one workload per model service, named after it
+    r = rendered[ci]
+    assert r.services == EXPECTED_SERVICES[ci]
+    workloads = r.of_kind("InferenceService") or [d for d in r.of_kind("Deployment")
+                                                  if not d["metadata"]["name"].endswith("-gateway")]
+    assert sorted(o["metadata"]["name"] for o in workloads) == sorted(f"{RELEASE}-mascot-{s}" for s in r.services)
 
 
 def test_every_ci_file_is_covered():
@@ -231,7 +245,7 @@ def test_schema_accepts_what_postgresql_allows():
 @pytest.mark.parametrize("ci", CI_IDS)
 def test_every_pod_runs_non_root_read_only_without_privileges(rendered, ci):
     specs = [s for _, obj in rendered[ci].objects for s in pod_specs(obj)]
-    assert len(specs) >= 4
+    assert len(specs) >= 2 + len(rendered[ci].services)  # the gateway, the test Pod, each model service
     for where, spec in specs:
         psc = spec["securityContext"]
         assert psc["runAsNonRoot"] is True and psc["seccompProfile"]["type"] == "RuntimeDefault", where
@@ -376,7 +390,8 @@ def test_model_services_are_raw_kserve_inference_services_on_a100s(rendered):
         if comp == "reward":
             assert cfg["reward"]["model"] == "/mnt/models"
         else:
-            assert cfg["engine"] == {"kind": "vllm", "dtype": "bfloat16", "model": "/mnt/models"}
+            assert cfg["engine"] == {"kind": "vllm", "dtype": "bfloat16", "model": "/mnt/models",
+                                     "tensor_parallel_size": 1}  # gpu.count 1
     speaker = isvcs["speaker"]
     assert speaker["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "hpa"
     assert (speaker["spec"]["predictor"]["minReplicas"], speaker["spec"]["predictor"]["maxReplicas"]) == (2, 4)
@@ -388,7 +403,8 @@ def test_model_services_are_raw_kserve_inference_services_on_a100s(rendered):
 def test_without_kserve_model_services_are_deployments_with_services_on_cpu(rendered):
     r = rendered["cpu-without-kserve.yaml"]
     assert not r.of_kind("InferenceService")
-    for comp in MODEL_COMPONENTS:
+    assert r.services == ["generation", "reward"]
+    for comp in r.services:
         dep, svc = r.one("Deployment", f"-{comp}"), r.one("Service", f"-{comp}")
         assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
         (c,) = dep["spec"]["template"]["spec"]["containers"]
@@ -397,14 +413,23 @@ def test_without_kserve_model_services_are_deployments_with_services_on_cpu(rend
         assert "STORAGE_URI" not in {e["name"] for e in c["env"]}
         assert "engine" not in _config(r, comp) or "model" not in _config(r, comp)["engine"]  # the tiny model
     gw = _config(r, "gateway")["server"]
-    assert gw["director_target"] == f"{RELEASE}-mascot-director:50061"
-    r2 = render({"kserve": {"enabled": False}, "model": {"storageUri": "pvc://models/qwen3-8b"},
-                 "reward": {"storageUri": "pvc://models/reward"}})
-    spec = r2.one("Deployment", "-speaker")["spec"]["template"]["spec"]
-    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "model"]
-    (vol,) = [v for v in spec["volumes"] if v["name"] == "model"]
-    assert (mount["mountPath"], mount["subPath"], vol["persistentVolumeClaim"]["claimName"]) == (
-        "/mnt/models", "qwen3-8b", "models")
+    generation = f"dns:///{RELEASE}-mascot-generation-headless.{NAMESPACE}.svc.cluster.local:50060"
+    assert gw["director_target"] == gw["speaker_target"] == generation
+    per_component = render({**load_ci("cpu-without-kserve.yaml"), "generation": {"enabled": False}})
+    assert not per_component.of_kind("InferenceService")
+    gw = _config(per_component, "gateway")["server"]
+    assert gw["director_target"] == f"dns:///{RELEASE}-mascot-director-headless.{NAMESPACE}.svc.cluster.local:50061"
+    assert gw["speaker_target"] == f"dns:///{RELEASE}-mascot-speaker-headless.{NAMESPACE}.svc.cluster.local:50062"
+    # the model storage of the service that serves the speaker, mounted from its PVC
+    for generation_on, serving in ((True, "generation"), (False, "speaker")):
+        r2 = render({"kserve": {"enabled": False}, "model": {"storageUri": "pvc://models/qwen3-8b"},
+                     "reward": {"storageUri": "pvc://models/reward"}, "generation": {"enabled": generation_on}})
+        assert r2.service_of("speaker") == serving
+        spec = r2.one("Deployment", f"-{serving}")["spec"]["template"]["spec"]
+        (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "model"]
+        (vol,) = [v for v in spec["volumes"] if v["name"] == "model"]
+        assert (mount["mountPath"], mount["subPath"], vol["persistentVolumeClaim"]["claimName"]) == (
+            "/mnt/models", "qwen3-8b", "models")
 
 
 @pytest.mark.parametrize("ci", CI_IDS)
@@ -412,15 +437,22 @@ def test_gateway_targets_the_model_services_the_chart_renders(rendered, ci):
     r = rendered[ci]
     server = _config(r, "gateway")["server"]
     for comp in ("director", "speaker"):
-        host, port = server[f"{comp}_target"].rsplit(":", 1)
+        # the headless Service of the model service that serves the component (the generation service when it hosts
+        # it; tests/contract/test_helm_balancing.py: its selector and port)
+        svc = r.service_of(comp)
+        assert svc == ("director" if ci == "full.yaml" and comp == "director" else
+                       "speaker" if ci == "full.yaml" else "generation")
+        host, port = server[f"{comp}_target"].removeprefix("dns:///").rsplit(":", 1)
+        headless = r.one("Service", f"-{svc}-headless")
+        assert headless["spec"]["clusterIP"] == "None"
+        assert host == f"{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
         if r.of_kind("InferenceService"):
-            isvc = r.one("InferenceService", f"-{comp}")
-            assert host == isvc["metadata"]["name"] + "-predictor"  # the Service KServe creates (RawDeployment)
-            ports = isvc["spec"]["predictor"]["containers"][0]["ports"]
+            (c,) = r.one("InferenceService", f"-{svc}")["spec"]["predictor"]["containers"]
         else:
-            assert host == r.one("Service", f"-{comp}")["metadata"]["name"]
-            ports = r.one("Deployment", f"-{comp}")["spec"]["template"]["spec"]["containers"][0]["ports"]
-        assert ("grpc", int(port)) in [(p["name"], p["containerPort"]) for p in ports]
+            (c,) = r.one("Deployment", f"-{svc}")["spec"]["template"]["spec"]["containers"]
+        assert ("grpc", int(port)) in [(p["name"], p["containerPort"]) for p in c["ports"]]
+        assert int(port) == r.effective[svc]["grpcPort"]
+        assert comp in c["args"][0].split(","), "the service the target names serves the component"
 
 
 # ---------------------------------------------------------------------------------------------- contracts with the code
@@ -433,6 +465,9 @@ def test_every_component_config_is_a_valid_mascot_config(rendered, ci):
     from mascot.core.config import MascotConfig
 
     cm = rendered[ci].one("ConfigMap", "-config")
+    # one file per workload: the gateway's and each model service's (none for a component the generation service
+    # hosts: its config is merged into generation.yaml)
+    assert sorted(cm["data"]) == sorted(f"{s}.yaml" for s in ("gateway", *rendered[ci].services))
     for key, text in cm["data"].items():
         cfg = MascotConfig.model_validate(yaml.safe_load(text) or {})
         assert cfg.server.host == "0.0.0.0", key
@@ -558,15 +593,17 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     assert c["args"][:2] == ["--timeout", str(r.values.get("tests", {}).get("timeoutSeconds", 10))]
     flags, targets = c["args"][2::2], c["args"][3::2]
     assert set(flags) == {"--target"}
-    expected = [f"{RELEASE}-mascot-gateway:50051"] + [
-        t for t in (_config(r, "gateway")["server"]["director_target"],
-                    _config(r, "gateway")["server"]["speaker_target"])]
-    for comp in ("judge", "reward"):
-        if (r.values.get(comp) or {}).get("enabled", True):
-            host = r.one("InferenceService", f"-{comp}")["metadata"]["name"] + "-predictor" \
-                if r.of_kind("InferenceService") else r.one("Service", f"-{comp}")["metadata"]["name"]
-            expected.append(f"{host}:{ {'judge': 50063, 'reward': 50064}[comp]}")
+    # the gateway, then each model service once, through its headless Service
+    expected = [f"{RELEASE}-mascot-gateway:50051"]
+    for svc in r.services:
+        host = r.one("Service", f"-{svc}-headless")["metadata"]["name"]
+        port = {"generation": 50060, "director": 50061, "speaker": 50062, "judge": 50063, "reward": 50064}[svc]
+        expected.append(f"dns:///{host}.{NAMESPACE}.svc.cluster.local:{port}")
     assert targets == expected
+    assert len(targets) == len(set(targets))
+    server = _config(r, "gateway")["server"]
+    for comp in ("director", "speaker"):  # the gateway's clients are among the checked targets
+        assert server[f"{comp}_target"] == expected[1 + r.services.index(r.service_of(comp))]
 
 
 def test_helm_test_command_passes_only_when_every_target_is_serving(rendered, tmp_path):
@@ -679,20 +716,28 @@ def _pod_templates(r) -> dict[str, dict]:
     return out
 
 
-@pytest.mark.parametrize("ci", ["full.yaml", "cpu-without-kserve.yaml"])
+@pytest.mark.parametrize("ci", ["full.yaml", "cpu-without-kserve.yaml", "minimal.yaml"])
 @pytest.mark.parametrize("changed", ["gateway", "director"])
 def test_a_components_config_change_restarts_only_that_component(rendered, ci, changed):
-    """checksum/config covers only the component's own file: a gateway-only change leaves the GPU services' pods as
-    they were, a director-only change restarts the director alone."""
+    """checksum/config covers only the file of the workload that reads it: a gateway-only change leaves the GPU
+    services' pods as they were; a director-only change restarts the director alone (full.yaml: one service per
+    component), or, where the generation service hosts the director, the generation service alone (its
+    generation.yaml merges director.config)."""
     before_r = rendered[ci]
+    restarted = "gateway" if changed == "gateway" else before_r.service_of(changed)
+    if changed == "director":
+        assert restarted == ("director" if ci == "full.yaml" else "generation")
     after_r = render(_merged(load_ci(ci), {changed: {"config": {"server": {"call_timeout_s": 42}}}}))
-    assert _config(after_r, changed)["server"]["call_timeout_s"] == 42
+    assert _config(after_r, restarted)["server"]["call_timeout_s"] == 42
+    others = [f for f in after_r.one("ConfigMap", "-config")["data"] if f != f"{restarted}.yaml"]
+    assert others and all(_config(after_r, f.removesuffix(".yaml")) == _config(before_r, f.removesuffix(".yaml"))
+                          for f in others), "only the file of the restarted workload changes"
     before, after = _pod_templates(before_r), _pod_templates(after_r)
-    assert set(before) == set(after) == {"gateway", *MODEL_COMPONENTS}
+    assert set(before) == set(after) == {"gateway", *before_r.services}
     for comp, template in before.items():
         annotations = template["metadata"]["annotations"]
         assert {"checksum/config", "checksum/personas"} <= set(annotations), comp
-        if comp == changed:
+        if comp == restarted:
             new = after[comp]["metadata"]["annotations"]
             assert new["checksum/config"] != annotations["checksum/config"]
             assert new["checksum/personas"] == annotations["checksum/personas"]
@@ -710,8 +755,8 @@ def test_a_persona_change_restarts_every_component_that_reads_personas(rendered)
     before_r, after_r = rendered["full.yaml"], render(values)
     assert before_r.one("ConfigMap", "-personas")["data"] != after_r.one("ConfigMap", "-personas")["data"]
     before, after = _pod_templates(before_r), _pod_templates(after_r)
-    reads_personas = {"gateway", *MODEL_COMPONENTS}
-    assert set(before) == reads_personas
+    reads_personas = {"gateway", *before_r.services}
+    assert set(before) == reads_personas == {"gateway", *MODEL_COMPONENTS}  # full.yaml: one service per component
     for comp, template in before.items():
         old, new = template["metadata"]["annotations"], after[comp]["metadata"]["annotations"]
         assert new["checksum/personas"] != old["checksum/personas"], comp
@@ -738,7 +783,8 @@ def test_job_template_changes_restart_the_gateway_and_phase_config_changes_resta
     assert new["checksum/training-templates"] != old["checksum/training-templates"]
     assert {k: v for k, v in new.items() if k != "checksum/training-templates"} == {
         k: v for k, v in old.items() if k != "checksum/training-templates"}
-    assert all(after[comp] == before[comp] for comp in MODEL_COMPONENTS)
+    assert set(after) == set(before) == {"gateway", *before_r.services}
+    assert all(after[comp] == before[comp] for comp in before_r.services)
     phase = render(_merged(values, {"training": {"phases": {"collaborative": {"config": {"max_model_len": 2048}}}}}))
     assert _pod_templates(phase) == before
     jobs, old_jobs = training_templates(phase), training_templates(before_r)
@@ -763,8 +809,9 @@ EXTENSIONS = {
     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                                    "whenUnsatisfiable": "ScheduleAnyway"}],
 }
-#: Workloads with the extension points (training: its Job templates and CronJob; one pod per Job, so no spread).
-EXTENDED = {field: ("gateway", *MODEL_COMPONENTS) + (() if field == "topologySpreadConstraints" else ("training",))
+#: Workloads with the extension points ("models": every model service rendered, the generation service or each
+#: component's; training: its Job templates and CronJob, one pod per Job, so no spread).
+EXTENDED = {field: ("gateway", "models") + (() if field == "topologySpreadConstraints" else ("training",))
             for field in EXTENSIONS}
 
 
@@ -780,20 +827,25 @@ def _extended_pods(r) -> list[tuple[str, str, dict, dict]]:
     return pods
 
 
+@pytest.mark.parametrize("generation", [True, False], ids=["generation", "per-component"])
 @pytest.mark.parametrize("kserve", [True, False], ids=["kserve", "without-kserve"])
 @pytest.mark.parametrize("field", sorted(EXTENSIONS))
-def test_extension_points_render_in_every_pod_they_are_set_for(crd_validators, field, kserve):
+def test_extension_points_render_in_every_pod_they_are_set_for(crd_validators, field, kserve, generation):
     import kubernetes_validate
 
     value = EXTENSIONS[field]
-    values = {comp: {field: value} for comp in EXTENDED[field]}
+    services = model_services({"generation": {"enabled": generation}})
+    assert services == (["generation", "reward"] if generation else list(MODEL_COMPONENTS))
+    owners = [w for o in EXTENDED[field] for w in (services if o == "models" else [o])]
+    values = {comp: {field: value} for comp in owners}
     values["training"] = {**values.get("training", {}), "enabled": True, "cronJob": {"enabled": True}}
     values["kserve"] = {"enabled": kserve}
+    values["generation"] = {**values.get("generation", {}), "enabled": generation}
     r = render(values)
     pods = _extended_pods(r)
-    assert {comp for comp, *_ in pods} == {"gateway", *MODEL_COMPONENTS, "training"}
+    assert {comp for comp, *_ in pods} == {"gateway", *services, "training"}
     for comp, where, meta, spec in pods:
-        if comp not in EXTENDED[field]:
+        if comp not in owners:
             assert field not in spec, where
             continue
         (c,) = spec["containers"]
@@ -865,12 +917,20 @@ def test_model_services_get_a_disruption_budget_only_when_they_can_run_more_than
     for comp, template in _pod_templates(full).items():
         selected = selector.items() <= template["metadata"]["labels"].items()
         assert selected == (comp == "speaker"), comp
-    # a single replica that may scale out under KServe's HPA (maxReplicas > 1) gets one too
-    assert set(_budgets(render({"judge": {"maxReplicas": 3}}))) == {"gateway", "judge"}
+    # a single replica that may scale out under KServe's HPA (maxReplicas > 1) gets one too: the judge's own service,
+    # or the generation service that hosts it (whose replica range applies; the judge's is then unused)
+    per_component = render({"generation": {"enabled": False}, "judge": {"maxReplicas": 3}})
+    assert set(_budgets(per_component)) == {"gateway", "judge"}
+    generation = render({"generation": {"maxReplicas": 3}})
+    budgets = _budgets(generation)
+    assert set(budgets) == {"gateway", "generation"}
+    assert budgets["generation"]["selector"]["matchLabels"].items() <= \
+        _pod_templates(generation)["generation"]["metadata"]["labels"].items()
+    assert set(_budgets(render({"judge": {"maxReplicas": 3}}))) == {"gateway"}
 
 
 def test_disruption_budgets_without_kserve_select_the_deployments_pods():
-    r = render({"kserve": {"enabled": False},
+    r = render({"kserve": {"enabled": False}, "generation": {"enabled": False},  # one service per component
                 "judge": {"minReplicas": 2, "maxReplicas": 2},  # two pods: auto
                 "director": {"pdb": {"enabled": True}},  # one pod, asked for: maxUnavailable 1 cannot block a drain
                 "speaker": {"minReplicas": 1, "maxReplicas": 3},  # a Deployment runs minReplicas: one pod, none
@@ -881,34 +941,115 @@ def test_disruption_budgets_without_kserve_select_the_deployments_pods():
         dep = r.one("Deployment", f"-{comp}")
         assert budgets[comp] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
         assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    # the generation service: two pods of its Deployment, auto; the reward's one pod, none
+    r = render({"kserve": {"enabled": False}, "generation": {"minReplicas": 2, "maxReplicas": 2},
+                "judge": {"minReplicas": 2, "maxReplicas": 2, "pdb": {"enabled": True}}})  # hosted: unused
+    budgets = _budgets(r)
+    assert set(budgets) == {"gateway", "generation"}
+    dep = r.one("Deployment", "-generation")
+    assert budgets["generation"] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
+    assert dep["spec"]["replicas"] == 2
 
 
 def test_min_available_replaces_max_unavailable_and_may_not_block_drains():
     import helm_python as helm
 
-    r = render({"speaker": {"minReplicas": 2, "maxReplicas": 4, "pdb": {"minAvailable": "50%"}},
-                "reward": {"minReplicas": 3, "maxReplicas": 3, "pdb": {"minAvailable": 2}}})
-    budgets = _budgets(r)
-    assert budgets["speaker"]["minAvailable"] == "50%" and "maxUnavailable" not in budgets["speaker"]
-    assert budgets["reward"]["minAvailable"] == 2
+    for serving in ("speaker", "generation"):  # the speaker's own service, or the generation service hosting it
+        r = render({"generation": {"enabled": serving == "generation"},
+                    serving: {"minReplicas": 2, "maxReplicas": 4, "pdb": {"minAvailable": "50%"}},
+                    "reward": {"minReplicas": 3, "maxReplicas": 3, "pdb": {"minAvailable": 2}}})
+        budgets = _budgets(r)
+        assert set(budgets) == {"gateway", serving, "reward"}
+        assert budgets[serving]["minAvailable"] == "50%" and "maxUnavailable" not in budgets[serving]
+        assert budgets["reward"]["minAvailable"] == 2
     for values, message in [
-        ({"director": {"pdb": {"enabled": True, "minAvailable": 1}}},
-         "director.pdb.minAvailable (1) leaves no pod evictable (at most 1 run): node drains would block"),
-        ({"gateway": {"pdb": {"minAvailable": 1}}}, "gateway.pdb.minAvailable (1) leaves no pod evictable (at most 1"),
+        ({"generation": {"enabled": False}, "director": {"pdb": {"enabled": True, "minAvailable": 1}}},
+         "director.pdb.minAvailable (1) leaves no pod evictable when director.minReplicas (1) pods run: node drains "
+         "would block; lower it, or clear it to use director.pdb.maxUnavailable"),
+        ({"generation": {"pdb": {"enabled": True, "minAvailable": 1}}},
+         "generation.pdb.minAvailable (1) leaves no pod evictable when generation.minReplicas (1) pods run: node "
+         "drains would block; lower it, or clear it to use generation.pdb.maxUnavailable"),
+        ({"gateway": {"pdb": {"minAvailable": 1}}},
+         "gateway.pdb.minAvailable (1) leaves no pod evictable when gateway.replicaCount (1) pods run"),
     ]:
         with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
             render(values)
     _rejected({"speaker": {"pdb": {"enabled": "yes"}}}, "/speaker/pdb/enabled", "")
 
 
+def test_min_available_is_checked_against_the_fewest_pods_a_service_runs():
+    import helm_python as helm
+
+    postgres = {"store": {"type": "postgresql", "postgresql": {"existingSecret": "pg"}}}
+    per_component = {"generation": {"enabled": False}}
+    for values, message in [
+        # KServe's HPA scales the judge down to one pod, which a budget keeping one would never let go
+        ({**per_component, "judge": {"minReplicas": 1, "maxReplicas": 3, "pdb": {"minAvailable": 1}}},
+         "judge.pdb.minAvailable (1) leaves no pod evictable when judge.minReplicas (1) pods run"),
+        ({"generation": {"minReplicas": 1, "maxReplicas": 3, "pdb": {"minAvailable": 1}}},
+         "generation.pdb.minAvailable (1) leaves no pod evictable when generation.minReplicas (1) pods run"),
+        # as a Deployment, minReplicas is the fixed count
+        ({**per_component, "kserve": {"enabled": False},
+          "judge": {"minReplicas": 2, "maxReplicas": 2, "pdb": {"minAvailable": 2}}},
+         "judge.pdb.minAvailable (2) leaves no pod evictable when judge.minReplicas (2) pods run"),
+        ({"kserve": {"enabled": False}, "generation": {"minReplicas": 2, "maxReplicas": 2, "pdb": {"minAvailable": 2}}},
+         "generation.pdb.minAvailable (2) leaves no pod evictable when generation.minReplicas (2) pods run"),
+        # the gateway's HPA scales down to autoscaling.minReplicas
+        ({**postgres, "gateway": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+                                  "pdb": {"minAvailable": 2}}},
+         "gateway.pdb.minAvailable (2) leaves no pod evictable when gateway.autoscaling.minReplicas (2) pods run"),
+    ]:
+        with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+            render(values)
+    # below the fewest pods, a budget keeps some and lets the rest go
+    r = render({**postgres, **per_component, "judge": {"minReplicas": 2, "maxReplicas": 4, "pdb": {"minAvailable": 1}},
+                "gateway": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+                            "pdb": {"minAvailable": 1}}})
+    budgets = _budgets(r)
+    assert budgets["judge"]["minAvailable"] == budgets["gateway"]["minAvailable"] == 1
+    r = render({"generation": {"minReplicas": 2, "maxReplicas": 4, "pdb": {"minAvailable": 1}}})
+    assert _budgets(r)["generation"]["minAvailable"] == 1
+    # a hosted component's budget keys are unused: its range and budget are the generation service's
+    render({"judge": {"minReplicas": 1, "maxReplicas": 3, "pdb": {"minAvailable": 1}}})
+
+
+def test_an_explicit_zero_min_available_is_kept_not_taken_for_unset(tmp_path, monkeypatch):
+    from tests.contract import conftest
+
+    # the schema refuses an integer 0 (pdb.enabled false is the way to have no budget); "0%" is a percentage it takes
+    _rejected({"speaker": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/speaker/pdb/minAvailable", "minimum")
+    _rejected({"generation": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/generation/pdb/minAvailable",
+              "minimum")
+    budget = _budgets(render({"generation": {"enabled": False},
+                              "speaker": {"maxReplicas": 3, "pdb": {"minAvailable": "0%"}}}))["speaker"]
+    assert budget["minAvailable"] == "0%" and "maxUnavailable" not in budget
+    budget = _budgets(render({"generation": {"maxReplicas": 3, "pdb": {"minAvailable": "0%"}}}))["generation"]
+    assert budget["minAvailable"] == "0%" and "maxUnavailable" not in budget
+    # past the schema (`helm install --skip-schema-validation`: here a copy of the chart without it), the templates
+    # keep the 0 rather than reading it as unset and falling back to maxUnavailable
+    chart = tmp_path / "mascot"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    monkeypatch.setattr(conftest, "CHART", chart)
+    budgets = _budgets(render({"generation": {"enabled": False},
+                               "speaker": {"maxReplicas": 3, "pdb": {"minAvailable": 0}},
+                               "gateway": {"pdb": {"minAvailable": 0}}}))
+    for comp in ("speaker", "gateway"):
+        assert budgets[comp]["minAvailable"] == 0 and "maxUnavailable" not in budgets[comp], comp
+    budgets = _budgets(render({"generation": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}))
+    assert budgets["generation"]["minAvailable"] == 0 and "maxUnavailable" not in budgets["generation"]
+
+
 # ----------------------------------------------------------------------------------------------- cross-field checks
 @pytest.mark.parametrize("values,message", [
-    ({"director": {"minReplicas": 3, "maxReplicas": 2}},
+    ({"generation": {"enabled": False}, "director": {"minReplicas": 3, "maxReplicas": 2}},
      "director.minReplicas (3) is greater than director.maxReplicas (2)"),
+    ({"generation": {"minReplicas": 3, "maxReplicas": 2}},
+     "generation.minReplicas (3) is greater than generation.maxReplicas (2)"),
     ({"store": {"type": "postgresql", "postgresql": {"existingSecret": "pg"}},
       "gateway": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}}},
      "gateway.autoscaling.minReplicas (5) is greater than gateway.autoscaling.maxReplicas (3)"),
-], ids=["model-service", "gateway-autoscaling"])
+], ids=["model-service", "generation-service", "gateway-autoscaling"])
 def test_min_replicas_above_max_replicas_is_refused_at_install(values, message):
     """values.schema.json cannot compare two fields: the templates `fail` the install, upgrade and `helm template`,
     naming the values. (`helm lint` renders in lint mode, where Helm only logs a `fail`.)"""
@@ -924,10 +1065,16 @@ def test_cross_field_checks_report_every_broken_rule_and_skip_disabled_services(
     import helm_python as helm
 
     with pytest.raises(helm.HelmRenderError) as e:
-        render({"speaker": {"minReplicas": 4, "maxReplicas": 1}, "reward": {"minReplicas": 2, "maxReplicas": 1}})
+        render({"generation": {"enabled": False}, "speaker": {"minReplicas": 4, "maxReplicas": 1},
+                "reward": {"minReplicas": 2, "maxReplicas": 1}})
     assert "speaker.minReplicas (4)" in str(e.value) and "reward.minReplicas (2)" in str(e.value)
-    render({"judge": {"enabled": False, "minReplicas": 3, "maxReplicas": 1},
+    with pytest.raises(helm.HelmRenderError) as e:
+        render({"generation": {"minReplicas": 4, "maxReplicas": 1}, "reward": {"minReplicas": 2, "maxReplicas": 1}})
+    assert "generation.minReplicas (4)" in str(e.value) and "reward.minReplicas (2)" in str(e.value)
+    render({"generation": {"enabled": False}, "judge": {"enabled": False, "minReplicas": 3, "maxReplicas": 1},
             "director": {"minReplicas": 2, "maxReplicas": 2}})
+    # a component the generation service hosts runs no service of its own: its replica range is unused
+    render({"judge": {"minReplicas": 3, "maxReplicas": 1}, "director": {"minReplicas": 5, "maxReplicas": 2}})
 
 
 # ----------------------------------------------------------------------------------------------- config schema
@@ -941,7 +1088,7 @@ def test_the_config_schema_is_generated_from_mascot_config():
         pytest.fail(f"helm/mascot/values.schema.json does not match MascotConfig: run `{COMMAND}`")
     generated = schema["definitions"][DEFINITION]
     assert set(generated["properties"]) == set(MascotConfig.model_fields)
-    for path in (("config",), *((comp, "config") for comp in ("gateway", *MODEL_COMPONENTS))):
+    for path in (("config",), *((comp, "config") for comp in ("gateway", "generation", *MODEL_COMPONENTS))):
         node = schema
         for key in path:
             node = node["properties"][key]
@@ -992,15 +1139,22 @@ def test_config_overrides_with_a_typo_or_out_of_range_are_refused_at_install():
 def test_valid_config_overrides_render_into_each_components_file():
     from mascot.core.config import MascotConfig
 
-    r = render({"config": {"engine": {"max_model_len": 4096, "adapters": {"night_owl": "/mnt/adapters/night-owl"}},
-                           "judge": {"judges": [{"name": "gpt", "kind": "openai", "model": "gpt-4o-mini",
-                                                 "endpoint": "https://api.openai.com/v1"}]}},
-                "director": {"config": {"director": {"max_retries": 2}}}})
-    for comp in ("gateway", *MODEL_COMPONENTS):
-        cfg = _config(r, comp)
-        assert cfg["engine"]["max_model_len"] == 4096, comp
-        MascotConfig.model_validate(cfg)
-    assert _config(r, "director")["director"] == {"max_retries": 2} and "director" not in _config(r, "speaker")
+    for generation in (False, True):
+        r = render({"config": {"engine": {"max_model_len": 4096,
+                                          "adapters": {"night_owl": "/mnt/adapters/night-owl"}},
+                               "judge": {"judges": [{"name": "gpt", "kind": "openai", "model": "gpt-4o-mini",
+                                                     "endpoint": "https://api.openai.com/v1"}]}},
+                    "director": {"config": {"director": {"max_retries": 2}}}, "generation": {"enabled": generation}})
+        assert sorted(r.one("ConfigMap", "-config")["data"]) == sorted(f"{c}.yaml" for c in ("gateway", *r.services))
+        for comp in ("gateway", *r.services):
+            cfg = _config(r, comp)
+            assert cfg["engine"]["max_model_len"] == 4096, comp
+            MascotConfig.model_validate(cfg)
+        # the director's own config reaches the file of the service that serves it, and no other
+        director = r.service_of("director")
+        assert director == ("generation" if generation else "director")
+        assert _config(r, director)["director"] == {"max_retries": 2}
+        assert all("director" not in _config(r, c) for c in ("gateway", *r.services) if c != director)
 
 
 # ----------------------------------------------------------------------------------------------- monitoring APIs

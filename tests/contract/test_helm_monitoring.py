@@ -167,13 +167,18 @@ def test_service_monitors_scrape_the_ports_that_serve_metrics(full):
         (c,) = isvc["spec"]["predictor"]["containers"]
         assert c["ports"][0]["name"] == "http" and c["args"][c["args"].index("--rest-port") + 1] == str(
             c["ports"][0]["containerPort"])
-    # without KServe: our own Services, same port name
-    cpu = render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""}})
-    sm = cpu.one("ServiceMonitor", "-models")
-    svc = cpu.one("Service", "-speaker")
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert "speaker" in sm["spec"]["selector"]["matchExpressions"][0]["values"]
-    assert "http" in {p["name"] for p in svc["spec"]["ports"]}
+    # without KServe: our own Services, same port name; one per model service (the generation service serves the
+    # speaker unless generation.enabled is false)
+    for generation in (True, False):
+        cpu = render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""},
+                     "generation": {"enabled": generation}})
+        sm = cpu.one("ServiceMonitor", "-models")
+        serving = cpu.service_of("speaker")
+        assert serving == ("generation" if generation else "speaker")
+        svc = cpu.one("Service", f"-{serving}")
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        assert sorted(sm["spec"]["selector"]["matchExpressions"][0]["values"]) == sorted(cpu.services)
+        assert "http" in {p["name"] for p in svc["spec"]["ports"]}
     assert gw_sm["metadata"]["namespace"] == NAMESPACE and RELEASE in gw_sm["metadata"]["name"]
 
 

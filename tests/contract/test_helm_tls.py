@@ -32,14 +32,14 @@ def tls_values(r) -> dict:
 
 
 def workloads(r) -> dict[str, tuple[dict, dict]]:
-    """component -> (pod spec, its container) of the gateway and of every enabled model service (InferenceService
-    predictor or Deployment), plus "test" for the `helm test` Pod."""
+    """component -> (pod spec, its container) of the gateway and of every enabled model service (the generation
+    service or a component's own; InferenceService predictor or Deployment), plus "test" for the `helm test` Pod."""
     out = {}
     for _, obj in r.objects:
         if obj["kind"] not in ("Deployment", "InferenceService", "Pod"):
             continue
         comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-        if comp in ("gateway", "test", *MODEL_COMPONENTS):
+        if comp in ("gateway", "test", "generation", *MODEL_COMPONENTS):
             ((_, spec),) = pod_specs(obj)
             out[comp] = (spec, spec["containers"][0])
     return out
@@ -65,7 +65,7 @@ def test_every_component_config_names_the_files_of_the_mounted_tls_secret(render
 
     r, t = rendered[ci], tls_values(rendered[ci])
     pods = workloads(r)
-    assert {"gateway", "test"} <= set(pods) and len(pods) >= 4
+    assert set(pods) == {"gateway", "test", *r.services} and len(pods) == 2 + len(r.services)
     for comp, (spec, c) in pods.items():
         key, raw = config_of(r, c)
         assert key == ("gateway.yaml" if comp == "test" else f"{comp}.yaml")
@@ -108,28 +108,33 @@ def test_full_ci_file_renders_mutual_tls_and_caller_auth():
 def test_user_config_keys_still_win_over_the_chart_tls_settings():
     from mascot.core.config import MascotConfig
 
-    r = render({"tls": {"existingSecret": "s", "mountPath": "/tls/"},
-                "config": {"server": {"tls": {"server_name": "shared.internal"}}},
-                "gateway": {"config": {"server": {"tls": {"client_cert_file": "/etc/client/tls.crt",
-                                                          "client_key_file": "/etc/client/tls.key"}}}}})
-    gw = MascotConfig.model_validate(_config(r, "gateway")).server.tls
-    assert (gw.cert_file, gw.key_file, gw.ca_file) == ("/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt")
-    assert gw.server_name == "shared.internal" and gw.client_cert_file == "/etc/client/tls.crt"
-    speaker = MascotConfig.model_validate(_config(r, "speaker")).server.tls
-    assert speaker.server_name == "shared.internal" and speaker.client_cert_file == ""
-    # false and "" win too
-    r = render({"tls": {"existingSecret": "s", "mutual": True},
-                "director": {"config": {"server": {"tls": {"client_auth": False, "ca_file": ""}}}}})
-    director = MascotConfig.model_validate(_config(r, "director")).server.tls
-    assert director.enabled and director.client_auth is False and director.ca_file == ""
-    assert MascotConfig.model_validate(_config(r, "speaker")).server.tls.client_auth is True
+    for generation in (True, False):  # the generation service's file merges the director's config; or its own file
+        form = {"generation": {"enabled": generation}}
+        r = render({**form, "tls": {"existingSecret": "s", "mountPath": "/tls/"},
+                    "config": {"server": {"tls": {"server_name": "shared.internal"}}},
+                    "gateway": {"config": {"server": {"tls": {"client_cert_file": "/etc/client/tls.crt",
+                                                              "client_key_file": "/etc/client/tls.key"}}}}})
+        gw = MascotConfig.model_validate(_config(r, "gateway")).server.tls
+        assert (gw.cert_file, gw.key_file, gw.ca_file) == ("/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt")
+        assert gw.server_name == "shared.internal" and gw.client_cert_file == "/etc/client/tls.crt"
+        speaker = MascotConfig.model_validate(_config(r, r.service_of("speaker"))).server.tls
+        assert speaker.server_name == "shared.internal" and speaker.client_cert_file == ""
+        # false and "" win too
+        r = render({**form, "tls": {"existingSecret": "s", "mutual": True},
+                    "director": {"config": {"server": {"tls": {"client_auth": False, "ca_file": ""}}}}})
+        assert r.service_of("director") == ("generation" if generation else "director")
+        director = MascotConfig.model_validate(_config(r, r.service_of("director"))).server.tls
+        assert director.enabled and director.client_auth is False and director.ca_file == ""
+        unchanged = "reward" if generation else "speaker"  # a service that does not serve the director
+        assert MascotConfig.model_validate(_config(r, unchanged)).server.tls.client_auth is True
 
 
 def test_a_secret_without_ca_verifies_with_the_system_roots():
     from mascot.core.config import MascotConfig
 
     r = render({"tls": {"existingSecret": "public-cert", "hasCA": False}})
-    for comp in ("gateway", "director", "speaker"):
+    assert r.services == ["generation", "reward"]
+    for comp in ("gateway", *r.services):
         tls = MascotConfig.model_validate(_config(r, comp)).server.tls
         assert tls.enabled and tls.ca_file == "" and not tls.client_auth
     spec = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
@@ -166,14 +171,18 @@ def test_grpc_probes_are_mascot_health_exec_probes_under_tls_and_grpc_probes_oth
             assert c["startupProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
 
 
-def test_model_deployments_without_kserve_get_exec_probes_under_tls():
-    r = render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""},
-                "tls": {"existingSecret": "mascot-tls"}})
-    for comp in MODEL_COMPONENTS:
+@pytest.mark.parametrize("generation", [True, False], ids=["generation", "per-component"])
+def test_model_deployments_without_kserve_get_exec_probes_under_tls(generation):
+    base = {"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""},
+            "generation": {"enabled": generation}}
+    r = render({**base, "tls": {"existingSecret": "mascot-tls"}})
+    assert r.services == (["generation", "reward"] if generation else list(MODEL_COMPONENTS))
+    for comp in r.services:
         (c,) = r.one("Deployment", f"-{comp}")["spec"]["template"]["spec"]["containers"]
         assert c["readinessProbe"]["exec"]["command"][:4] == ["mascot", "health", "--port", str(grpc_port(c))]
-    assert not render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""}}).one(
-        "Deployment", "-judge")["spec"]["template"]["spec"]["containers"][0]["readinessProbe"].get("exec")
+    plain = render(base)
+    assert not plain.one("Deployment", f"-{plain.service_of('judge')}")["spec"]["template"]["spec"]["containers"][0][
+        "readinessProbe"].get("exec")
 
 
 # ----------------------------------------------------------------------------------------------- against real servers

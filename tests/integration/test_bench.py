@@ -26,6 +26,27 @@ def test_turn_overhead_bench_prints_ratio(tiny_model_dir):
     assert float(m.group(1)) <= 1.3, out.stdout
 
 
+def test_shared_engine_bench_uses_less_memory_than_an_engine_per_component():
+    """bench/shared_engine.py at its CI size on the tiny model: real `mascot serve-model` processes, the same
+    workload against one shared director+speaker engine and against one engine each."""
+    import re
+
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "shared_engine.py"), "--size", "small", "--model",
+                          "tiny"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    text = out.stdout
+    assert re.search(r"separate: 2 process\(es\) \[director \| speaker\].* 8 turns in", text), text
+    assert re.search(r"shared: 1 process\(es\) \[director,speaker\].* 8 turns in", text), text
+    mem = float(re.search(r"memory separate / shared = ([\d.]+) \(goal > 1\)", text).group(1))
+    thr = float(re.search(r"throughput shared / separate = ([\d.]+)", text).group(1))
+    # one process and one engine instead of two: measured 1.96 on the tiny model (the torch runtime and the
+    # engine's buffers are paid once); a shared server that built an engine per component would sit near 1
+    assert mem > 1.4, text
+    # indicative on CPU (measured 1.03); a regression bound: the shared engine must not serialise the components
+    assert thr > 0.6, text
+    assert "result: PASS" in text
+
+
 def test_load_bench_small_size_loses_nothing_and_refuses_the_overload(tiny_model_dir):
     """bench/load.py at its CI size: 0 errors, 0 lost turns within capacity; at 4x capacity the excess is
     RESOURCE_EXHAUSTED and no conversation holds half a round."""

@@ -3,6 +3,9 @@ no engine in the process."""
 
 from __future__ import annotations
 
+import grpc
+import pytest
+
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.judge.v1 import judge_pb2 as jpb
 from mascot.api.judge.v1 import judge_pb2_grpc
@@ -40,6 +43,11 @@ async def test_judge_service_serves_the_metrics_judge_with_cache(tmp_path):
             rubric=jpb.RUBRIC_COLLECTIVE, history=history, candidates=[jpb.Candidate(candidate_id="b", block=block)]))
         assert set(coll.judgements[0].scores) == {"fidelity", "originality_specificity", "relevance_coherence",
                                                   "engagement_contribution"}
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # a speaker the roster leaves out
+            await stub.JudgeCandidates(jpb.JudgeCandidatesRequest(
+                rubric=jpb.RUBRIC_COLLECTIVE, history=history, roster_persona_ids=["anchor"],
+                candidates=[jpb.Candidate(candidate_id="b", block=block)]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "catalyst" in e.value.details()
     finally:
         await ch.close()
         await stack.stop(0)

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import httpx
@@ -194,6 +195,63 @@ async def test_judge_and_reward_native_equal_oip(tmp_path, engine):
         assert len(native.scores) == 2
         oip = await oip_grpc(ch, "reward", oip_doc("ScoreCandidates", reward_req))
         assert json_format.ParseDict(oip, rpb.ScoreCandidatesResponse()) == native
+
+
+async def test_director_speaker_and_judge_share_one_engine_on_one_port(tmp_path, tiny_model_dir):
+    """The default generation service: three components, one engine built by the server, one gRPC port, a KServe
+    model each, metrics labelled by the component called."""
+    from mascot.api.judge.v1 import judge_pb2 as jpb
+    from mascot.api.judge.v1 import judge_pb2_grpc as jpb_grpc
+
+    cfg = make_config(tmp_path, engine={"model": str(tiny_model_dir)}, director=FAST_DIRECTOR, speaker=GREEDY_SPEAKER,
+                      judge={"cache_url": "", "max_retries": 0, "judges": [{"name": "local", "max_tokens": 16}]})
+    async with model_server("director,speaker,judge", cfg) as (srv, ch, http):
+        await until_health(ch)
+        assert [rt.component for rt in srv.runtimes] == ["director", "speaker", "judge"]
+        shared = srv.runtimes[0].engine
+        assert shared is not None and all(rt.engine is shared for rt in srv.runtimes)  # ONE engine
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("mascot.api.director.v1.DirectorService", "mascot.api.speaker.v1.SpeakerService",
+                        "mascot.api.judge.v1.JudgeService"):
+            assert (await health.Check(health_pb2.HealthCheckRequest(service=service))).status == SERVING
+        for model in ("director", "speaker", "judge"):
+            assert (await http.get(f"/v2/models/{model}/ready")).json() == {"name": model, "ready": True}
+
+        directive = await dir_grpc.DirectorServiceStub(ch).NextDirective(DIRECTOR_REQ)
+        assert directive.directive.persona_id in DIRECTOR_REQ.persona_ids
+        native = [m async for m in sp_grpc.SpeakerServiceStub(ch).GenerateReply(SPEAKER_REQ)]
+        assert native[-1].HasField("final")
+        judged = await jpb_grpc.JudgeServiceStub(ch).JudgeCandidates(jpb.JudgeCandidatesRequest(
+            rubric=jpb.RUBRIC_AGENT, history=list(SPEAKER_REQ.history),
+            candidates=[jpb.Candidate(candidate_id="a", persona_id="anchor", text="That sounds hard.")]))
+        assert [j.candidate_id for j in judged.judgements] == ["a"]
+        doc = oip_doc("GenerateReply", SPEAKER_REQ)
+        assert speaker_messages(await oip_grpc(ch, "speaker", doc)) == speaker_messages(native)
+        status, _ = await oip_rest(http, "speaker", doc)
+        assert status == 200
+
+        metrics = (await http.get("/metrics")).text
+        assert 'mascot_rpc_requests_total{code="OK",component="director",rpc="NextDirective"} 1.0' in metrics
+        assert 'mascot_rpc_requests_total{code="OK",component="speaker",rpc="GenerateReply"} 1.0' in metrics
+        assert 'mascot_rpc_requests_total{code="OK",component="judge",rpc="JudgeCandidates"} 1.0' in metrics
+        # REST names its model in the path; gRPC ModelInfer carries it inside the request
+        assert 'mascot_rpc_requests_total{code="OK",component="speaker",rpc="ModelInfer"} 1.0' in metrics
+        assert ('mascot_rpc_requests_total{code="OK",component="director+speaker+judge",rpc="ModelInfer"} 1.0'
+                in metrics)
+        assert 'mascot_engine_batch_size_count{component="director+speaker+judge"}' in metrics
+    assert all(rt.ready is False for rt in srv.runtimes)
+
+
+def test_serve_model_refuses_unknown_or_repeated_components():
+    from typer.testing import CliRunner
+
+    from mascot.cli import app
+
+    for arg in ("director,nobody", "speaker,speaker", ","):
+        result = CliRunner().invoke(app, ["serve-model", arg, "--port", "0", "--rest-port", "0"])
+        assert result.exit_code == 2, (arg, result.output)
+    with pytest.raises(ValueError, match="each once"):
+        OnePortModelServer("director,director", make_config(Path("/tmp")), grpc_port=0, http_port=0)
 
 
 async def test_bad_oip_input_is_invalid_argument_and_the_server_keeps_serving(tmp_path, engine):

@@ -44,12 +44,16 @@ def test_thresholds_map_to_one_to_five():
 @pytest.mark.parametrize("reply, faults", [
     ("That sounds really hard, and it makes sense to feel low.", []),
     ("Anchor: that sounds really hard, and it makes sense.", ["speaker label"]),
+    ("The  Anchor: that sounds really hard, and it makes sense.", ["speaker label"]),
+    ("User: that sounds really hard, and it makes sense.", ["speaker label"]),
+    ("Here's one idea: book another lesson and practise the turn.", []),
+    ("Catalyst: book another lesson and practise the turn.", []),  # not a roster name here
     ("- that sounds really hard\n- and it makes sense.", ["markup"]),
     ("ok", ["short", "unfinished"]),
     (" ".join(["word"] * 80) + ".", ["long"]),
 ])
 def test_form_faults(reply, faults):
-    score, found = form_score(reply, max_words=60)
+    score, found = form_score(reply, max_words=60, names=("anchor", "The Anchor"))
     assert found == faults and score == 5 - len(faults)
 
 
@@ -104,8 +108,46 @@ def test_deterministic_and_complete(backend, catalog):
 
 
 def test_a_bare_prompt_is_refused(backend):
-    with pytest.raises(TypeError, match="persona card and reply"):
+    with pytest.raises(TypeError, match="not bare prompts"):
         judge(backend, rb.AGENT, [{"role": "user", "content": "score this"}])
+
+
+def test_a_roster_of_one_gives_no_persona_signal(backend, catalog):
+    card = catalog.get("anchor")
+    history = [HistoryTurn("user", USER)]
+    for reply in (identity_text(card), OFF_TOPIC):  # its own card text or not: nothing to tell it from
+        v = judge(backend, rb.AGENT, agent_item(backend, card, [card], history, reply))
+        assert v.scores["persona_consistency"] == 3, v.rationale
+    block = [HistoryTurn("agent", identity_text(card), card.id)]
+    assert judge(backend, rb.COLLECTIVE, collective_item(backend, [card], history, block)).scores["fidelity"] == 3
+
+
+def test_the_cache_key_follows_the_roster_and_the_mapping_version(backend, catalog, tmp_path, monkeypatch):
+    from mascot.judge import metrics
+    from mascot.judge.cache import JudgeCache
+
+    roster = catalog.in_set("support")
+    card, history = roster[0], [HistoryTurn("user", USER)]
+    j = Judge("metrics", backend, max_retries=0, cache=JudgeCache(f"sqlite:///{tmp_path}/cache.db"))
+    full = agent_item(backend, card, roster, history, identity_text(roster[1]))
+    two = agent_item(backend, card, [card, roster[2]], history, identity_text(roster[1]))
+    assert full.messages == two.messages  # the agent prompt does not show the roster
+    a = asyncio.run(j.judge(rb.AGENT, full))
+    b = asyncio.run(j.judge(rb.AGENT, two))
+    assert not b.cached and a.content_hash != b.content_hash
+    assert a.scores["persona_consistency"] < b.scores["persona_consistency"]  # the look-alike card left the roster
+    assert asyncio.run(j.judge(rb.AGENT, full)).cached
+    monkeypatch.setattr(backend, "version", metrics.VERSION + "-next")
+    assert not asyncio.run(j.judge(rb.AGENT, full)).cached
+
+
+def test_a_block_with_a_persona_outside_the_roster_is_refused(backend, catalog):
+    from mascot.core.errors import InvalidArgument
+
+    roster = catalog.in_set("support")
+    block = [HistoryTurn("agent", ON_TOPIC, roster[0].id), HistoryTurn("agent", OFF_TOPIC, "critic")]
+    with pytest.raises(InvalidArgument, match="outside the roster.*critic"):
+        judge(backend, rb.COLLECTIVE, collective_item(backend, roster, [HistoryTurn("user", USER)], block))
 
 
 def test_cli_judge_spec_names_the_metrics_judge():

@@ -40,4 +40,7 @@ def test_gpu_check_runs_its_path_on_cpu_with_a_tiny_shape(vllm_session_engine):
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["platform"] == "cpu"
+    assert figures["tensor_parallel_size"] == 1  # no visible GPU: one shard
+    # the GPU-only checks say why they did not run, instead of failing or vanishing
+    assert "CUDA" in figures["shared_engine"]["skipped"] and "CUDA" in figures["grpo_vllm_colocate"]["skipped"]
     assert figures["single_tok_s"] > 0 and figures["concurrent16_mixed_lora_tok_s"] > figures["single_tok_s"]

@@ -22,6 +22,7 @@ from mascot_training.config import (
     RunConfig,
     _S,
     common_problems,
+    generation_problems,
     read_config,
 )
 
@@ -209,6 +210,13 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
         personality_text(mbti=cfg.user.personality)
     except ValueError as e:
         out.append(f"user.personality: {e}")
+    gen = g.generation
+    if gen.backend == "vllm" and (gen.vllm_mode != "colocate" or gen.vllm_tensor_parallel_size != 1):
+        out.append("director_grpo.generation: the director's rollouts support vllm only with vllm_mode colocate and "
+                   "vllm_tensor_parallel_size 1 (each training process samples its own rollouts, whose number of "
+                   "directives depends on the dialogue, so no process may wait on another's generation call); got "
+                   f"vllm_mode {gen.vllm_mode}, vllm_tensor_parallel_size {gen.vllm_tensor_parallel_size}")
+    out += generation_problems("director_grpo", gen)
     return out
 
 

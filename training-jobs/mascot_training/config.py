@@ -140,8 +140,38 @@ class FormatRewardConfig(_S):
     l_max: int = Field(80, ge=1)
 
 
+class GenerationConfig(_S):
+    """How GRPO generates its completions: TRL's ``transformers`` generate in the training process (default), or TRL's
+    vLLM integration (``use_vllm``), colocated in the training processes or on a separate ``trl vllm-serve`` server.
+
+    ``vllm`` needs a CUDA GPU (checked when the config is loaded: TRL syncs the trained weights into vLLM after each
+    step, which the CPU build of vLLM does not support, and server mode moves them over NCCL).
+    """
+
+    #: ``transformers`` (``model.generate`` in the training process) or ``vllm`` (TRL ``use_vllm``).
+    backend: Literal["transformers", "vllm"] = "transformers"
+    #: ``colocate``: a vLLM engine inside each training process (shares its GPU); ``server``: a ``trl vllm-serve``
+    #: server on GPUs of its own, reached at ``vllm_server_base_url`` or ``vllm_server_host``:``vllm_server_port``.
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    #: Host of the vLLM server (server mode); ignored when ``vllm_server_base_url`` is set.
+    vllm_server_host: str = "0.0.0.0"
+    #: Port of the vLLM server (server mode; 1-65535).
+    vllm_server_port: int = Field(8000, ge=1, le=65535)
+    #: Base URL of the vLLM server (``http://host:port``, server mode); empty = host and port above.
+    vllm_server_base_url: str = Field("", pattern=r"^(https?://[^\s/]+(/\S*)?)?$")
+    #: Seconds to wait for the vLLM server to answer at start (server mode).
+    vllm_server_timeout_s: float = Field(240.0, gt=0, le=3600)
+    #: Share of each GPU's memory the colocated vLLM engine may take (colocate mode; 0-1, the rest trains).
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    #: GPUs one colocated vLLM engine spans (colocate mode); must divide the number of training processes.
+    vllm_tensor_parallel_size: int = Field(1, ge=1, le=64)
+
+
 class GrpoOptimConfig(_S):
     """Optimiser settings shared by the persona and director GRPO stages (TRL 1.16 ``GRPOConfig`` semantics)."""
+
+    #: Generation backend of the GRPO rollouts (``transformers`` or ``vllm``).
+    generation: GenerationConfig = GenerationConfig()
 
     #: Samples per optimiser step (per-device batch); must be divisible by the group size.
     batch_size: int = Field(16, ge=2)
@@ -274,7 +304,35 @@ def validate(cfg: PersonaAlignmentConfig) -> list[str]:
     out += common_problems(cfg)
     if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
         out.append(f"sft.data {cfg.sft.data} does not exist")
+    out += generation_problems("persona_grpo", g.generation)
     return out
+
+
+def generation_problems(section: str, gen: GenerationConfig, cuda_available: bool | None = None) -> list[str]:
+    """Problems of ``<section>.generation`` on this machine (empty when it can run).
+
+    Args:
+        section: The config section holding ``gen`` (``persona_grpo`` or ``director_grpo``), for the messages.
+        gen: The generation settings.
+        cuda_available: Whether a CUDA GPU is usable; None asks ``torch.cuda.is_available()``.
+
+    Returns:
+        One message when ``backend`` is ``vllm`` without a CUDA GPU: TRL's vLLM generation loads the trained weights
+        into vLLM after every optimiser step (colocate: into vLLM's model runner, which the CPU build of vLLM cannot
+        reload; server: over NCCL), so it runs on CUDA GPUs only.
+    """
+    if gen.backend != "vllm":
+        return []
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if cuda_available:
+        return []
+    return [f"{section}.generation.backend is vllm but this machine has no CUDA GPU: TRL's vLLM generation "
+            f"({gen.vllm_mode} mode) copies the trained weights into vLLM after every step, which needs CUDA (the "
+            "CPU build of vLLM cannot reload weights; server mode sends them over NCCL); use "
+            f"{section}.generation.backend: transformers on this machine"]
 
 
 def common_problems(cfg: Any) -> list[str]:

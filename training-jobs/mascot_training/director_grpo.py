@@ -126,13 +126,58 @@ class RolloutStats:
                 "reward_failures": dict(self.failures)}
 
 
+class VllmDirector:
+    """Samples directives on TRL's colocated vLLM engine (``trainer.vllm_generation.llm``, the policy's weights as
+    TRL last synced them), with :class:`~mascot_training.rollout.PolicyDirector`'s interface and sampling: one
+    directive per sequence, temperature / top-p, no top-k, ending at the first stop token.
+
+    Args:
+        llm: A ``vllm.LLM``: in training TRL's colocated engine (CUDA only); any engine of the policy's base.
+        stop_ids: Token ids that end a directive (the policy's EOS ids, as :class:`PolicyDirector` finds them).
+        max_tokens: Most tokens per directive.
+        temperature: Sampling temperature (> 0).
+        top_p: Nucleus mass.
+    """
+
+    def __init__(self, llm: Any, stop_ids: Sequence[int], *, max_tokens: int, temperature: float,
+                 top_p: float) -> None:
+        self.llm, self.stop_ids = llm, sorted(stop_ids)
+        self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
+
+    def generate(self, sequences: Sequence[Sequence[int]], seed: int) -> list[list[int]]:
+        """One sampled directive per sequence (request ``i`` seeded with ``rollout_seed(seed, i)``).
+
+        Returns:
+            Generated token ids per sequence (a stop token last unless ``max_tokens`` was reached).
+        """
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                                 stop_token_ids=list(self.stop_ids), seed=rollout_seed(seed, i))
+                  for i in range(len(sequences))]
+        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], sampling_params=params,
+                                 use_tqdm=False)
+        res = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            cut = next((j + 1 for j, t in enumerate(ids) if t in self.stop_ids), None)
+            if cut is not None:
+                ids = ids[:cut]
+            elif c.finish_reason == "stop" and isinstance(c.stop_reason, int):
+                ids.append(c.stop_reason)  # a build that leaves the stop token out of token_ids
+            res.append(ids)
+        return res
+
+
 def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[str, Prefix], cfg: CollaborativeConfig,
                       decider_factory: DeciderFactory | None = None) -> Callable:
     """TRL ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout"}``.
 
     ``prompts`` are prefix ids (each repeated G times by TRL's sampler); one rollout per entry, seeded by the
     run seed, the global step and the entry's position. ``logprobs`` is None (no importance-sampling correction:
-    generation and training use the same weights).
+    generation and training use the same weights, or, with ``director_grpo.generation.backend: vllm``, vLLM's copy
+    of them, which TRL syncs before every rollout batch; :class:`VllmDirector` samples the directives there).
     """
     d = cfg.director
 
@@ -140,6 +185,9 @@ def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[st
         model = trainer.accelerator.unwrap_model(trainer.model)
         director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
                                   top_p=d.top_p)
+        if getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this call
+            director = VllmDirector(trainer.vllm_generation.llm, director.stop_ids, max_tokens=d.max_tokens,
+                                    temperature=d.temperature, top_p=d.top_p)
         return runner.policy_decider(director, seed)
 
     factory = decider_factory or default_factory
@@ -257,18 +305,28 @@ def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefix
 
 
 def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
-    """TRL 1.16 ``GRPOConfig`` of the director (no checkpoints; logs every step; CPU flags unless CUDA)."""
+    """TRL 1.16 ``GRPOConfig`` of the director (no checkpoints; logs every step; CPU flags unless CUDA), with the
+    generation backend of ``director_grpo.generation`` (vLLM's window ``max_model_len``; no importance-sampling
+    correction, since the rollouts return no sampling log-probabilities).
+
+    Raises:
+        ConfigError: ``director_grpo.generation`` asks for vLLM on a machine without a CUDA GPU.
+    """
     import torch
     from trl import GRPOConfig
 
+    from mascot_training.persona_grpo import check_generation, trl_generation_args
+
     g = cfg.director_grpo
+    check_generation("director_grpo", g.generation)
     return GRPOConfig(output_dir=str(output_dir), num_generations=cfg.phase2.num_generations,
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=cfg.max_model_len, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards,
                       temperature=cfg.director.temperature, seed=g.seed, bf16=False, gradient_checkpointing=False,
                       use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", logging_steps=1,
-                      disable_tqdm=True)
+                      disable_tqdm=True,
+                      **trl_generation_args(g.generation, cfg.max_model_len, importance_sampling=False))
 
 
 def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,
@@ -284,6 +342,7 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
     from mascot_training.persona_grpo import _finite_guard, peft_lora
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
+    args = grpo_args(cfg, work_dir)  # refuses vLLM without CUDA before any model is loaded
     set_seed(cfg.director_grpo.seed)
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     peft_config = peft_lora(cfg.lora)
@@ -292,7 +351,7 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
 
         model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
     rows = [{"prompt": pid} for pid in prefixes]
-    return GRPOTrainer(model=model, processing_class=runner.tokenizer, args=grpo_args(cfg, work_dir),
+    return GRPOTrainer(model=model, processing_class=runner.tokenizer, args=args,
                        train_dataset=Dataset.from_list(rows), peft_config=peft_config,
                        reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
                                                       cfg.director_grpo.reward_timeout_s, stats, metrics)],
@@ -352,7 +411,9 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
     src = out / "rollouts" / "prefixes.jsonl"
     if not src.is_file():
         raise ValueError(f"{src} is missing: run the rollouts stage first")
-    conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json"), "director": cfg.director.model_dump(mode="json"),
+    # The generation backend changes how directives are sampled, not what is trained (kept out of the stage key).
+    conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json", exclude={"generation"}),
+            "director": cfg.director.model_dump(mode="json"),
             "phase2": cfg.phase2.model_dump(mode="json"), "lora": cfg.lora.model_dump(mode="json"),
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json")}

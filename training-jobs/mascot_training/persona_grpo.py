@@ -43,7 +43,14 @@ from mascot.core.files import atomic_write_text
 from mascot.core.personas import PersonaCard, PersonaCatalog
 from mascot.speaker.prompts import build_persona_messages
 from mascot_training import manifest as mf
-from mascot_training.config import GrpoConfig, LoraConfig, PersonaAlignmentConfig
+from mascot_training.config import (
+    ConfigError,
+    GenerationConfig,
+    GrpoConfig,
+    LoraConfig,
+    PersonaAlignmentConfig,
+    generation_problems,
+)
 from mascot_training.rewards import composite_reward, format_reward, split_think
 
 log = logging.getLogger(__name__)
@@ -167,17 +174,60 @@ def peft_lora(lora: LoraConfig):  # noqa: ANN201
                           target_modules=list(lora.target_modules), modules_to_save=None)
 
 
-def grpo_args(g: GrpoConfig, output_dir: str | Path):  # noqa: ANN201
-    """TRL 1.16 ``GRPOConfig`` for ``g`` (CPU flags unless CUDA is present; no checkpoints; log every step)."""
+def trl_generation_args(gen: GenerationConfig, max_model_len: int | None = None,
+                        importance_sampling: bool = True) -> dict:
+    """The TRL 1.16 ``GRPOConfig`` fields of ``gen``: ``{"use_vllm": False}`` for ``transformers``; for ``vllm``
+    ``use_vllm``, ``vllm_mode`` and that mode's fields (colocate: ``vllm_gpu_memory_utilization``,
+    ``vllm_tensor_parallel_size``, ``vllm_max_model_length`` = ``max_model_len`` when given; server:
+    ``vllm_server_base_url`` or ``vllm_server_host`` + ``vllm_server_port``, ``vllm_server_timeout``), and
+    ``vllm_importance_sampling_correction: False`` when ``importance_sampling`` is off (rollouts that return no
+    sampling log-probabilities)."""
+    if gen.backend != "vllm":
+        return {"use_vllm": False}
+    out: dict = {"use_vllm": True, "vllm_mode": gen.vllm_mode}
+    if gen.vllm_mode == "colocate":
+        out |= {"vllm_gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
+                "vllm_tensor_parallel_size": gen.vllm_tensor_parallel_size}
+        if max_model_len:
+            out["vllm_max_model_length"] = max_model_len
+    else:
+        out |= ({"vllm_server_base_url": gen.vllm_server_base_url} if gen.vllm_server_base_url else
+                {"vllm_server_host": gen.vllm_server_host, "vllm_server_port": gen.vllm_server_port})
+        out["vllm_server_timeout"] = gen.vllm_server_timeout_s
+    if not importance_sampling:
+        out["vllm_importance_sampling_correction"] = False
+    return out
+
+
+def check_generation(section: str, gen: GenerationConfig) -> None:
+    """Refuse a generation backend this machine cannot run, before any model is loaded.
+
+    Raises:
+        ConfigError: ``backend: vllm`` without a CUDA GPU (:func:`mascot_training.config.generation_problems`).
+    """
+    problems = generation_problems(section, gen)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None = None):  # noqa: ANN201
+    """TRL 1.16 ``GRPOConfig`` for ``g`` (CPU flags unless CUDA is present; no checkpoints; log every step), with the
+    generation backend of ``g.generation`` (:func:`trl_generation_args`; vLLM's window ``max_model_len`` tokens).
+
+    Raises:
+        ConfigError: ``g.generation`` asks for vLLM on a machine without a CUDA GPU.
+    """
     import torch
     from trl import GRPOConfig
 
+    check_generation("persona_grpo", g.generation)
     return GRPOConfig(output_dir=str(output_dir), num_generations=g.num_generations,
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=g.max_completion_length, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, temperature=g.temperature,
                       seed=g.seed, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
-                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True)
+                      report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+                      **trl_generation_args(g.generation, max_model_len))
 
 
 def _finite_guard():  # noqa: ANN202
@@ -201,10 +251,12 @@ def _finite_guard():  # noqa: ANN202
 
 
 def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
-                  work_dir: Path, callbacks: Sequence = (), init_adapter: str | None = None) -> tuple[object, dict]:
+                  work_dir: Path, callbacks: Sequence = (), init_adapter: str | None = None,
+                  max_model_len: int | None = None) -> tuple[object, dict]:
     """GRPO of a LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
 
-    The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter: π_SFT) when given.
+    The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter: π_SFT) when given. ``max_model_len`` is the
+    vLLM engine's window in tokens when ``g.generation.backend`` is ``vllm`` (None: the model's own).
 
     ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean composite reward of the first / last logged
     step with a finite value; None if none), ``seconds``.
@@ -214,6 +266,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
     from trl import GRPOTrainer
 
+    args = grpo_args(g, work_dir, max_model_len)  # refuses vLLM without CUDA before any model is loaded
     set_seed(g.seed)  # the LoRA A init happens before Trainer seeds
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(base_model)
@@ -223,7 +276,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
         from peft import PeftModel
 
         model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=grpo_args(g, work_dir),
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_config,
                           callbacks=[_finite_guard(), *callbacks])
     trainer.train()
@@ -253,6 +306,38 @@ def save_adapter(trainer, out_dir: Path) -> None:  # noqa: ANN001
         raise RuntimeError(f"non-LoRA tensors in the saved adapter: {bad[:3]}")
 
 
+def release_trainer(trainer) -> None:  # noqa: ANN001
+    """Free what a finished GRPO trainer holds before the next persona's loads: the weight-sync connection to a vLLM
+    server (``vllm_mode: server``), the colocated vLLM engine (``colocate``; its engine core process ends with it),
+    the model and optimiser, and the CUDA cache. A no-op beyond ``gc`` on CPU with transformers generation.
+
+    Without it, phase 1 on a GPU holds every earlier persona's engine (its share of GPU memory) and model while the
+    next one loads, and vLLM's free-memory check fails from the second persona on."""
+    import contextlib
+    import gc
+
+    import torch
+
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is not None:
+        client = getattr(gen, "vllm_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):  # the server may be gone already; nothing else to release there
+                client.close_communicator()
+        llm = getattr(gen, "llm", None)
+        if llm is not None:
+            engine = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            with contextlib.suppress(Exception):
+                if engine is not None and hasattr(engine, "shutdown"):
+                    engine.shutdown()
+            gen.llm = None
+        trainer.vllm_generation = None
+    trainer.model = trainer.model_wrapped = trainer.optimizer = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str | None, personas: list[str],
         prompts: dict[str, list[dict]], metrics=None, init_adapter: str | None = None) -> dict:  # noqa: ANN001
     """Run the ``persona_grpo`` stage: one GRPO LoRA per persona under ``OUT/persona_grpo/<persona_id>/``.
@@ -276,7 +361,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     from mascot.reward.scorer import RewardScorer
 
     g = cfg.persona_grpo
-    train_cfg = g.model_dump(mode="json") | {"lora": cfg.lora.model_dump(mode="json")}
+    # The generation backend changes how completions are sampled, not what is trained: a run resumed on another
+    # backend keeps the personas already trained.
+    train_cfg = g.model_dump(mode="json", exclude={"generation"}) | {"lora": cfg.lora.model_dump(mode="json")}
     config = train_cfg | {"personas": list(personas)}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
               "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts),
@@ -303,8 +390,10 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             reward = make_reward_func(scorer, catalog, g, metrics)
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
                 trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work),
-                                           init_adapter=init_adapter)
+                                           init_adapter=init_adapter, max_model_len=cfg.max_model_len)
                 save_adapter(trainer, pdir)
+                release_trainer(trainer)  # the next persona's model (and vLLM engine) must not meet this one's
+                del trainer
             m["reward_failures"] = dict(reward.failures)
             atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")
             man["metrics"][pid] = m

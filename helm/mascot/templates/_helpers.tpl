@@ -73,7 +73,47 @@ imagePullSecrets:
 director speaker judge reward
 {{- end }}
 
-{{/* Host of a model service: the Service KServe creates for the predictor (<isvc>-predictor) or ours. */}}
+{{/* The components the generation service hosts on its one engine, as a JSON list: generation.components whose own
+     section is enabled, in that order; [] when generation is disabled. */}}
+{{- define "mascot.generationComponents" -}}
+{{- $v := .Values }}
+{{- $out := list }}
+{{- if $v.generation.enabled }}
+{{- range $c := $v.generation.components }}
+{{- if (index $v $c).enabled }}{{ $out = append $out $c }}{{ end }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* The model services the chart renders, in a fixed order: "generation" when it hosts any component, then each
+     component it does not host. Each is a key of .Values with the same fields (grpcPort, gpu, replicas, pdb, ...);
+     its workload, Services, config file, budget, scaler and scrape target are named after it. */}}
+{{- define "mascot.modelServices" -}}
+{{- $hosted := include "mascot.generationComponents" . | fromJsonArray }}
+{{- $out := list }}
+{{- if $hosted }}{{ $out = append $out "generation" }}{{ end }}
+{{- range $c := splitList " " (include "mascot.modelComponents" .) }}
+{{- if not (has $c $hosted) }}{{ $out = append $out $c }}{{ end }}
+{{- end }}
+{{- join " " $out }}
+{{- end }}
+
+{{/* The model service that serves a component: "generation" for a component it hosts, else the component itself
+     (a service name maps to itself). (dict "ctx" $ "component" "speaker") */}}
+{{- define "mascot.serviceOf" -}}
+{{- if has .component (include "mascot.generationComponents" .ctx | fromJsonArray) }}generation{{ else }}{{ .component }}{{ end }}
+{{- end }}
+
+{{/* The `mascot serve-model` argument of a model service: its components, comma-separated. (dict "ctx" $ "component"
+     "generation") */}}
+{{- define "mascot.servedComponents" -}}
+{{- if eq .component "generation" }}{{ include "mascot.generationComponents" .ctx | fromJsonArray | join "," }}{{ else }}{{ .component }}{{ end }}
+{{- end }}
+
+{{/* Name of a model service's ClusterIP Service: the one KServe creates for the predictor (<isvc>-predictor) or ours.
+     It carries the REST port (the models ServiceMonitor scrapes /metrics through it, so it is the `service` label of
+     the series); gRPC clients dial the headless Service instead (mascot.modelTarget). */}}
 {{- define "mascot.modelHost" -}}
 {{- if .ctx.Values.kserve.enabled }}
 {{- printf "%s-%s-predictor" (include "mascot.fullname" .ctx) .component }}
@@ -82,9 +122,22 @@ director speaker judge reward
 {{- end }}
 {{- end }}
 
-{{/* host:port of a model service's gRPC port. */}}
+{{/* Name of a model service's headless Service (templates/models-headless.yaml), in both the KServe and the
+     Deployment form: (dict "ctx" $ "component" "speaker"). */}}
+{{- define "mascot.modelHeadlessName" -}}
+{{- printf "%s-%s-headless" (include "mascot.fullname" .ctx) .component }}
+{{- end }}
+
+{{/* The one gRPC target of a model service, for every client the chart configures (the gateway's director_target and
+     speaker_target, the `helm test` Pod, NOTES): dns:///<headless>.<namespace>.svc.<clusterDomain>:<grpcPort> of the
+     service that serves the component (mascot.serviceOf: generation for the components it hosts). The
+     headless Service resolves to every ready pod, and channel() balances round_robin over them (chart README "Load
+     balancing"). (dict "ctx" $ "component" "speaker") */}}
 {{- define "mascot.modelTarget" -}}
-{{- printf "%s:%d" (include "mascot.modelHost" .) (int (index .ctx.Values .component).grpcPort) }}
+{{- $ctx := .ctx }}
+{{- $svc := include "mascot.serviceOf" . }}
+{{- printf "dns:///%s.%s.svc.%s:%d" (include "mascot.modelHeadlessName" (dict "ctx" $ctx "component" $svc))
+    $ctx.Release.Namespace $ctx.Values.clusterDomain (int (index $ctx.Values $svc).grpcPort) }}
 {{- end }}
 
 {{- define "mascot.gatewayTarget" -}}
@@ -256,7 +309,25 @@ grpc:
 {{- end }}
 {{- end }}
 {{- $own := (index $v $comp).config | default dict }}
+{{- if eq $comp "generation" }}
+{{- /* config < each hosted component's config (in generation.components order) < generation.config */}}
+{{- $own = dict }}
+{{- range $h := include "mascot.generationComponents" $ctx | fromJsonArray }}
+{{- $own = mustMergeOverwrite $own (deepCopy ((index $v $h).config | default dict)) }}
+{{- end }}
+{{- $own = mustMergeOverwrite $own (deepCopy ($v.generation.config | default dict)) }}
+{{- end }}
 {{- $merged := mustMergeOverwrite $cfg (deepCopy ($v.config | default dict)) (deepCopy $own) }}
+{{- /* A vLLM engine on GPUs shards the model over every GPU the pod requests (engine.tensor_parallel_size =
+     gpu.count), unless config or <component>.config sets engine.tensor_parallel_size itself (that wins). */}}
+{{- if and (ne $comp "gateway") (ne $comp "reward") }}
+{{- $gpu := (index $v $comp).gpu }}
+{{- $engine := $merged.engine | default dict }}
+{{- if and $gpu.enabled (eq (toString $engine.kind) "vllm") (not (hasKey $engine "tensor_parallel_size")) }}
+{{- $_ := set $engine "tensor_parallel_size" (int $gpu.count) }}
+{{- $_ := set $merged "engine" $engine }}
+{{- end }}
+{{- end }}
 {{- toYaml $merged }}
 {{- end }}
 
@@ -438,15 +509,38 @@ topologySpreadConstraints:
 {{- end }}
 
 {{/* The most pods a component runs: the gateway's replicaCount or autoscaling.maxReplicas; a model service's
-     maxReplicas under KServe (its HPA) or minReplicas as a plain Deployment (a fixed count). */}}
+     maxReplicas under KServe (its HPA) or with load autoscaling (mascot.loadAutoscaler), else minReplicas as a plain
+     Deployment (a fixed count). */}}
 {{- define "mascot.maxPods" -}}
 {{- $v := .ctx.Values }}
 {{- if eq .component "gateway" }}
 {{- ternary $v.gateway.autoscaling.maxReplicas $v.gateway.replicaCount $v.gateway.autoscaling.enabled | int }}
 {{- else }}
 {{- $c := index $v .component }}
-{{- ternary $c.maxReplicas $c.minReplicas $v.kserve.enabled | int }}
+{{- ternary $c.maxReplicas $c.minReplicas (or $v.kserve.enabled (ne (include "mascot.loadAutoscaler" .) "")) | int }}
 {{- end }}
+{{- end }}
+
+{{/* The fewest pods a component runs, the ones a PodDisruptionBudget can count on, with the value that sets them, as
+     JSON {"key": <value>, "pods": n}: the gateway's autoscaling.minReplicas (its HPA may scale down to it) or
+     replicaCount; a model service's minReplicas, under KServe (its HPA may scale down to it) and as a Deployment (a
+     fixed count). (dict "ctx" $ "component" c) */}}
+{{- define "mascot.minPods" -}}
+{{- $v := .ctx.Values }}
+{{- if and (eq .component "gateway") $v.gateway.autoscaling.enabled }}
+{{- dict "key" "gateway.autoscaling.minReplicas" "pods" (int $v.gateway.autoscaling.minReplicas) | toJson }}
+{{- else if eq .component "gateway" }}
+{{- dict "key" "gateway.replicaCount" "pods" (int $v.gateway.replicaCount) | toJson }}
+{{- else }}
+{{- dict "key" (printf "%s.minReplicas" .component) "pods" (int (index $v .component).minReplicas) | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The pdb.minAvailable a component sets, or "" when it sets none (unset, null or ""): an explicit 0 or "0%" is kept
+     (Go templates' `default` would take 0 for unset). (dict "ctx" $ "component" c) */}}
+{{- define "mascot.pdbMinAvailable" -}}
+{{- $min := (index .ctx.Values .component).pdb.minAvailable }}
+{{- if not (kindIs "invalid" $min) }}{{ $min }}{{ end }}
 {{- end }}
 
 {{/* "true" when a component gets a PodDisruptionBudget: (dict "ctx" $ "component" c). The gateway: pdb.enabled. A
@@ -462,10 +556,11 @@ topologySpreadConstraints:
 {{- end }}
 {{- end }}
 
-{{/* The spec of a PodDisruptionBudget: minAvailable when set, else maxUnavailable. (dict "ctx" $ "component" c). */}}
+{{/* The spec of a PodDisruptionBudget: minAvailable when set (an explicit 0 too), else maxUnavailable.
+     (dict "ctx" $ "component" c). */}}
 {{- define "mascot.pdbSpec" -}}
 {{- $pdb := (index .ctx.Values .component).pdb }}
-{{- if ne (toString ($pdb.minAvailable | default "")) "" }}
+{{- if ne (include "mascot.pdbMinAvailable" .) "" }}
 minAvailable: {{ $pdb.minAvailable }}
 {{- else }}
 maxUnavailable: {{ $pdb.maxUnavailable }}
@@ -478,11 +573,19 @@ selector:
 {{/* Checks across values that values.schema.json cannot express (it cannot compare two fields): install and upgrade
      fail with every broken rule, naming the values. Invoked by templates/validate.yaml.
      - minReplicas <= maxReplicas: the gateway's autoscaling (when enabled) and every enabled model service;
-     - an integer pdb.minAvailable leaves a pod evictable (below the most pods the component runs). */}}
+     - an integer pdb.minAvailable leaves a pod evictable: it is below the fewest pods the component runs
+       (mascot.minPods, taken as at least 1), since a budget that keeps every running pod blocks node drains;
+     - a GPU model service's vLLM engine.tensor_parallel_size (its rendered config) is at most its gpu.count. */}}
 {{- define "mascot.validate" -}}
 {{- $v := .Values }}
-{{- $models := splitList " " (include "mascot.modelComponents" .) }}
+{{- $models := splitList " " (include "mascot.modelServices" .) }}
 {{- $errors := list }}
+{{- range $c := include "mascot.generationComponents" . | fromJsonArray }}
+{{- $own := (index $v $c).storageUri }}
+{{- if and $own (ne $own (default $v.model.storageUri $v.generation.storageUri)) }}
+{{- $errors = append $errors (printf "%s.storageUri (%s) names another model than the generation service's; remove %s from generation.components to serve it on its own, or clear %s.storageUri" $c $own $c $c) }}
+{{- end }}
+{{- end }}
 {{- $ranges := list }}
 {{- if $v.gateway.autoscaling.enabled }}
 {{- $ranges = append $ranges (dict "key" "gateway.autoscaling" "spec" $v.gateway.autoscaling) }}
@@ -500,13 +603,29 @@ selector:
 {{- end }}
 {{- range $c := prepend $models "gateway" }}
 {{- $scope := dict "ctx" $ "component" $c }}
-{{- $min := (index $v $c).pdb.minAvailable | default "" }}
-{{- if and (include "mascot.pdbEnabled" $scope) (not (kindIs "string" $min)) }}
-{{- $pods := int (include "mascot.maxPods" $scope) }}
-{{- if ge (int $min) $pods }}
-{{- $msg := printf "%s.pdb.minAvailable (%d) leaves no pod evictable (at most %d run)" $c (int $min) $pods }}
+{{- $min := (index $v $c).pdb.minAvailable }}
+{{- if and (include "mascot.pdbEnabled" $scope) (not (kindIs "invalid" $min)) (not (kindIs "string" $min)) }}
+{{- $floor := include "mascot.minPods" $scope | fromJson }}
+{{- $pods := int $floor.pods }}
+{{- if ge (int $min) (max 1 $pods) }}
+{{- $msg := printf "%s.pdb.minAvailable (%d) leaves no pod evictable when %s (%d) pods run"
+    $c (int $min) $floor.key $pods }}
 {{- $fix := printf "lower it, or clear it to use %s.pdb.maxUnavailable" $c }}
 {{- $errors = append $errors (printf "%s: node drains would block; %s" $msg $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $c := without $models "reward" }}
+{{- $spec := index $v $c }}
+{{- $engine := (include "mascot.componentConfig" (dict "ctx" $ "component" $c) | fromYaml).engine | default dict }}
+{{- if and $spec.enabled (gt (int ($engine.tensor_parallel_size | default 1)) 1) (ne (toString $engine.kind) "vllm") }}
+{{- $errors = append $errors (printf "%s: engine.tensor_parallel_size (%d) needs the vllm engine, and this service runs %s (it has no GPU: %s.gpu.enabled is false, or its config sets another engine.kind); set engine.tensor_parallel_size in %s.config only" $c (int $engine.tensor_parallel_size) (toString (default "transformers" $engine.kind)) $c $c) }}
+{{- end }}
+{{- if and $spec.enabled $spec.gpu.enabled }}
+{{- $tp := int ($engine.tensor_parallel_size | default 1) }}
+{{- if and (eq (toString $engine.kind) "vllm") (gt $tp (int $spec.gpu.count)) }}
+{{- $msg := printf "%s: engine.tensor_parallel_size (%d) exceeds %s.gpu.count (%d)" $c $tp $c (int $spec.gpu.count) }}
+{{- $errors = append $errors (printf "%s: vLLM could not start on the GPUs the pod gets; raise %s.gpu.count or lower it" $msg $c) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -23,7 +23,7 @@ containers:
     imagePullPolicy: {{ $v.image.pullPolicy }}
     command: ["mascot", "serve-model"]
     args:
-      - {{ $comp }}
+      - {{ include "mascot.servedComponents" . }}
       - --port
       - {{ $c.grpcPort | quote }}
       - --rest-port

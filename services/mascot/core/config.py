@@ -40,7 +40,21 @@ class EngineConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: Upper bound on prompt + generated tokens; the model's own window caps it further.
     max_model_len: int = Field(2048, ge=64, le=131072)
-    max_batch_size: int = Field(16, ge=1, le=256)
+    #: Most requests decoded together: the transformers engine's batch, vLLM's ``max_num_seqs`` (sequences scheduled
+    #: at once; on a GPU vLLM's own default is 256 or more, so raise it there with the KV cache the GPUs hold).
+    max_batch_size: int = Field(16, ge=1, le=1024)
+    #: vLLM's name for ``max_batch_size`` (the same setting, not a second limit): when given it sets
+    #: ``max_batch_size`` for either engine and wins over a ``max_batch_size`` given in any layer; empty = use
+    #: ``max_batch_size``.
+    max_num_seqs: int | None = Field(None, ge=1, le=1024)
+    #: vllm: GPUs one engine shards the model over (``tensor_parallel_size``), 1 = one GPU; it must not exceed the
+    #: GPUs the pod sees (the chart sets it to the service's ``gpu.count``). The transformers engine runs on one
+    #: device and refuses more than 1.
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    #: vllm: collect vLLM's own scheduler and request statistics and export them as its Prometheus series
+    #: (``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ``vllm:time_to_first_token_seconds``, ...) on
+    #: the process's ``/metrics`` beside the ``mascot_*`` series; false skips that bookkeeping (no ``vllm:*``).
+    log_stats: bool = True
     #: How long the batcher waits for more requests after the first arrives, in milliseconds.
     batch_wait_ms: float = Field(2.0, ge=0, le=1000)
     #: Named LoRA adapters to load at start: ``{name: directory}``.
@@ -68,6 +82,21 @@ class EngineConfig(_Section):
     jump_forward: bool = True
     #: vllm: KV-cache block size in tokens (prefix-caching granularity); empty = vLLM's default (16 GPU, 128 CPU).
     block_size: int | None = Field(None, ge=1, le=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_num_seqs_sets_max_batch_size(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_num_seqs") is not None:
+            data = {**data, "max_batch_size": data["max_num_seqs"]}
+        return data
+
+    @model_validator(mode="after")
+    def _one_device_for_transformers(self) -> "EngineConfig":
+        if self.kind == "transformers" and self.tensor_parallel_size > 1:
+            raise ValueError(f"engine.tensor_parallel_size {self.tensor_parallel_size} needs engine.kind vllm: the "
+                             "transformers engine runs on one device; set engine.kind: vllm or "
+                             "engine.tensor_parallel_size: 1")
+        return self
 
 
 class DialogueConfig(_Section):
@@ -278,7 +307,8 @@ class ServerConfig(_Section):
     speaker_port: int = Field(0, ge=0, le=65535)
     judge_port: int = Field(0, ge=0, le=65535)
     reward_port: int = Field(0, ge=0, le=65535)
-    #: Targets the gateway calls when run alone (``--component gateway``): ``host:port``.
+    #: Targets the gateway calls when run alone (``--component gateway``): ``host:port``, or ``dns:///name:port``
+    #: for a name that resolves to every replica (the chart's headless Services), balanced round_robin.
     director_target: str = ""
     speaker_target: str = ""
     #: Deadline of each outbound call, in seconds.
@@ -288,9 +318,34 @@ class ServerConfig(_Section):
     #: Longest wait, in seconds, for a client to take one message of a server stream (SendMessage, RunSelfPlay,
     #: GenerateReply): a client that stops reading has its call ended with UNAVAILABLE, which frees its round slot.
     stream_stall_s: float = Field(60.0, gt=0, le=3600)
+    #: Seconds between the HTTP/2 keepalive pings this process's channels send on each connection, idle ones too, so a
+    #: replica that vanished without closing its connections (a deleted pod, a lost node) is dropped from the
+    #: balancing within ``keepalive_time_s + keepalive_timeout_s``. Servers accept pings as often as every 0.5 s,
+    #: so clients and servers may differ in this setting (a per-component value never gets a client cut off).
+    keepalive_time_s: float = Field(30.0, ge=1, le=7200)
+    #: Seconds a keepalive ping may go unanswered before the connection is closed as dead.
+    keepalive_timeout_s: float = Field(10.0, ge=1, le=600)
+    #: Seconds after which every server of this process asks a client to reconnect (HTTP/2 GOAWAY; gRPC adds +-10%
+    #: jitter): the client resolves the target again and reaches replicas started since it connected. 0 = never.
+    max_connection_age_s: float = Field(300.0, ge=0, le=86400)
+    #: Seconds the calls still running on a connection past ``max_connection_age_s`` may go on before it is closed
+    #: (new calls already go to new connections). At least ``call_timeout_s``, so a call to a model service is never
+    #: cut before its own deadline. The gateway's own streams (SendMessage, RunSelfPlay) have no such bound: the
+    #: default 600 s covers rounds of a few turns at seconds to a minute per turn; a stream still running at the
+    #: grace is ended with UNAVAILABLE (raise the grace for long self-play runs).
+    max_connection_age_grace_s: float = Field(600.0, ge=1, le=86400)
     metrics_port: int = Field(9464, ge=0, le=65535)
     #: TLS / mutual TLS of every gRPC server and of the gateway's channels (off by default).
     tls: TLSConfig = TLSConfig()
+
+    @model_validator(mode="after")
+    def _grace_covers_calls(self) -> "ServerConfig":
+        if self.max_connection_age_s > 0 and self.max_connection_age_grace_s < self.call_timeout_s:
+            raise ValueError(f"server.max_connection_age_grace_s ({self.max_connection_age_grace_s:g}) must be at "
+                             f"least server.call_timeout_s ({self.call_timeout_s:g}): a call running when its "
+                             "connection reaches server.max_connection_age_s would be cut before its deadline; raise "
+                             "the grace or set server.max_connection_age_s to 0")
+        return self
 
 
 class JudgeSpec(_Section):

@@ -136,6 +136,10 @@ def _exception_code(e: BaseException) -> grpc.StatusCode:
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     """Wrap every handler of a server.
 
+    ``mascot_rpc_in_flight{component, rpc}`` holds each call from the moment its handler starts until it ends (a
+    unary call once answered or failed, a server stream once its last message is sent, it fails, or the client
+    cancels it), the per-pod load the chart's load autoscaling reads.
+
     Args:
         component: Label value for ``mascot_rpc_*`` metrics (gateway, director, speaker).
         metrics: A :class:`~mascot.core.metrics.Metrics`.
@@ -198,6 +202,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0, rid = time.perf_counter(), _request_id(context)
             code = grpc.StatusCode.OK
+            in_flight = self._metrics.rpc_in_flight.labels(self._component, rpc)
+            in_flight.inc()
             try:
                 _refuse_undecodable(request)
                 return await fn(request, context)
@@ -214,6 +220,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 code = _exception_code(e)
                 await self._fail(context, e)
             finally:
+                in_flight.dec()
                 self._record(rpc, code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN, t0, rid)
         return handler
 
@@ -223,6 +230,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             code = grpc.StatusCode.OK
             stream = None
             recorded = False
+            in_flight = self._metrics.rpc_in_flight.labels(self._component, rpc)
+            in_flight.inc()
             try:
                 _refuse_undecodable(request)
                 stream = fn(request, context)
@@ -260,6 +269,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 code = _exception_code(e)
                 await self._fail(context, e)
             finally:
+                in_flight.dec()
                 if stream is not None:  # the handler's own cleanup (slots, running rounds) runs now, not at GC
                     await stream.aclose()
                 if not recorded:

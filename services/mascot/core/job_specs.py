@@ -4,6 +4,12 @@ Kubernetes API except building a client).
 A run's Job is ``<template metadata.name>-<run id>`` (at most 63 characters) with the labels ``mascot.ai/phase`` and
 ``mascot.ai/run-id``; :func:`run_status` maps a Job's ``status`` to pending / running / succeeded / failed /
 cancelled.
+
+A run on several nodes is an Indexed Job (``completionMode: Indexed``, pods ``<job>-<index>``) whose pod template
+names a ``subdomain``: the run gets the headless Service of that name (:func:`rendezvous_service`, the Job's own
+name, owned by the Job) so that its pods resolve each other as ``<job>-<index>.<job>``; or a Kubeflow
+``kubeflow.org/v1`` PyTorchJob (Master and Worker replicas). Both kinds' names are limited to
+:data:`MAX_MULTI_NODE_NAME` characters.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ MANAGED_BY = "mascot-gateway"
 SCOPE_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME = 63
+#: Longest name of a run on several nodes: the API refuses Indexed Job names over 52 characters (the pods' hostnames
+#: append ``-<index>``); a PyTorchJob's pods and Services append ``-worker-<index>``.
+MAX_MULTI_NODE_NAME = 52
+#: ``(apiVersion, kind)`` of the run objects a template may be.
+JOB = ("batch/v1", "Job")
+PYTORCH_JOB = ("kubeflow.org/v1", "PyTorchJob")
+#: The label the training operator puts on a PyTorchJob's pods (their run id, as ``batch.kubernetes.io/job-name``).
+PYTORCH_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 #: The shortest run id a template name must leave room for.
 MIN_RUN_ID = 4
 STATES = ("pending", "running", "succeeded", "failed", "cancelled")
@@ -58,8 +72,9 @@ class RunStatus:
         start_time: The Job's ``status.startTime``, or None.
         finish_time: Completion, failure or cancellation time, or None while unfinished.
         message: The deciding condition's ``reason: message``, or what the run waits for.
-        active_pods: ``status.active``.
-        failed_pods: ``status.failed``.
+        active_pods: ``status.active`` (a PyTorchJob: summed over its replicas).
+        failed_pods: ``status.failed`` (likewise).
+        kind: The run object's kind: ``Job`` or ``PyTorchJob``.
     """
 
     run_id: str
@@ -73,6 +88,7 @@ class RunStatus:
     message: str = ""
     active_pods: int = 0
     failed_pods: int = 0
+    kind: str = "Job"
 
     @property
     def finished(self) -> bool:
@@ -108,11 +124,12 @@ def load_template(path: str | Path) -> dict:
     """Read and check one Job template.
 
     Returns:
-        The Job as a dict (``status`` and server-set metadata removed).
+        The Job (or PyTorchJob) as a dict (``status`` and server-set metadata removed).
 
     Raises:
-        ValueError: unreadable YAML, not exactly one ``batch/v1`` Job, or a ``metadata.name`` that is not a DNS-1123
-            label leaving at least :data:`MIN_RUN_ID` characters for the run id.
+        ValueError: unreadable YAML, not exactly one ``batch/v1`` Job or ``kubeflow.org/v1`` PyTorchJob (with a
+            ``Master`` replica), or a ``metadata.name`` that is not a DNS-1123 label leaving at least
+            :data:`MIN_RUN_ID` characters for the run id (within :func:`name_limit`).
     """
     try:
         docs = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d is not None]
@@ -121,13 +138,19 @@ def load_template(path: str | Path) -> dict:
     if len(docs) != 1 or not isinstance(docs[0], dict):
         raise ValueError(f"Job template {path} must hold exactly one object, found {len(docs)}")
     job = docs[0]
-    if job.get("apiVersion") != "batch/v1" or job.get("kind") != "Job":
-        raise ValueError(f"Job template {path} is a {job.get('apiVersion')}/{job.get('kind')}, not a batch/v1 Job")
+    if (job.get("apiVersion"), job.get("kind")) not in (JOB, PYTORCH_JOB):
+        raise ValueError(f"Job template {path} is a {job.get('apiVersion')}/{job.get('kind')}, not a batch/v1 Job "
+                         "(or a kubeflow.org/v1 PyTorchJob)")
     name = (job.get("metadata") or {}).get("name") or ""
-    if not DNS1123_LABEL.match(name) or len(name) > MAX_NAME - 1 - MIN_RUN_ID:
+    limit = name_limit(job) - 1 - MIN_RUN_ID
+    if not DNS1123_LABEL.match(name) or len(name) > limit:
         raise ValueError(f"Job template {path}: metadata.name {name!r} must be a DNS-1123 label of at most "
-                         f"{MAX_NAME - 1 - MIN_RUN_ID} characters (the run id is appended)")
-    if not isinstance((job.get("spec") or {}).get("template"), dict):
+                         f"{limit} characters (the run id is appended)")
+    if job["kind"] == "PyTorchJob":
+        master = ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).get("Master")
+        if not isinstance((master or {}).get("template"), dict):
+            raise ValueError(f"Job template {path} has no spec.pytorchReplicaSpecs.Master.template")
+    elif not isinstance((job.get("spec") or {}).get("template"), dict):
         raise ValueError(f"Job template {path} has no spec.template")
     job = copy.deepcopy(job)
     job.pop("status", None)
@@ -137,19 +160,43 @@ def load_template(path: str | Path) -> dict:
     return job
 
 
-def max_run_id_len(prefix: str) -> int:
-    """Longest run id that keeps ``<prefix>-<run id>`` within 63 characters."""
-    return MAX_NAME - len(prefix) - 1
+def template_kind(template: dict) -> str:
+    """What one run of ``template`` is: ``job`` (one pod), ``indexed`` (an Indexed Job: one pod per index, several
+    nodes when parallel) or ``pytorchjob`` (a Kubeflow PyTorchJob)."""
+    if template.get("kind") == "PyTorchJob":
+        return "pytorchjob"
+    return "indexed" if (template.get("spec") or {}).get("completionMode") == "Indexed" else "job"
 
 
-def validate_run_id(run_id: str, prefix: str | None = None) -> str:
+def name_limit(template: dict) -> int:
+    """Most characters of the name of a run of ``template``: :data:`MAX_MULTI_NODE_NAME` for an Indexed Job or a
+    PyTorchJob, else :data:`MAX_NAME`."""
+    return MAX_NAME if template_kind(template) == "job" else MAX_MULTI_NODE_NAME
+
+
+def pod_templates(job: dict) -> list[dict]:
+    """The pod templates of a Job (``spec.template``) or of every PyTorchJob replica (``spec.pytorchReplicaSpecs.*
+    .template``), as the objects inside ``job`` (editing them edits ``job``)."""
+    spec = job.get("spec") or {}
+    if job.get("kind") == "PyTorchJob":
+        return [r["template"] for r in (spec.get("pytorchReplicaSpecs") or {}).values()
+                if isinstance(r, dict) and isinstance(r.get("template"), dict)]
+    return [spec["template"]] if isinstance(spec.get("template"), dict) else []
+
+
+def max_run_id_len(prefix: str, limit: int = MAX_NAME) -> int:
+    """Longest run id that keeps ``<prefix>-<run id>`` within ``limit`` characters (63: a Job of one pod)."""
+    return limit - len(prefix) - 1
+
+
+def validate_run_id(run_id: str, prefix: str | None = None, limit: int = MAX_NAME) -> str:
     """Check a run id: a DNS-1123 label (lower-case letters, digits, '-'; starts and ends alphanumeric), short enough
-    for ``<prefix>-<run id>`` to have at most 63 characters (63 alone when ``prefix`` is None).
+    for ``<prefix>-<run id>`` to have at most ``limit`` characters (63 alone when ``prefix`` is None).
 
     Raises:
         InvalidArgument: the message says which rule failed and the length allowed.
     """
-    limit = MAX_NAME if prefix is None else max_run_id_len(prefix)
+    limit = MAX_NAME if prefix is None else max_run_id_len(prefix, limit)
     if not run_id:
         raise InvalidArgument("run_id is empty")
     if not DNS1123_LABEL.match(run_id):
@@ -157,15 +204,16 @@ def validate_run_id(run_id: str, prefix: str | None = None) -> str:
                               "'-', starting and ending with a letter or digit (e.g. 'nightly-20250101')")
     if len(run_id) > limit:
         where = f"the Job name {prefix}-<run id>" if prefix else "a label value"
+        total = limit + len(prefix) + 1 if prefix else MAX_NAME
         raise InvalidArgument(f"run_id {run_id!r} has {len(run_id)} characters; at most {limit} fit in {where} "
-                              "(63 characters)")
+                              f"({total} characters)")
     return run_id
 
 
-def generate_run_id(prefix: str, now: dt.datetime | None = None) -> str:
+def generate_run_id(prefix: str, now: dt.datetime | None = None, limit: int = MAX_NAME) -> str:
     """A new run id: ``<UTC yyyymmdd-hhmmss>-<4 hex>`` (20 characters), or only hex digits (4-8) when the template
-    name leaves less room. Sorts by time when the long form fits."""
-    room = max_run_id_len(prefix)
+    name leaves less room within ``limit`` characters. Sorts by time when the long form fits."""
+    room = max_run_id_len(prefix, limit)
     now = now or dt.datetime.now(dt.timezone.utc)
     if room >= 20:
         return f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
@@ -174,8 +222,10 @@ def generate_run_id(prefix: str, now: dt.datetime | None = None) -> str:
 
 def job_from_template(template: dict, phase: str, run_id: str, namespace: str, created: dt.datetime) -> dict:
     """The Job of one run: the template named ``<template name>-<run id>`` in ``namespace``, labelled (Job and pod
-    template) with ``mascot.ai/phase``, ``mascot.ai/run-id`` and ``app.kubernetes.io/*`` (name and part-of default
-    to ``mascot``, component to ``training``, managed-by is ``mascot-gateway``), annotated with the trigger time."""
+    templates) with ``mascot.ai/phase``, ``mascot.ai/run-id`` and ``app.kubernetes.io/*`` (name and part-of default
+    to ``mascot``, component to ``training``, managed-by is ``mascot-gateway``), annotated with the trigger time.
+    An Indexed Job's pod ``subdomain`` becomes the Job's name (its :func:`rendezvous_service`); a PyTorchJob's
+    replicas are labelled alike."""
     job = copy.deepcopy(template)
     meta = job.setdefault("metadata", {})
     meta["name"] = f"{meta['name']}-{run_id}"
@@ -188,9 +238,43 @@ def job_from_template(template: dict, phase: str, run_id: str, namespace: str, c
     labels[LABEL_PHASE], labels[LABEL_RUN_ID] = phase, run_id
     meta["labels"] = labels
     meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_CREATED: _iso(created)}
-    pod_meta = job["spec"]["template"].setdefault("metadata", {})
-    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), LABEL_PHASE: phase, LABEL_RUN_ID: run_id}
+    for pod in pod_templates(job):
+        pod_meta = pod.setdefault("metadata", {})
+        pod_meta["labels"] = {**(pod_meta.get("labels") or {}), LABEL_PHASE: phase, LABEL_RUN_ID: run_id}
+        if template_kind(job) == "indexed" and (pod.get("spec") or {}).get("subdomain"):
+            pod["spec"]["subdomain"] = meta["name"]
     return job
+
+
+def rendezvous_service(job: dict, owner_uid: str = "") -> dict | None:
+    """The headless Service the pods of an Indexed Job meet through, or None when the Job needs none (not Indexed,
+    or its pod template names no ``subdomain``).
+
+    The Service is named as the pods' ``subdomain`` (the Job's name, :func:`job_from_template`), selects the run's
+    pods by ``mascot.ai/phase`` and ``mascot.ai/run-id``, publishes them before they are ready (the rendezvous
+    precedes readiness) and exposes the named ports of their containers. With ``owner_uid`` (the created Job's
+    ``metadata.uid``) the Job owns it: the garbage collector deletes it with the Job (cancel, TTL).
+    """
+    if template_kind(job) != "indexed":
+        return None
+    pod = job["spec"]["template"]
+    subdomain = (pod.get("spec") or {}).get("subdomain")
+    if not subdomain:
+        return None
+    meta = job["metadata"]
+    labels = meta.get("labels") or {}
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+    ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
+              "protocol": p.get("protocol", "TCP")}
+             for c in (pod.get("spec") or {}).get("containers") or [] for p in c.get("ports") or [] if p.get("name")]
+    svc_meta: dict[str, Any] = {"name": subdomain, "namespace": meta.get("namespace"), "labels": dict(labels)}
+    if owner_uid:
+        svc_meta["ownerReferences"] = [{"apiVersion": JOB[0], "kind": JOB[1], "name": meta["name"], "uid": owner_uid}]
+    spec: dict[str, Any] = {"clusterIP": "None", "publishNotReadyAddresses": True,
+                            "selector": {k: pod_labels[k] for k in (LABEL_PHASE, LABEL_RUN_ID) if k in pod_labels}}
+    if ports:
+        spec["ports"] = ports
+    return {"apiVersion": "v1", "kind": "Service", "metadata": svc_meta, "spec": spec}
 
 
 # ---------------------------------------------------------------------------------------------------- status
@@ -223,12 +307,21 @@ def run_status(job: dict) -> RunStatus:
     ``Suspended`` true -> ``pending``; a ready pod (``status.ready`` > 0, or ``active`` > 0 where the API does not
     report ``ready``) or a pending ``SuccessCriteriaMet``/``FailureTarget`` -> ``running``; otherwise ``pending``.
     Reference: Kubernetes Job status, https://kubernetes.io/docs/concepts/workloads/controllers/job/.
+    A PyTorchJob (``kind`` PyTorchJob) is read by :func:`_pytorch_job_state` instead.
     """
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     st = job.get("status") or {}
     conds = {c.get("type"): c for c in st.get("conditions") or [] if str(c.get("status")) == "True"}
+    if job.get("kind") == "PyTorchJob":
+        state, finish, message, active, failed = _pytorch_job_state(meta, st, conds)
+        return RunStatus(run_id=labels.get(LABEL_RUN_ID, ""), phase=labels.get(LABEL_PHASE, ""),
+                         job_name=meta.get("name", ""), namespace=meta.get("namespace", ""), state=state,
+                         create_time=parse_time(annotations.get(ANNOTATION_CREATED)) or parse_time(
+                             meta.get("creationTimestamp")),
+                         start_time=parse_time(st.get("startTime")), finish_time=finish, message=message[:500],
+                         active_pods=active, failed_pods=failed, kind="PyTorchJob")
     active, failed = int(st.get("active") or 0), int(st.get("failed") or 0)
     ready = st.get("ready")
     start = parse_time(st.get("startTime"))
@@ -262,6 +355,35 @@ def run_status(job: dict) -> RunStatus:
                          meta.get("creationTimestamp")),
                      start_time=start, finish_time=finish, message=message[:500], active_pods=active,
                      failed_pods=failed)
+
+
+def _pytorch_job_state(meta: dict, st: dict, conds: dict) -> tuple[str, dt.datetime | None, str, int, int]:
+    """``(state, finish, message, active pods, failed pods)`` of a PyTorchJob (Kubeflow training operator status:
+    conditions Created, Running, Restarting, Suspended, Succeeded, Failed; pods per replica in
+    ``replicaStatuses``). First match wins: being deleted -> cancelled; Succeeded -> succeeded; Failed -> failed;
+    Suspended -> pending; Restarting or Running -> running; otherwise pending."""
+    replicas = [r for r in (st.get("replicaStatuses") or {}).values() if isinstance(r, dict)]
+    active = sum(int(r.get("active") or 0) for r in replicas)
+    failed = sum(int(r.get("failed") or 0) for r in replicas)
+    if meta.get("deletionTimestamp"):
+        return "cancelled", parse_time(meta["deletionTimestamp"]), "cancelled: the PyTorchJob is being deleted", \
+            active, failed
+    if "Succeeded" in conds:
+        c = conds["Succeeded"]
+        finish = parse_time(st.get("completionTime")) or parse_time(c.get("lastTransitionTime"))
+        return "succeeded", finish, _condition_text(c) or "the PyTorchJob succeeded", active, failed
+    if "Failed" in conds:
+        c = conds["Failed"]
+        finish = parse_time(c.get("lastTransitionTime")) or parse_time(st.get("completionTime"))
+        return "failed", finish, _condition_text(c) or "the PyTorchJob failed", active, failed
+    if "Suspended" in conds:
+        return "pending", None, "suspended: " + (_condition_text(conds["Suspended"]) or "runPolicy.suspend is true"), \
+            active, failed
+    if "Restarting" in conds:
+        return "running", None, f"restarting: {_condition_text(conds['Restarting'])}".rstrip(": "), active, failed
+    if "Running" in conds:
+        return "running", None, f"{active} pod(s) running", active, failed
+    return "pending", None, "waiting for the training operator's pods", active, failed
 
 
 # ------------------------------------------------------------------------------------------------- API client

@@ -6,6 +6,11 @@ or ``training-jobs/k8s/<phase>-job.yaml``): the template's ``metadata.name`` is 
 the labels ``mascot.ai/phase`` and ``mascot.ai/run-id`` (Job and pod template) plus ``app.kubernetes.io/*``. The chart's
 pods read their run directory name from their Job's name (``batch.kubernetes.io/job-name``).
 
+Runs on several nodes (the chart's ``training.nodes``): an Indexed Job template gets, with each Job, the headless
+Service its pods meet through (:func:`~mascot.core.job_specs.rendezvous_service`), owned by the Job so that it goes
+when the Job goes; a ``kubeflow.org/v1`` PyTorchJob template is created, listed, read and deleted as that custom
+resource (its operator makes the pods and Services). Names of both kinds have at most 52 characters.
+
 Semantics (:class:`JobManager`):
 
 - **Idempotent per run id**: triggering a run id that already has a Job of the same phase returns that run
@@ -70,6 +75,13 @@ from mascot.core.job_specs import (  # noqa: F401  (the public names of the run 
     parse_time,
     _condition_text,
     run_status,
+    JOB,
+    PYTORCH_JOB,
+    MAX_MULTI_NODE_NAME,
+    template_kind,
+    name_limit,
+    pod_templates,
+    rendezvous_service,
     api_client,
     default_namespace,
     _api_reason,
@@ -115,6 +127,10 @@ class JobManager:
         self.templates = {p: copy.deepcopy(t) for p, t in templates.items()}
         self.client = client
         self.api = kclient.BatchV1Api(client)
+        self.core = kclient.CoreV1Api(client)
+        self.custom = kclient.CustomObjectsApi(client)
+        #: Kinds of the runs this manager creates (``job``, ``indexed``, ``pytorchjob``; :func:`template_kind`).
+        self.kinds = {template_kind(t) for t in self.templates.values()}
         tmpl_ns = next((t["metadata"].get("namespace") for t in self.templates.values()
                         if t["metadata"].get("namespace")), "")
         self.namespace = namespace or tmpl_ns or fallback_namespace or "default"
@@ -176,7 +192,9 @@ class JobManager:
             if e.status in (400, 422):
                 raise FailedPrecondition(f"the Kubernetes API refused to {what} ({_api_reason(e)}); fix the Job "
                                          "template") from None
-            hint = "; check the gateway's Role (create/get/list/watch/delete on batch Jobs)" if e.status in (
+            hint = ("; check the gateway's Role (create/get/list/watch/delete on batch Jobs; create/delete on "
+                    "Services for runs on several nodes; create/get/list/watch/delete on kubeflow.org PyTorchJobs)"
+                    ) if e.status in (
                 401, 403) else ""
             raise Unavailable(f"the Kubernetes API failed to {what} ({_api_reason(e)}){hint}") from None
         except (HTTPError, OSError, ValueError) as e:
@@ -185,12 +203,18 @@ class JobManager:
                               f"to {what} ({why})") from None
 
     def _list(self, equals: dict[str, str], exists: tuple[str, ...] = ()) -> list[dict]:
-        """Jobs in the namespace whose labels match (also checked here, so a server that ignores the selector
-        cannot widen the result)."""
+        """Jobs (and PyTorchJobs, when a template is one) in the namespace whose labels match (also checked here, so
+        a server that ignores the selector cannot widen the result)."""
         sel = ",".join([*(f"{k}={v}" for k, v in equals.items()), *exists])
         body = self._call("list Jobs", self.api.list_namespaced_job, self.namespace, label_selector=sel)
+        items = list((body or {}).get("items") or [])
+        if "pytorchjob" in self.kinds:
+            group, version = PYTORCH_JOB[0].split("/")
+            more = self._call("list PyTorchJobs", self.custom.list_namespaced_custom_object, group, version,
+                              self.namespace, "pytorchjobs", missing_ok=True, label_selector=sel)
+            items += [{**j, "kind": "PyTorchJob"} for j in (more or {}).get("items") or []]
         out = []
-        for job in (body or {}).get("items") or []:
+        for job in items:
             labels = (job.get("metadata") or {}).get("labels") or {}
             if all(labels.get(k) == v for k, v in equals.items()) and all(k in labels for k in exists):
                 out.append(job)
@@ -199,8 +223,56 @@ class JobManager:
     def _jobs_of_run(self, run_id: str) -> list[dict]:
         return self._list(dict(self.scope, **{LABEL_RUN_ID: run_id}), (LABEL_PHASE,))
 
-    def _read(self, name: str) -> dict | None:
+    def _read(self, name: str, kind: str = "Job") -> dict | None:
+        if kind == "PyTorchJob":
+            group, version = PYTORCH_JOB[0].split("/")
+            got = self._call(f"read PyTorchJob {name}", self.custom.get_namespaced_custom_object, group, version,
+                             self.namespace, "pytorchjobs", name, missing_ok=True)
+            return None if got is None else {**got, "kind": "PyTorchJob"}
         return self._call(f"read Job {name}", self.api.read_namespaced_job, name, self.namespace, missing_ok=True)
+
+    def _create(self, job: dict) -> dict:
+        """Create the run's object (a Job or a PyTorchJob); the ApiException of a 409 is raised."""
+        name = job["metadata"]["name"]
+        if job["kind"] == "PyTorchJob":
+            group, version = PYTORCH_JOB[0].split("/")
+            got = self._call(f"create PyTorchJob {name}", self.custom.create_namespaced_custom_object, group,
+                             version, self.namespace, "pytorchjobs", job)
+            return {**(got or job), "kind": "PyTorchJob"}
+        return self._call(f"create Job {name}", self.api.create_namespaced_job, self.namespace, job)
+
+    def _delete(self, name: str, kind: str) -> None:
+        """Delete a run's object (missing is fine), its pods by the configured propagation policy."""
+        if kind == "PyTorchJob":
+            group, version = PYTORCH_JOB[0].split("/")
+            self._call(f"delete PyTorchJob {name}", self.custom.delete_namespaced_custom_object, group, version,
+                       self.namespace, "pytorchjobs", name, missing_ok=True, propagation_policy=self.propagation)
+        else:
+            self._call(f"delete Job {name}", self.api.delete_namespaced_job, name, self.namespace,
+                       missing_ok=True, propagation_policy=self.propagation)
+
+    def _ensure_rendezvous(self, job: dict) -> None:
+        """Create the headless Service of an Indexed Job (:func:`rendezvous_service`), owned by the Job when the API
+        reported its uid; one that exists already is kept.
+
+        Raises:
+            FailedPrecondition, Unavailable: as :meth:`_call`.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        name = job["metadata"]["name"]
+        if rendezvous_service(job) is None:
+            return
+        uid = (job.get("metadata") or {}).get("uid") or ((self._read(name) or {}).get("metadata") or {}).get("uid")
+        svc = rendezvous_service(job, uid or "")
+        if not uid:
+            log.warning("Job %s/%s has no uid: its rendezvous Service is not owned by it (deleted on cancel only)",
+                        self.namespace, name)
+        try:
+            self._call(f"create Service {svc['metadata']['name']}", self.core.create_namespaced_service,
+                       self.namespace, svc)
+        except ApiException:  # 409: it exists (a trigger repeated)
+            pass
 
     def _unfinished(self, phase: str) -> list[RunStatus]:
         runs = [run_status(j) for j in self._list(dict(self.scope, **{LABEL_PHASE: phase}))]
@@ -234,8 +306,9 @@ class JobManager:
         Raises:
             InvalidArgument: bad phase or run id.
             AlreadyExists: the run id belongs to a run of another phase.
-            FailedPrecondition: no template for the phase, a Job of this id still being deleted, or a template the
-                API refuses.
+            FailedPrecondition: no template for the phase, a Job of this id still being deleted, or a template (or,
+                on several nodes, a rendezvous Service) the API refuses; the Job of a run whose Service cannot be
+                made is deleted again.
             ResourceExhausted: the phase has ``max_active_runs`` unfinished Jobs (the message names them).
             Unavailable: the Kubernetes API failed.
         """
@@ -243,15 +316,17 @@ class JobManager:
 
         self.phase_of(phase)
         template = self.templates[phase]
-        prefix = template["metadata"]["name"]
+        prefix, limit = template["metadata"]["name"], name_limit(template)
         generated = not run_id
         with self._lock:
             for _ in range(5):
-                rid = generate_run_id(prefix, self.clock()) if generated else validate_run_id(run_id, prefix)
+                rid = generate_run_id(prefix, self.clock(), limit) if generated else \
+                    validate_run_id(run_id, prefix, limit)
                 name = f"{prefix}-{rid}"
-                others = [j for j in self._jobs_of_run(rid)
-                          if (j["metadata"].get("labels") or {}).get(LABEL_PHASE) != phase]
-                existing = self._read(name)
+                runs = self._jobs_of_run(rid)
+                others = [j for j in runs if (j["metadata"].get("labels") or {}).get(LABEL_PHASE) != phase]
+                mine = [j for j in runs if j not in others and j["metadata"].get("name") == name]
+                existing = mine[0] if mine else self._read(name, template["kind"])
                 if generated and (others or existing is not None):
                     continue  # a generated id collided: draw another
                 break
@@ -265,6 +340,8 @@ class JobManager:
                 if run.state == "cancelled":
                     raise FailedPrecondition(f"run {rid} is still being deleted after a cancel; trigger it again "
                                              "once GetRun says NOT_FOUND or cancelled with no Job")
+                if not run.finished:
+                    self._ensure_rendezvous({**existing, "kind": existing.get("kind") or "Job"})
                 return TriggerResult(run, already_existed=True)
             active = self._unfinished(phase)
             if len(active) >= self.max_active_runs:
@@ -274,12 +351,17 @@ class JobManager:
                     f"{self.max_active_runs} (training.max_active_runs): wait for one to finish or cancel it")
             job = job_from_template(template, phase, rid, self.namespace, self.clock())
             try:
-                created = self._call(f"create Job {name}", self.api.create_namespaced_job, self.namespace, job)
+                created = self._create(job)
             except ApiException:  # 409: another creator won the race
-                again = self._read(name)
+                again = self._read(name, job["kind"])
                 if again is None:
                     raise Unavailable(f"Job {name} was reported to exist but cannot be read; retry") from None
                 return TriggerResult(run_status(again), already_existed=True)
+            try:
+                self._ensure_rendezvous({**job, **(created or {}), "kind": job["kind"]})
+            except (FailedPrecondition, Unavailable) as e:  # without its Service the pods could never meet
+                self._delete(name, job["kind"])
+                raise type(e)(f"{e} (Job {name} deleted again: its pods could not have met)") from None
             self._cancelled.pop(rid, None)
         log.info("training run %s (%s) created as Job %s/%s", rid, phase, self.namespace, name)
         return TriggerResult(run_status(created or job), already_existed=False)
@@ -342,10 +424,12 @@ class JobManager:
             if run.finished:
                 raise FailedPrecondition(f"run {run_id} already {run.state}; only pending or running runs can be "
                                          "cancelled")
-            self._call(f"delete Job {run.job_name}", self.api.delete_namespaced_job, run.job_name, self.namespace,
-                       missing_ok=True, propagation_policy=self.propagation)
+            self._delete(run.job_name, run.kind)
+            if template_kind(self.templates.get(run.phase) or {}) == "indexed":  # owned by the Job; gone sooner
+                self._call(f"delete Service {run.job_name}", self.core.delete_namespaced_service, run.job_name,
+                           self.namespace, missing_ok=True)
             done = replace(run, state="cancelled", finish_time=self.clock(),
-                           message=f"cancelled: Job deleted ({self.propagation} propagation)")
+                           message=f"cancelled: {run.kind} deleted ({self.propagation} propagation)")
             self._cancelled[run_id] = done
             while len(self._cancelled) > _CANCELLED_KEPT:
                 self._cancelled.popitem(last=False)

@@ -1,15 +1,17 @@
 """The metric catalog: every name, label set and bucket, defined once.
 
 Build one :class:`Metrics` per process (or per test) on a ``CollectorRegistry`` and pass it through
-constructors; there is no module-level registry use. Labels stay bounded: never a conversation,
-user or request id.
+constructors; nothing of ours is registered in prometheus_client's default registry. Labels stay bounded: never a
+conversation, user or request id. Series a library keeps in the default registry (vLLM's ``vllm:*``) are read from
+there at scrape time by :class:`DefaultRegistrySeries` (:meth:`Metrics.export_default_series`).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
@@ -38,6 +40,40 @@ RPC_DECLARED_CODES = ("OK", "UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCE
                       "RESOURCE_EXHAUSTED")
 
 
+class DefaultRegistrySeries:
+    """A collector that re-exports the metric families of another registry (prometheus_client's default one unless
+    ``source`` is given) whose names start with ``prefix``, read at every scrape.
+
+    vLLM registers its series (``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ...) in the default
+    registry; registered on a :class:`Metrics` registry, this puts them on the same ``/metrics`` as the ``mascot_*``
+    series, with their own names, labels and values.
+
+    Args:
+        prefix: Family-name prefix to export, e.g. ``"vllm:"``; not empty.
+        source: The registry to read; default prometheus_client's ``REGISTRY``.
+
+    Raises:
+        ValueError: an empty ``prefix``.
+    """
+
+    def __init__(self, prefix: str, source: CollectorRegistry | None = None) -> None:
+        if not prefix:
+            raise ValueError("prefix must not be empty")
+        self.prefix = prefix
+        self.source = source if source is not None else REGISTRY
+
+    def collect(self) -> Iterator[Metric]:
+        """The source's families whose name starts with the prefix, as they are now."""
+        for family in self.source.collect():
+            if family.name.startswith(self.prefix):
+                yield family
+
+    def describe(self) -> list[Metric]:
+        """Nothing: the families come and go with the library's objects, so the registry does not reserve their
+        names (our own are ``mascot_*`` and never collide with a foreign prefix)."""
+        return []
+
+
 class Metrics:
     """All MASCOT metrics on one registry.
 
@@ -47,6 +83,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._exported_prefixes: set[str] = set()
         r = self.registry
         self.rpc_requests = Counter(
             "mascot_rpc_requests_total", "RPCs handled, by final status code.",
@@ -54,6 +91,10 @@ class Metrics:
         self.rpc_duration = Histogram(
             "mascot_rpc_duration_seconds", "RPC wall time in seconds, to the last message sent.",
             ["component", "rpc", "code"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rpc_in_flight = Gauge(
+            "mascot_rpc_in_flight", "RPCs being handled now (a unary call until it answers, a server stream until it "
+            "ends), by component and method: the load signal the chart's load autoscaling reads.",
+            ["component", "rpc"], registry=r)
         self.round_duration = Histogram(
             "mascot_round_duration_seconds", "Wall time of one round (user message to last agent turn).",
             ["mode"], buckets=LATENCY_BUCKETS, registry=r)
@@ -125,6 +166,26 @@ class Metrics:
             for result in TRAINING_RESULTS:
                 self.training_runs.labels(phase, result)
 
+    def export_default_series(self, prefix: str) -> bool:
+        """Export the families of prometheus_client's default registry named ``prefix...`` (vLLM's ``vllm:``) on
+        this registry, through one :class:`DefaultRegistrySeries` per prefix (a second call with the same prefix
+        changes nothing).
+
+        Returns:
+            True when it was added now; False when already exported, or when this registry is the default one (it
+            holds those families itself).
+
+        Raises:
+            ValueError: an empty ``prefix``.
+        """
+        if not prefix:
+            raise ValueError("prefix must not be empty")
+        if self.registry is REGISTRY or prefix in self._exported_prefixes:
+            return False
+        self.registry.register(DefaultRegistrySeries(prefix))
+        self._exported_prefixes.add(prefix)
+        return True
+
     def declare(self, *, personas: Iterable[str] = (), safety_categories: Iterable[str] = (),
                 rpcs: Mapping[str, Iterable[str]] | None = None, judges: Iterable[str] = (),
                 judge_criteria: Iterable[str] = (), reward_models: Iterable[str] = ()) -> None:
@@ -140,7 +201,7 @@ class Metrics:
                 :data:`DIRECTIVE_SOURCES`).
             safety_categories: Categories of the safety gate (``mascot_safety_events_total``).
             rpcs: ``{component: rpc names}`` served by this process (``mascot_rpc_requests_total`` for every
-                :data:`RPC_DECLARED_CODES`).
+                :data:`RPC_DECLARED_CODES`, and ``mascot_rpc_in_flight`` at 0, so an idle pod reports its load).
             judges: Configured judge names (``mascot_judge_unparseable_total``).
             judge_criteria: Rubric criteria (``mascot_judge_scores``, an empty histogram per criterion).
             reward_models: Names of the served reward models (``mascot_reward_scores``, an empty histogram each).
@@ -158,5 +219,6 @@ class Metrics:
             self.reward_scores.labels(model)
         for component, names in (rpcs or {}).items():
             for rpc in names:
+                self.rpc_in_flight.labels(component, rpc)
                 for code in RPC_DECLARED_CODES:
                     self.rpc_requests.labels(component, rpc, code)

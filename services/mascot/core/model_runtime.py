@@ -1,6 +1,7 @@
-"""The model components' runtime behind :mod:`mascot.core.modelserver`: bring-up and readiness gating
-(:class:`ComponentRuntime`) and the Open Inference Protocol model (:class:`ComponentModel`, the JSON-in-BYTES codec
-described in :mod:`mascot.core.modelserver`).
+"""The model components' runtime behind :mod:`mascot.core.modelserver`: readiness gating per component
+(:class:`ComponentRuntime`), bring-up of a server's components on one engine (:class:`ModelHost`) and the Open
+Inference Protocol model (:class:`ComponentModel`, the JSON-in-BYTES codec described in
+:mod:`mascot.core.modelserver`).
 
 Importing this module imports ``kserve``, which parses ``sys.argv`` at import: import it through
 ``mascot serve-model``, which clears ``sys.argv`` first.
@@ -52,14 +53,14 @@ class Rpc:
 
 
 class ComponentRuntime:
-    """One model component, brought up in the background and gated until ready.
+    """One model component of a server: its gRPC surface, its readiness, and the gate in front of its servicer.
+    A :class:`ModelHost` brings it up (engine, servicer, adapters).
 
     Args:
         component: ``director``, ``speaker``, ``judge`` or ``reward``.
-        cfg: Effective configuration (``engine``, ``adapters.store``/``poll_s`` and the component's section).
-        metrics: Metrics the servicer, engine and resolver record on.
-        engine: An already started engine to share (tests); None builds and starts one from ``cfg.engine`` when the
-            component needs it (and closes it in :meth:`close`).
+        cfg: Effective configuration (the component's section).
+        metrics: Metrics the servicer records on.
+        engine: An already started engine (tests); the host that brings it up sets it otherwise.
 
     Raises:
         ValueError: an unknown component.
@@ -70,7 +71,7 @@ class ComponentRuntime:
             raise ValueError(f"unknown model component {component!r}; choose from {', '.join(SERVICES)}")
         module, short = SERVICES[component]
         self.component, self.cfg, self.metrics = component, cfg, metrics
-        self.engine, self._own_engine = engine, engine is None
+        self.engine = engine
         self.resolver: Any = None
         self.servicer: Any = None
         self.judges: dict = {}
@@ -120,59 +121,99 @@ class ComponentRuntime:
             setattr(gate, rpc.name, method)
         return gate
 
+
+class ModelHost:
+    """The model components of one server process, brought up together on ONE engine.
+
+    Director, speaker and local judges are one base model with different adapters and prompts: served by one host,
+    they share one engine (its weights, KV cache and batches, every persona and director adapter loaded side by side)
+    and one :class:`~mascot.core.adapters.reconcile.AdapterResolver`, as in the embedded stack. A host of one
+    component is the one-service-per-role form.
+
+    Args:
+        runtimes: The components' :class:`ComponentRuntime` s (distinct components).
+        cfg: Effective configuration (``engine``, ``adapters.store``/``poll_s``, the components' sections).
+        metrics: Metrics the servicers, engine and resolver record on.
+        engine: An already started engine to share (tests); None builds and starts one from ``cfg.engine`` when any
+            component needs it (and closes it in :meth:`close`).
+
+    Raises:
+        ValueError: no component, or one given twice.
+    """
+
+    def __init__(self, runtimes: list[ComponentRuntime], cfg: MascotConfig, metrics: Metrics, *,
+                 engine: Any = None) -> None:
+        names = [rt.component for rt in runtimes]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"a model server runs each component once, got {names}")
+        self.runtimes, self.cfg, self.metrics = runtimes, cfg, metrics
+        self.engine, self._own_engine = engine, engine is None
+        self.resolver: Any = None
+        self.label = "+".join(names)
+
+    async def set_all(self, ready: bool, missing: str) -> None:
+        """Set every component's readiness (``missing``: what keeps it from serving, shown to callers)."""
+        for rt in self.runtimes:
+            await rt.set_state(ready, missing)
+
     async def bring_up(self, on_ready: Callable[[], Any]) -> None:
-        """Start the engine, build the servicer, reconcile adapters until none fails, call ``on_ready``, then follow
-        the registry until cancelled.
+        """Start the engine (once, when any component needs it), build every servicer on it, reconcile adapters
+        until none fails, mark every component ready, call ``on_ready``, then follow the registry until cancelled.
 
         Raises:
-            Exception: the engine or model cannot start (e.g. OSError for a missing model); the server stops.
+            Exception: the engine or a model cannot start (e.g. OSError for a missing model); the server stops.
         """
         from mascot.core.personas import PersonaCatalog
-        from mascot.stack import component_service, needs_engine
+        from mascot.stack import ENGINE_COMPONENTS, component_service, needs_engine
 
         cfg, store = self.cfg, self.cfg.adapters.store
-        if needs_engine(cfg, (self.component,)):
+        names = tuple(rt.component for rt in self.runtimes)
+        if needs_engine(cfg, names):
             if self.engine is None:
                 from mascot.core.engine import build_engine
 
-                await self.set_state(False, "the engine is starting")
-                self.engine = build_engine(cfg.engine, self.metrics, component=self.component)
+                await self.set_all(False, "the engine is starting")
+                self.engine = build_engine(cfg.engine, self.metrics, component="+".join(
+                    c for c in names if c in ENGINE_COMPONENTS))
                 await self.engine.start()  # close() closes it even when start-up is cancelled half-way
             from mascot.core.adapters.reconcile import AdapterResolver
 
-            self.resolver = AdapterResolver(self.engine, store or None, self.metrics, config=self.cfg.adapters)
-        await self.set_state(False, f"the {self.component} model is loading")
+            self.resolver = AdapterResolver(self.engine, store or None, self.metrics, config=cfg.adapters)
         catalog = PersonaCatalog.load(cfg.personas.extra_files)
-        _, servicer, name = await component_service(self.component, cfg, engine=self.engine, catalog=catalog,
-                                                    metrics=self.metrics, resolver=self.resolver)
-        assert name == self.service_name, (name, self.service_name)
-        self.servicer, self.judges = servicer, getattr(servicer, "judges", {}) if self.component == "judge" else {}
+        for rt in self.runtimes:
+            await rt.set_state(False, f"the {rt.component} model is loading")
+            _, servicer, name = await component_service(rt.component, cfg, engine=self.engine, catalog=catalog,
+                                                        metrics=self.metrics, resolver=self.resolver)
+            assert name == rt.service_name, (name, rt.service_name)
+            rt.engine, rt.resolver = self.engine, self.resolver
+            rt.servicer, rt.judges = servicer, getattr(servicer, "judges", {}) if rt.component == "judge" else {}
         follow = self.resolver is not None and bool(store)
         while follow:
             failed = await self.resolver.reconcile_once()
             if not failed:
                 break
-            await self.set_state(False, "adapter versions the registry requires are not loaded (" + "; ".join(
+            await self.set_all(False, "adapter versions the registry requires are not loaded (" + "; ".join(
                 f"{n}: {e}" for n, e in sorted(failed.items())) + f"); retrying every {cfg.adapters.poll_s:g} s")
-            log.warning("%s not ready: %s", self.component, self.missing)
+            log.warning("%s not ready: %s", self.label, self.runtimes[0].missing)
             await asyncio.sleep(cfg.adapters.poll_s)
-        await self.set_state(True, "")
-        log.info("%s ready", self.component)
+        await self.set_all(True, "")
+        log.info("%s ready", self.label)
         await on_ready()
         if follow:
             await self.resolver.run(cfg.adapters.poll_s)
 
     async def close(self) -> None:
-        """Close judges' backends and caches and the engine this runtime started."""
+        """Close judges' backends and caches and the engine this host started."""
         from mascot.stack import close_judges
 
-        await self.set_state(False, "the service is stopping")
-        await close_judges(self.judges)
+        await self.set_all(False, "the service is stopping")
+        for rt in self.runtimes:
+            await close_judges(rt.judges)
         if self.engine is not None and self._own_engine:
             try:
                 await self.engine.close()
             except Exception:  # noqa: BLE001 - an engine whose start was cancelled may not close cleanly
-                log.exception("closing the %s engine failed", self.component)
+                log.exception("closing the %s engine failed", self.label)
 
 
 class _OipContext:

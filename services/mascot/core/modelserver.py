@@ -2,16 +2,23 @@
 
 The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :mod:`mascot.core.model_runtime`.
 
-:class:`OnePortModelServer` runs ONE component (``director``, ``speaker``, ``judge`` or ``reward``) as a
+:class:`OnePortModelServer` runs one or more components (``director``, ``speaker``, ``judge``, ``reward``) as a
 ``kserve.ModelServer`` (kserve 0.21.0, pinned exactly: ``_serve``/``stop`` and RESTServer internals are re-checked on
 every upgrade):
 
-- gRPC port (TLS or mutual TLS when ``server.tls`` names a certificate): our service (the servicer :func:`mascot.stack.component_service` builds, the same code as
-  ``mascot serve``), KServe's Open Inference Protocol ``inference.GRPCInferenceService``, ``grpc.health.v1.Health``
-  (SERVING only when ready) and reflection. Our service and ModelInfer pass the boundary interceptor (status codes,
+- gRPC port (TLS or mutual TLS when ``server.tls`` names a certificate): our services (the servicers
+  :func:`mascot.stack.component_service` builds, the same code as ``mascot serve``), KServe's Open Inference Protocol
+  ``inference.GRPCInferenceService``, ``grpc.health.v1.Health`` (SERVING only when ready) and reflection. Our
+  services and ModelInfer pass the boundary interceptor (status codes,
   ``mascot_rpc_*`` metrics, access log).
 - HTTP port: KServe's REST (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/<component>/ready``,
   ``/v2/models/<component>/infer``, ...) and ``/metrics`` (our ``mascot_*`` series plus KServe's own).
+
+Components served together share ONE engine and one adapter resolver (:class:`~mascot.core.model_runtime.ModelHost`):
+director, speaker and local judges are one base model with different adapters and prompts, so the chart's default
+runs them as one generation service. Each component is its own KServe model (``/v2/models/<component>/...``) and
+its own gRPC service on the shared port; ``mascot_rpc_*`` series carry the component of the service called (gRPC
+ModelInfer, whose model is inside the request, carries the joined name, e.g. ``director+speaker``).
 
 Readiness: the component is ready once its engine has started (director, speaker, local judges), its model is
 loaded (reward) and :meth:`~mascot.core.adapters.reconcile.AdapterResolver.reconcile_once` reports no failure for
@@ -51,7 +58,7 @@ import logging
 import signal
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import grpc
 from fastapi import FastAPI, Request, Response
@@ -72,8 +79,9 @@ from mascot.core.config import MascotConfig
 from mascot.core.errors import ServiceError
 from mascot.core.interceptors import BoundaryInterceptor
 from mascot.core.metrics import Metrics
-from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime
-from mascot.core.server import PortInUse, port_in_use_message, enable_reflection, server_credentials, service_rpcs
+from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime, ModelHost
+from mascot.core.server import (ConnectionSettings, PortInUse, port_in_use_message, enable_reflection,
+                                server_credentials, service_rpcs)
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +130,29 @@ async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
     return JSONResponse(status_code=HTTP_STATUS.get(exc.code, 500), content={"error": exc.message})
 
 
+def parse_components(component: "str | Sequence[str]") -> list[str]:
+    """Model components from ``"speaker"``, ``"director,speaker"`` or a sequence, in the order given.
+
+    Raises:
+        ValueError: an unknown component, none, or one given twice (the message lists the choices).
+    """
+    from mascot.stack import MODEL_COMPONENTS
+
+    names = [c.strip() for c in (component.split(",") if isinstance(component, str) else component) if c.strip()]
+    unknown = [c for c in names if c not in MODEL_COMPONENTS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"model components must be one or more of {', '.join(MODEL_COMPONENTS)}, each once, "
+                         f"comma-separated; got {component!r}")
+    return names
+
+
 class OnePortModelServer(ModelServer):
-    """A ``kserve.ModelServer`` serving one component on one gRPC port plus KServe's HTTP port (module docstring).
+    """A ``kserve.ModelServer`` serving one or more components on one gRPC port plus KServe's HTTP port, all on one
+    engine (module docstring).
 
     Args:
-        component: ``director``, ``speaker``, ``judge`` or ``reward``.
+        component: ``director``, ``speaker``, ``judge`` or ``reward``, or several of them (a sequence, or a
+            comma-separated string).
         cfg: Effective configuration.
         grpc_port: gRPC port; 0 picks a free one (read :attr:`grpc_port` after :meth:`start_async`).
         http_port: KServe REST port; 0 picks a free one (read :attr:`http_port`).
@@ -136,18 +162,22 @@ class OnePortModelServer(ModelServer):
         grace_s: Seconds in-flight calls get at shutdown.
 
     Raises:
-        ValueError: an unknown component.
+        ValueError: an unknown component, none, or one given twice.
     """
 
-    def __init__(self, component: str, cfg: MascotConfig, *, grpc_port: int, http_port: int, host: str | None = None,
-                 engine: Any = None, metrics: Metrics | None = None, grace_s: float = 5.0) -> None:
+    def __init__(self, component: "str | Sequence[str]", cfg: MascotConfig, *, grpc_port: int, http_port: int,
+                 host: str | None = None, engine: Any = None, metrics: Metrics | None = None,
+                 grace_s: float = 5.0) -> None:
         super().__init__(http_port=http_port, grpc_port=grpc_port, enable_grpc=False, workers=1,
                          enable_docs_url=False, grace_period=max(1, int(grace_s)))
         self.dataplane = _ReadinessDataPlane(model_registry=self.registered_models)
         self.cfg, self.host, self.grace_s = cfg, host or cfg.server.host, grace_s
         self.metrics = metrics or Metrics()
-        self.runtime = ComponentRuntime(component, cfg, self.metrics, engine=engine)
-        self.model = ComponentModel(self.runtime)
+        names = parse_components(component)
+        self.runtimes = [ComponentRuntime(c, cfg, self.metrics, engine=engine) for c in names]
+        self.host_runtime = ModelHost(self.runtimes, cfg, self.metrics, engine=engine)
+        self.label = self.host_runtime.label
+        self.models = [ComponentModel(rt) for rt in self.runtimes]
         self._grpc: grpc.aio.Server | None = None
         self._health: Any = None
         self._uvicorn: Any = None
@@ -155,6 +185,16 @@ class OnePortModelServer(ModelServer):
         self._stopping: asyncio.Task | None = None
         self._stopped: asyncio.Event | None = None
         self.failure: BaseException | None = None
+
+    @property
+    def runtime(self) -> ComponentRuntime:
+        """The first component's runtime (the only one of a one-component server)."""
+        return self.runtimes[0]
+
+    @property
+    def model(self) -> ComponentModel:
+        """The first component's KServe model."""
+        return self.models[0]
 
     # ------------------------------------------------------------------------------------------------ start
     async def start_async(self, models: list | None = None) -> None:
@@ -166,7 +206,7 @@ class OnePortModelServer(ModelServer):
         """
         if self._stopped is None:
             self._stopped = asyncio.Event()
-        self._register_and_check_atleast_one_model_is_ready(models or [self.model])
+        self._register_and_check_atleast_one_model_is_ready(models or list(self.models))
         try:
             await self._start_grpc()
             await self._start_rest()
@@ -174,22 +214,31 @@ class OnePortModelServer(ModelServer):
             if self._grpc is not None:
                 await self._grpc.stop(0)
             raise
-        self._tasks.append(asyncio.create_task(self._bring_up(), name=f"{self.runtime.component}-bring-up"))
-        log.info("%s serving: gRPC %s:%d, HTTP %s:%d (not ready until started)", self.runtime.component, self.host,
+        self._tasks.append(asyncio.create_task(self._bring_up(), name=f"{self.label}-bring-up"))
+        log.info("%s serving: gRPC %s:%d, HTTP %s:%d (not ready until started)", self.label, self.host,
                  self.grpc_port, self.host, self.http_port)
 
     async def _start_grpc(self) -> None:
-        rt, size = self.runtime, self.cfg.server.max_message_bytes
-        ours = (rt.service_name, V2_SERVICE)
+        size, stall = self.cfg.server.max_message_bytes, self.cfg.server.stream_stall_s
+        services = tuple(rt.service_name for rt in self.runtimes)
+        ours = (*services, V2_SERVICE)
         server = grpc.aio.server(
-            interceptors=[_Only(BoundaryInterceptor(rt.component, self.metrics, self.cfg.server.stream_stall_s),
-                                ours),
+            interceptors=[*(_Only(BoundaryInterceptor(rt.component, self.metrics, stall), (rt.service_name,))
+                            for rt in self.runtimes),
+                          _Only(BoundaryInterceptor(self.label, self.metrics, stall), (V2_SERVICE,)),
                           _Only(_OipStatus(), (V2_SERVICE,))],
-            options=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)])
+            options=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
+                     *ConnectionSettings.from_config(self.cfg.server).server_options()])
         v2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self.dataplane, self.model_repository_extension), server)
-        rt.add_to_server(rt.gate(), server)
-        self.metrics.declare(rpcs={rt.component: service_rpcs(ours)})
+        for rt in self.runtimes:
+            rt.add_to_server(rt.gate(), server)
+        rpcs = {rt.component: service_rpcs((rt.service_name,)) for rt in self.runtimes}
+        oip = service_rpcs((V2_SERVICE,))
+        if len(self.runtimes) > 1:  # REST ModelInfer is counted under the component its path names
+            rpcs = {c: [*names, "ModelInfer"] for c, names in rpcs.items()}
+        rpcs[self.label] = [*rpcs.get(self.label, []), *oip]  # one component: one label
+        self.metrics.declare(rpcs=rpcs)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -200,7 +249,7 @@ class OnePortModelServer(ModelServer):
         except RuntimeError:  # grpcio raises "Failed to bind to address" without the reason
             bound = 0
         if bound == 0:
-            raise PortInUse(port_in_use_message(f"the {rt.component}'s gRPC port", self.host, self.grpc_port,
+            raise PortInUse(port_in_use_message(f"the {self.label}'s gRPC port", self.host, self.grpc_port,
                                                 "--port"))
         await self._set_serving(False)
         await server.start()
@@ -215,7 +264,7 @@ class OnePortModelServer(ModelServer):
         except OSError as e:
             sock.close()
             if e.errno == errno.EADDRINUSE:
-                raise PortInUse(port_in_use_message(f"the {self.runtime.component}'s KServe HTTP port", self.host,
+                raise PortInUse(port_in_use_message(f"the {self.label}'s KServe HTTP port", self.host,
                                                     self.http_port, "--rest-port")) from None
             raise
         sock.listen(128)
@@ -259,12 +308,14 @@ class OnePortModelServer(ModelServer):
             code = REST_CODES.get(status, "UNKNOWN" if status >= 500 else "INVALID_ARGUMENT")
             return response
         finally:
-            self.metrics.rpc_requests.labels(self.runtime.component, "ModelInfer", code).inc()
-            self.metrics.rpc_duration.labels(self.runtime.component, "ModelInfer", code).observe(
-                time.perf_counter() - t0)
+            model = path[len("/v2/models/"):].split("/", 1)[0]
+            component = model if model in {rt.component for rt in self.runtimes} else self.label
+            self.metrics.rpc_requests.labels(component, "ModelInfer", code).inc()
+            self.metrics.rpc_duration.labels(component, "ModelInfer", code).observe(time.perf_counter() - t0)
 
     async def _metrics_endpoint(self, _request: Request) -> Response:
-        """``mascot_*`` series (this server's registry) followed by KServe's and the process's (the default one)."""
+        """``mascot_*`` series (this server's registry) followed by the default registry's: KServe's, the process's
+        and, on a vllm engine with ``engine.log_stats``, vLLM's own ``vllm:*`` (vLLM registers them there)."""
         body = generate_latest(self.metrics.registry)
         if self.metrics.registry is not REGISTRY:
             body += generate_latest(REGISTRY)
@@ -272,18 +323,18 @@ class OnePortModelServer(ModelServer):
 
     async def _set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", self.runtime.service_name, V2_SERVICE):
+        for name in ("", *(rt.service_name for rt in self.runtimes), V2_SERVICE):
             await self._health.set(name, status)
 
     async def _bring_up(self) -> None:
         try:
-            await self.runtime.bring_up(lambda: self._set_serving(True))
+            await self.host_runtime.bring_up(lambda: self._set_serving(True))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a component that cannot start stops the server (liveness restarts)
-            log.exception("%s could not start", self.runtime.component)
+            log.exception("%s could not start", self.label)
             self.failure = e
-            await self.runtime.set_state(False, f"start-up failed ({type(e).__name__})")
+            await self.host_runtime.set_all(False, f"start-up failed ({type(e).__name__})")
             self.stop(None)
 
     # ------------------------------------------------------------------------------------------------ run/stop
@@ -300,7 +351,7 @@ class OnePortModelServer(ModelServer):
         """
         asyncio.run(self._serve(models, on_started))
         if self.failure is not None:
-            raise RuntimeError(f"{self.runtime.component} could not start: {self.failure}") from self.failure
+            raise RuntimeError(f"{self.label} could not start: {self.failure}") from self.failure
 
     async def _serve(self, models: list | None = None, on_started: Callable | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -317,7 +368,7 @@ class OnePortModelServer(ModelServer):
         if self._stopped is None:
             self._stopped = asyncio.Event()
         if self._stopping is None:
-            log.info("stopping %s (signal %s)", self.runtime.component, sig)
+            log.info("stopping %s (signal %s)", self.label, sig)
             self._stopping = asyncio.get_running_loop().create_task(self._shutdown())
 
     async def shutdown(self) -> None:
@@ -341,7 +392,7 @@ class OnePortModelServer(ModelServer):
                 if t.get_name() != "kserve-rest":
                     t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.runtime.close()
+            await self.host_runtime.close()
             for name in list(self.registered_models.get_models()):
                 self.registered_models.unload(name)
         finally:

@@ -1,7 +1,9 @@
 """build_server(): one grpc.aio server with health, reflection, the boundary interceptor and size limits.
 
 Clients come from :func:`channel` with the same message-size limits (the docs: set in one
-place, equal on servers and clients) and a retry policy for UNAVAILABLE only.
+place, equal on servers and clients), a retry policy for UNAVAILABLE only, ``round_robin`` load balancing over every
+address of the target and keepalive pings; servers accept those pings and close connections at
+``server.max_connection_age_s`` so clients re-resolve and reach new replicas (:class:`ConnectionSettings`).
 
 TLS (README "Security"): servers serve TLS, or mutual TLS, when ``server.tls`` names a certificate
 (:func:`server_credentials`); channels use TLS per :class:`ClientTLS`, which a command line takes from its
@@ -150,6 +152,63 @@ def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
             ("grpc.max_receive_message_length", max_message_bytes)]
 
 
+#: The load-balancing policy of every channel: calls go to every address the target resolves to in turn (the pods of
+#: a headless Service), not all to the first one (gRPC's default ``pick_first``).
+LOAD_BALANCING = [{"round_robin": {}}]
+#: Keepalive ping interval, in seconds, of a client without a config (``server.keepalive_time_s``'s default): servers
+#: accept pings at half of ``min(their own keepalive_time_s, this)``, so a client on the defaults is never refused.
+DEFAULT_KEEPALIVE_TIME_S = 30.0
+#: The shortest ping interval servers accept: half the smallest ``server.keepalive_time_s`` the config allows (1 s).
+MIN_ACCEPTED_PING_S = 0.5
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Keepalive and connection age of gRPC servers and channels (``server.keepalive_time_s``,
+    ``keepalive_timeout_s``, ``max_connection_age_s``, ``max_connection_age_grace_s``; all in seconds).
+
+    Attributes:
+        keepalive_time_s: Interval of a channel's keepalive pings, idle connections included (>= 1).
+        keepalive_timeout_s: How long a ping may go unanswered before the channel drops the connection (>= 1).
+        max_connection_age_s: Age at which a server sends GOAWAY so the client reconnects and re-resolves; 0 = never.
+        max_connection_age_grace_s: How long calls running at that age may go on before the connection is closed.
+    """
+
+    keepalive_time_s: float = DEFAULT_KEEPALIVE_TIME_S
+    keepalive_timeout_s: float = 10.0
+    max_connection_age_s: float = 300.0
+    max_connection_age_grace_s: float = 600.0
+
+    @classmethod
+    def from_config(cls, server: Any) -> "ConnectionSettings":
+        """The settings of a ``ServerConfig`` (``cfg.server``)."""
+        return cls(keepalive_time_s=server.keepalive_time_s, keepalive_timeout_s=server.keepalive_timeout_s,
+                   max_connection_age_s=server.max_connection_age_s,
+                   max_connection_age_grace_s=server.max_connection_age_grace_s)
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        """gRPC server arguments: keepalive pings accepted from clients, idle or not, every
+        :data:`MIN_ACCEPTED_PING_S` seconds, whatever this server's own setting (more often is a strike: GOAWAY
+        ``too_many_pings`` after two), so no client the config allows (``keepalive_time_s`` >= 1) is ever cut off,
+        even one whose component config sets a shorter interval than the server's; and ``max_connection_age`` / its
+        grace (none when ``max_connection_age_s`` is 0)."""
+        min_ping_s = MIN_ACCEPTED_PING_S
+        options: list[tuple[str, Any]] = [("grpc.keepalive_permit_without_calls", 1),
+                                          ("grpc.http2.min_ping_interval_without_data_ms", int(min_ping_s * 1000))]
+        if self.max_connection_age_s > 0:
+            options += [("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)),
+                        ("grpc.max_connection_age_grace_ms", int(self.max_connection_age_grace_s * 1000))]
+        return options
+
+    def client_options(self) -> list[tuple[str, Any]]:
+        """gRPC channel arguments: a keepalive ping every ``keepalive_time_s`` on every connection, idle ones
+        too, without a limit on pings between data frames, each answered within ``keepalive_timeout_s``."""
+        return [("grpc.keepalive_time_ms", int(self.keepalive_time_s * 1000)),
+                ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0)]
+
+
 class Server:
     """A started gRPC server: ``port`` is the bound port, ``health`` the health servicer."""
 
@@ -250,7 +309,8 @@ def port_in_use_message(what: str, host: str, port: int, setting: str) -> str:
 async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callable, Any, str]], *,
                        host: str = "127.0.0.1", port: int = 0,
                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None,
-                       stream_stall_s: float = DEFAULT_STREAM_STALL_S) -> Server:
+                       stream_stall_s: float = DEFAULT_STREAM_STALL_S,
+                       connections: ConnectionSettings | None = None) -> Server:
     """Create, bind and start a server.
 
     Args:
@@ -263,6 +323,8 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         tls: ``server.tls`` (:class:`~mascot.core.config.TLSConfig`); TLS or mutual TLS when it names a certificate,
             plaintext when None or off.
         stream_stall_s: ``server.stream_stall_s`` (see :class:`~mascot.core.interceptors.BoundaryInterceptor`).
+        connections: Keepalive pings accepted and ``max_connection_age`` (:meth:`ConnectionSettings.server_options`);
+            None = the defaults (a connection is asked to reconnect after 300 s).
 
     Raises:
         PortInUse: the port could not be bound (another process holds it, or the address is not this host's).
@@ -270,7 +332,8 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     """
     creds = server_credentials(tls)
     server = grpc.aio.server(interceptors=[BoundaryInterceptor(component, metrics, stream_stall_s)],
-                             options=_options(max_message_bytes))
+                             options=[*_options(max_message_bytes),
+                                      *(connections or ConnectionSettings()).server_options()])
     names = []
     for adder, servicer, name in add:
         adder(servicer, server)
@@ -317,21 +380,26 @@ def client_max_message_bytes() -> int:
 
 
 def channel(target: str, max_message_bytes: int | None = None, *, tls: ClientTLS | None = None,
-            token: str | None = None) -> grpc.aio.Channel:
-    """An async channel with equal size limits and retries of UNAVAILABLE (3 attempts).
+            token: str | None = None, connections: ConnectionSettings | None = None) -> grpc.aio.Channel:
+    """An async channel with equal size limits, retries of UNAVAILABLE (3 attempts), ``round_robin`` over every
+    address the target resolves to, and keepalive pings.
 
     Args:
-        target: ``host:port``.
+        target: ``host:port`` or ``dns:///host:port`` (the chart's form: the name of a headless Service, which
+            resolves to every ready pod); each resolved address gets a connection and the calls take them in turn.
+            The name is resolved again when a connection ends (a server's ``max_connection_age``, a pod gone).
         max_message_bytes: gRPC send/receive limit; None = :func:`client_max_message_bytes` (servers' channels pass
             their ``server.max_message_bytes``).
         tls: TLS of the channel; None = :meth:`ClientTLS.from_env` (plaintext unless ``MASCOT_TLS_*`` is set).
         token: Caller token of the public API sent as ``authorization: Bearer <token>`` on every call that sends
             no authorization of its own; None = ``MASCOT_CALLER_TOKEN`` (none when unset), "" = none.
+        connections: Keepalive of the channel (:meth:`ConnectionSettings.client_options`); None = the defaults
+            (servers' channels pass their ``server.*`` settings).
 
     Raises:
         ValueError: a TLS file cannot be read, or a bad ``MASCOT_SERVER__MAX_MESSAGE_BYTES``.
     """
-    service_config = {"methodConfig": [{
+    service_config = {"loadBalancingConfig": LOAD_BALANCING, "methodConfig": [{
         "name": [{}],
         "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
                         "retryableStatusCodes": ["UNAVAILABLE"]},
@@ -341,7 +409,7 @@ def channel(target: str, max_message_bytes: int | None = None, *, tls: ClientTLS
     if max_message_bytes is None:
         max_message_bytes = client_max_message_bytes()
     options = [*_options(max_message_bytes), ("grpc.service_config", json.dumps(service_config)),
-               ("grpc.enable_retries", 1)]
+               ("grpc.enable_retries", 1), *(connections or ConnectionSettings()).client_options()]
     interceptors = [_BearerUnary(token), _BearerStream(token)] if token else None
     if tls.enabled:
         if tls.server_name:

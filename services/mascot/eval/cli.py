@@ -50,9 +50,9 @@ def evaluate(
     systems: str = typer.Option("mascot,zero-shot,zero-shot-cot,few-shot,few-shot-cot,self-consistency,no-director,"
                                 "no-persona,multiagentesc", "--systems", help="Comma-separated system ids."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output directory (a rerun resumes it)."),
-    judges: str = typer.Option("local", "--judges", help="Comma-separated judge specs: local, openai:MODEL@URL or "
-                               "NAME=openai:MODEL@URL (key from OPENAI_API_KEY or --judge-key-file); none: no LLM "
-                               "judge, judge-free measures only."),
+    judges: str = typer.Option("local", "--judges", help="Comma-separated judge specs: local, metrics (the MiniLM "
+                               "metrics judge, a CPU stand-in), openai:MODEL@URL, or NAME=SPEC for any of them (key "
+                               "from OPENAI_API_KEY or --judge-key-file); none: no judge, judge-free measures only."),
     judge_key_file: Optional[Path] = typer.Option(None, "--judge-key-file", help="File holding the judges' API key."),
     judge_target: str = typer.Option("", "--judge-target", help="HOST:PORT of a running JudgeService to judge with "
                                      "(--judges then names its judges); default: an in-process one."),

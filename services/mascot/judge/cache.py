@@ -11,6 +11,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from typing import Sequence
 
 import sqlalchemy as sa
 
@@ -30,10 +31,14 @@ JUDGEMENTS = sa.Table(
 )
 
 
-def content_hash(judge: str, model: str, rubric_version: str, messages: list[dict]) -> str:
-    """Hex SHA-256 of the canonical JSON of the judge identity and the prompt messages."""
-    blob = json.dumps({"judge": judge, "model": model, "rubric": rubric_version, "messages": messages},
-                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def content_hash(judge: str, model: str, rubric_version: str, messages: list[dict],
+                 extra: Sequence[str] = ()) -> str:
+    """Hex SHA-256 of the canonical JSON of the judge identity, the prompt messages and ``extra`` (what else the
+    verdict depends on, e.g. the metrics judge's version and roster; left out of the hash when empty)."""
+    key: dict = {"judge": judge, "model": model, "rubric": rubric_version, "messages": messages}
+    if extra:
+        key["extra"] = list(extra)
+    blob = json.dumps(key, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

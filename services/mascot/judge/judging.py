@@ -4,8 +4,8 @@ An item is a :class:`JudgeItem`: the rendered first-attempt prompt (what model j
 built from (what the metrics judge measures). For a model judge, an answer that does not parse (or has a score out of
 range) is re-prompted with the reason, up to ``max_retries`` times; after that the item is dropped: its verdict has
 status ``unparseable`` and is counted. A backend that scores items itself (``scores_items``, the metrics judge)
-answers once. Verdicts (both kinds) are cached by content hash of the prompt, so repeating an item never calls the
-backend.
+answers once. Verdicts (both kinds) are cached by content hash of the prompt (plus, for a backend that scores items,
+what its ``cache_parts`` names), so repeating an item never calls the backend.
 """
 
 from __future__ import annotations
@@ -121,18 +121,24 @@ class Judge:
 
         Raises:
             ServiceError: from the backend (endpoint unavailable, key rejected, prompt too long).
+            InvalidArgument: an item a judge that scores items cannot score (see its ``score``).
             TypeError: a bare prompt given to a judge that scores items.
         """
+        scores_items = getattr(self.backend, "scores_items", False)
         if not isinstance(item, JudgeItem):
+            if scores_items:
+                raise TypeError(f"judge {self.name!r} scores JudgeItems (card, history, reply or block), not bare "
+                                "prompts; build items with agent_item or collective_item")
             item = JudgeItem(list(item))
         messages = item.messages
         identity = self.model + (f"@{self.backend.endpoint}" if getattr(self.backend, "endpoint", "") else "")
-        key = content_hash(self.name, identity, self.version, messages)
+        key = content_hash(self.name, identity, self.version, messages,
+                           self.backend.cache_parts(item) if scores_items else ())
         if self.cache is not None:
             hit = await asyncio.to_thread(self.cache.get, key)
             if hit is not None:
                 return Verdict(hit.status, hit.scores, hit.rationale, hit.error, 0, True, key)
-        if getattr(self.backend, "scores_items", False):  # measured, deterministic: one answer, no re-prompts
+        if scores_items:  # measured, deterministic: one answer, no re-prompts
             scores, rationale = await self.backend.score(rubric, item)
             verdict = Verdict(OK, scores, rationale, "", 1, False, key)
         else:

@@ -10,11 +10,14 @@ Signals (cosines of L2-normalised MiniLM embeddings):
 
 - **margin**: cosine of the reply to its persona's identity text (:func:`~mascot.core.embedding.identity_text`)
   minus the best cosine to another active persona's: the zero-shot persona identifiability of the quality measures.
+  With fewer than two personas in the roster there is nothing to tell the persona from: no signal, the middle
+  score 3.
 - **relevance**: cosine of the reply to the latest user message before it (to the seed context when the history
   has no user message; no signal, the middle score, when there is neither).
 - **overlap**: the highest cosine of the reply to an earlier agent turn (0 when there is none).
 - **form**: 5 minus one point for each of: fewer than :data:`MIN_WORDS` words, more than the persona's
-  ``max_answer_words``, a leading speaker label (``Name:``), list or markdown markup, no closing punctuation.
+  ``max_answer_words``, a leading speaker label (a roster persona's name or id, or a chat role such as ``User``,
+  followed by a colon), list or markdown markup, no closing punctuation.
 
 Agent rubric: ``persona_consistency`` <- margin, ``response_relevance`` <- relevance, ``social_contribution`` <-
 overlap (less is better), ``emotional_expressiveness`` <- form, ``empathetic_support_quality`` <- the mean of the
@@ -36,6 +39,7 @@ import re
 from typing import Any, Sequence
 
 from mascot.core.embedding import SentenceEncoder, identity_text
+from mascot.core.errors import InvalidArgument
 from mascot.core.guard import words
 from mascot.judge import rubric as rb
 
@@ -47,7 +51,12 @@ RELEVANCE_STEPS = (0.50, 0.40, 0.30, 0.20)
 OVERLAP_STEPS = (0.50, 0.60, 0.70, 0.85)
 #: Fewer words than this cost a form point.
 MIN_WORDS = 5
-_LABEL = re.compile(r"^\s*[A-Z][\w .'-]{0,40}:\s")
+#: Part of the cache key of every verdict: raise it when a threshold or a signal changes, so cached verdicts of
+#: the old mapping are not reused.
+VERSION = "metrics-2"
+#: Chat roles that, followed by a colon, start a reply with a speaker label (besides the roster's names and ids).
+ROLE_LABELS = ("user", "assistant", "system", "director", "speaker", "agent", "ai", "bot")
+_LEAD = re.compile(r"^\s*([^:\n]{1,40}):\s")
 _MARKUP = re.compile(r"(^|\n)\s*([-*•]|\d+[.)]|#+)\s|\*\*|__|`")
 
 
@@ -60,12 +69,23 @@ def step_score(value: float, steps: Sequence[float], higher_is_better: bool = Tr
     return 1
 
 
-def form_score(reply: str, max_words: int) -> tuple[int, list[str]]:
-    """5 minus one per form fault of ``reply`` (see the module docstring); returns the score and the faults."""
+def speaker_label(reply: str, names: Sequence[str] = ()) -> bool:
+    """Whether ``reply`` opens with a speaker label: one of ``names`` (persona names or ids) or a chat role of
+    :data:`ROLE_LABELS`, then a colon (case-insensitive). Ordinary openings such as "Here's one idea:" are not."""
+    m = _LEAD.match(reply)
+    if m is None:
+        return False
+    lead = " ".join(m.group(1).split()).strip("*_ ").lower()
+    return lead in ROLE_LABELS or lead in {" ".join(n.split()).lower() for n in names if n.strip()}
+
+
+def form_score(reply: str, max_words: int, names: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """5 minus one per form fault of ``reply`` (see the module docstring; ``names``: the roster's persona names
+    and ids, for the speaker-label rule); returns the score and the faults."""
     n = len(words(reply))
     finished = reply.rstrip().endswith((".", "!", "?", '"', "'", ")"))
     faults = [name for name, bad in (
-        ("short", n < MIN_WORDS), ("long", n > max_words), ("speaker label", bool(_LABEL.match(reply))),
+        ("short", n < MIN_WORDS), ("long", n > max_words), ("speaker label", speaker_label(reply, names)),
         ("markup", bool(_MARKUP.search(reply))), ("unfinished", not finished),
     ) if bad]
     return max(1, 5 - len(faults)), faults
@@ -85,6 +105,7 @@ class MetricsJudgeBackend:
     #: The judge scores structured items, not prompts (:class:`~mascot.judge.judging.Judge` reads this).
     scores_items = True
     model = "metrics:all-MiniLM-L6-v2"
+    version = VERSION
 
     def __init__(self, encoder: SentenceEncoder | None = None) -> None:
         self._encoder = encoder
@@ -108,13 +129,26 @@ class MetricsJudgeBackend:
         """Scores 1-5 for every criterion of ``rubric`` and a rationale listing the measured values.
 
         Raises:
-            TypeError: ``item`` lacks what the rubric needs (a card and reply, or a block).
+            InvalidArgument: ``item`` lacks what the rubric needs (a card and reply, or a block of agent turns), or
+                the block has turns of personas outside the item's roster.
         """
         if rubric == rb.AGENT and (item.card is None or not item.reply.strip()):
-            raise TypeError("the metrics judge needs the item's persona card and reply (agent rubric)")
-        if rubric == rb.COLLECTIVE and not any(t.role == "agent" for t in item.block):
-            raise TypeError("the metrics judge needs the item's block of agent turns (collective rubric)")
+            raise InvalidArgument("the metrics judge needs the item's persona card and reply (agent rubric)")
+        if rubric == rb.COLLECTIVE:
+            ids = {c.id for c in item.cards}
+            agents = [t for t in item.block if t.role == "agent" and t.text.strip()]
+            if not agents:
+                raise InvalidArgument("the metrics judge needs the item's block of agent turns (collective rubric)")
+            outside = sorted({t.persona_id for t in agents if t.persona_id not in ids})
+            if outside:
+                raise InvalidArgument(f"the block has agent turns of personas outside the roster "
+                                      f"({', '.join(outside)}); add them to roster_persona_ids")
         return await asyncio.to_thread(self._score, rubric, item)
+
+    def cache_parts(self, item: Any) -> list[str]:
+        """What the verdict depends on besides the prompt: the mapping's :data:`VERSION` and the roster's identity
+        texts (the margin reads every roster card; a model judge's prompt holds only what it reads)."""
+        return [self.version, *sorted(identity_text(c) for c in item.cards)]
 
     # ------------------------------------------------------------------ signals
     def _signals(self, card: Any, reply: str, cards: Sequence[Any], before: Sequence[Any],
@@ -126,7 +160,7 @@ class MetricsJudgeBackend:
         r = vec(reply)
         own = float(r @ vec(identity_text(card)))
         others = [float(r @ vec(identity_text(c))) for c in cards if c.id != card.id]
-        margin = own - (max(others) if others else 0.0)
+        margin = own - max(others) if others else None  # one persona: nothing to tell it from
         user = next((t.text for t in reversed(before) if t.role == "user" and t.text.strip()), "")
         anchor = user or " ".join(text for _, text in context)
         relevance = float(r @ vec(anchor)) if anchor.strip() else None
@@ -134,10 +168,11 @@ class MetricsJudgeBackend:
         overlap = max((float(r @ vec(t)) for t in earlier), default=0.0)
         if any(t.strip() == reply.strip() for t in earlier):
             overlap = 1.0
-        form, faults = form_score(reply, card.max_answer_words)
+        names = [n for c in cards for n in (c.id, c.name)]
+        form, faults = form_score(reply, card.max_answer_words, names)
         return {"margin": margin, "own": own, "best_other": max(others) if others else None,
                 "relevance": relevance, "overlap": overlap, "form": form, "faults": faults,
-                "margin_score": step_score(margin, MARGIN_STEPS),
+                "margin_score": 3 if margin is None else step_score(margin, MARGIN_STEPS),
                 "relevance_score": 3 if relevance is None else step_score(relevance, RELEVANCE_STEPS),
                 "overlap_score": step_score(overlap, OVERLAP_STEPS, higher_is_better=False)}
 
@@ -167,8 +202,6 @@ class MetricsJudgeBackend:
             if t.role != "agent" or not t.text.strip() or t.persona_id not in by_id:
                 continue
             measured.append(self._signals(by_id[t.persona_id], t.text, cards, history + block[:i], item.context, emb))
-        if not measured:
-            raise TypeError("the block's agent turns name no persona of the roster")
 
         def mean(key: str) -> int:
             return _half_up(sum(m[key] for m in measured) / len(measured))

@@ -83,6 +83,10 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                                           "judges a block of agent turns")
                 ids = list(request.roster_persona_ids) or list(dict.fromkeys(
                     t.persona_id for t in history + block if t.role == "agent"))
+                outside = sorted({t.persona_id for t in block if t.role == "agent"} - set(ids))
+                if outside:
+                    raise InvalidArgument(f"candidates[{i}]: the block has turns of {', '.join(outside)}, which "
+                                          "roster_persona_ids leaves out; list every persona that speaks in it")
                 cards = roster_from_ids(self.catalog, ids)
                 items.append(collective_item(backend, cards, history, block, context))
         return rubric, items
@@ -111,6 +115,9 @@ def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) ->
         engine: The local engine (needed when any judge is ``local``), or None.
         model_name: Name reported for local judges.
         metrics: Optional metrics.
+
+    A metrics judge loads the MiniLM encoder here (one for all metrics judges), so a missing encoder package
+    fails at start rather than at the first request.
 
     Raises:
         ValueError: a local judge without an engine, an openai judge without endpoint or model, or two judges

@@ -59,10 +59,14 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
     """Build the engine named by ``cfg.kind`` from an :class:`~mascot.core.config.EngineConfig`.
 
     Raises:
-        ValueError: an unknown engine kind.
+        ValueError: an unknown engine kind, or ``tensor_parallel_size`` > 1 for the transformers engine (it runs on
+            one device).
     """
     dtype = cfg.dtype if cfg.dtype != "auto" else auto_dtype(cfg.model)
     if cfg.kind == "transformers":
+        if cfg.tensor_parallel_size > 1:
+            raise ValueError(f"engine.tensor_parallel_size {cfg.tensor_parallel_size} needs engine.kind vllm: the "
+                             "transformers engine runs on one device")
         from mascot.core.engine.transformers import TransformersEngine
 
         return TransformersEngine(resolve_model(cfg.model, cfg.tiny_dir, cfg.cache_dir), dtype=dtype,
@@ -77,6 +81,6 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
                           max_batch_size=cfg.max_batch_size, adapters=cfg.adapters, max_loras=cfg.max_loras,
                           max_lora_rank=cfg.max_lora_rank, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           enforce_eager=cfg.enforce_eager, prefix_caching=cfg.prefix_caching,
-                          block_size=cfg.block_size, metrics=metrics,
-                          component=component)
+                          block_size=cfg.block_size, tensor_parallel_size=cfg.tensor_parallel_size,
+                          log_stats=cfg.log_stats, metrics=metrics, component=component)
     raise ValueError(f"unknown engine kind {cfg.kind!r}; known: transformers, vllm")

@@ -140,17 +140,30 @@ class VllmEngine(HFTokenizerMixin):
             (16 on GPU, 128 on CPU; vLLM-CPU prefers multiples of 32).
         load_format: vLLM ``load_format``; ``"dummy"`` initialises random weights from ``config.json`` alone
             (``bench/gpu_check.py`` runs the Qwen3-8B shape that way without the weights).
+        tensor_parallel_size: GPUs the model is sharded over (vLLM ``tensor_parallel_size``), >= 1; more than the
+            devices the process sees fails at :meth:`start`. Workers exchange tensors through ``/dev/shm``.
+        log_stats: vLLM's stat logging (``disable_log_stats`` is its negation): vLLM then registers its Prometheus
+            series (``vllm:*``, see :attr:`prometheus_prefix`) in prometheus_client's default registry, in this
+            process, and updates them after every engine step.
         metrics: A :class:`mascot.core.metrics.Metrics`, or None.
         component: Label of ``mascot_engine_batch_size``.
+
+    Raises:
+        ValueError: ``tensor_parallel_size`` < 1, or ``max_lora_rank`` outside 1..512.
     """
 
     supports_structured_output = True
+    #: Name prefix of vLLM's own Prometheus series (families such as ``vllm:num_requests_waiting``).
+    VLLM_METRIC_PREFIX = "vllm:"
 
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048, max_batch_size: int = 16,
                  adapters: dict[str, str] | None = None, max_loras: int = 4, max_lora_rank: int = 64,
                  gpu_memory_utilization: float | None = None, enforce_eager: bool | None = None,
                  prefix_caching: bool = True, block_size: int | None = None, load_format: str = "auto",
-                 metrics: Any = None, component: str = "engine") -> None:
+                 tensor_parallel_size: int = 1, log_stats: bool = True, metrics: Any = None,
+                 component: str = "engine") -> None:
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.model_id = model
         self.dtype = dtype
         self.max_context_tokens = max_model_len
@@ -162,6 +175,13 @@ class VllmEngine(HFTokenizerMixin):
         self.prefix_caching = prefix_caching
         self.block_size = block_size
         self.load_format = load_format
+        self.tensor_parallel_size = tensor_parallel_size
+        self.log_stats = log_stats
+        #: Prefix of the Prometheus series vLLM feeds in prometheus_client's default registry while this engine
+        #: runs (:data:`VLLM_METRIC_PREFIX`), None with ``log_stats`` off; the process's ``/metrics`` exports them.
+        self.prometheus_prefix: str | None = self.VLLM_METRIC_PREFIX if log_stats else None
+        #: The ``AsyncEngineArgs`` the running engine was created from (None before :meth:`start`).
+        self.vllm_args: Any = None
         self._initial_adapters = dict(adapters or {})
         self._metrics = metrics
         self._component = component
@@ -213,24 +233,32 @@ class VllmEngine(HFTokenizerMixin):
         for name, path in self._initial_adapters.items():
             await self.load_adapter(name, path)
 
-    async def _create(self) -> Any:
+    def engine_args(self) -> Any:
+        """The ``vllm.engine.arg_utils.AsyncEngineArgs`` :meth:`start` creates the engine from, for this machine
+        (CPU or GPU defaults). Builds the arguments only: nothing is loaded or checked against the devices."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         on_cpu = current_platform.is_cpu()
-        args = AsyncEngineArgs(
+        return AsyncEngineArgs(
             model=self.model_id, tokenizer=self.model_id, dtype=self.dtype, max_model_len=self.max_context_tokens,
-            max_num_seqs=self.max_batch_size,
+            max_num_seqs=self.max_batch_size, tensor_parallel_size=self.tensor_parallel_size,
             enforce_eager=on_cpu if self.enforce_eager is None else self.enforce_eager,
             gpu_memory_utilization=self.gpu_memory_utilization or (0.3 if on_cpu else 0.9),
             enable_prefix_caching=self.prefix_caching, block_size=self.block_size, load_format=self.load_format,
             # on CPU one more slot for the identity LoRA, so max_loras real adapters still fit in a batch
             enable_lora=True, max_loras=self.max_loras + on_cpu, max_cpu_loras=4 * self.max_loras + on_cpu,
-            max_lora_rank=self.max_lora_rank, disable_log_stats=True,
+            max_lora_rank=self.max_lora_rank, disable_log_stats=not self.log_stats,
             # compact JSON (no free whitespace), as the transformers engine compiles it
             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
-        return AsyncLLM.from_engine_args(args)
+
+    async def _create(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.engine_args()
+        llm = AsyncLLM.from_engine_args(args)
+        self.vllm_args = args
+        return llm
 
     async def _on_engine_loop(self, coro: Any) -> Any:
         """Run ``coro`` on the engine's loop and await it from the caller's loop (cancelling one cancels the other)."""

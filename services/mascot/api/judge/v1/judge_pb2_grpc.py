@@ -52,9 +52,9 @@ class JudgeServiceServicer:
         judge model could not produce in a valid form after the retries is reported with a status in the response,
         never as an RPC error.
         Errors: INVALID_ARGUMENT (rubric unspecified, no candidates, more than the batch limit, unknown judge,
-        unknown persona id, an agent-rubric candidate without text or persona, a collective candidate without turns,
-        a turn with an unspecified role), UNAVAILABLE (judge model not ready or its endpoint down),
-        DEADLINE_EXCEEDED.
+        unknown persona id, an agent-rubric candidate without text or persona, a collective candidate without turns
+        or with turns of personas that roster_persona_ids leaves out, a turn with an unspecified role), UNAVAILABLE
+        (judge model not ready or its endpoint down), DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
