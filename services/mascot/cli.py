@@ -161,14 +161,13 @@ def serve_model(
     """Run model services under the one-port KServe ModelServer (mascot.core.modelserver): several components
     given together share one engine; prints {"component", "grpc_port", "http_port"} as one JSON line once bound;
     SIGTERM stops it."""
-    from mascot.stack import MODEL_COMPONENTS
+    from mascot.stack import parse_model_components
 
-    names = [c.strip() for c in component.split(",") if c.strip()]
-    if not names or any(c not in MODEL_COMPONENTS for c in names) or len(set(names)) != len(names):
-        console.print(f"[red]unknown model component(s) {component!r}[/red]; choose one or more of "
-                      f"{', '.join(MODEL_COMPONENTS)}, comma-separated, each once")
-        raise typer.Exit(2)
-    component = ",".join(names)
+    try:
+        component = ",".join(parse_model_components(component))
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
     cfg = _config(config, **{"engine.model": model, "server.host": host})
     _quiet()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -13,7 +13,7 @@ import errno
 import logging
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
@@ -27,6 +27,20 @@ DEFAULT_COMPONENTS = ("gateway", "director", "speaker")
 ENGINE_COMPONENTS = {"director", "speaker", "judge"}
 #: The model services: each runs alone under KServe (``mascot serve-model``) or in the stack.
 MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
+
+
+def parse_model_components(component: "str | Sequence[str]") -> list[str]:
+    """Model components from ``"speaker"``, ``"director,speaker"`` or a sequence, in the order given.
+
+    Raises:
+        ValueError: an unknown component, none, or one given twice (the message lists the choices).
+    """
+    names = [c.strip() for c in (component.split(",") if isinstance(component, str) else component) if c.strip()]
+    unknown = [c for c in names if c not in MODEL_COMPONENTS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"model components must be one or more of {', '.join(MODEL_COMPONENTS)}, each once, "
+                         f"comma-separated; got {component!r}")
+    return names
 
 
 @dataclass

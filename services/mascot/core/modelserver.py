@@ -82,6 +82,7 @@ from mascot.core.metrics import Metrics
 from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime, ModelHost
 from mascot.core.server import (ConnectionSettings, PortInUse, port_in_use_message, enable_reflection,
                                 server_credentials, service_rpcs)
+from mascot.stack import parse_model_components
 
 log = logging.getLogger(__name__)
 
@@ -130,22 +131,6 @@ async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
     return JSONResponse(status_code=HTTP_STATUS.get(exc.code, 500), content={"error": exc.message})
 
 
-def parse_components(component: "str | Sequence[str]") -> list[str]:
-    """Model components from ``"speaker"``, ``"director,speaker"`` or a sequence, in the order given.
-
-    Raises:
-        ValueError: an unknown component, none, or one given twice (the message lists the choices).
-    """
-    from mascot.stack import MODEL_COMPONENTS
-
-    names = [c.strip() for c in (component.split(",") if isinstance(component, str) else component) if c.strip()]
-    unknown = [c for c in names if c not in MODEL_COMPONENTS]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ValueError(f"model components must be one or more of {', '.join(MODEL_COMPONENTS)}, each once, "
-                         f"comma-separated; got {component!r}")
-    return names
-
-
 class OnePortModelServer(ModelServer):
     """A ``kserve.ModelServer`` serving one or more components on one gRPC port plus KServe's HTTP port, all on one
     engine (module docstring).
@@ -173,7 +158,7 @@ class OnePortModelServer(ModelServer):
         self.dataplane = _ReadinessDataPlane(model_registry=self.registered_models)
         self.cfg, self.host, self.grace_s = cfg, host or cfg.server.host, grace_s
         self.metrics = metrics or Metrics()
-        names = parse_components(component)
+        names = parse_model_components(component)
         self.runtimes = [ComponentRuntime(c, cfg, self.metrics, engine=engine) for c in names]
         self.host_runtime = ModelHost(self.runtimes, cfg, self.metrics, engine=engine)
         self.label = self.host_runtime.label
