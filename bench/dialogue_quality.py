@@ -41,8 +41,8 @@ async def run_pass(records: list[dict], agent_turns: int, concurrency: int, mode
     from mascot.core.config import MascotConfig
     from mascot.core.engine import resolve_model
     from mascot.core.engine.default_model import model_identity
-    from mascot.runjob import run_job
-    from mascot.stack import start_stack
+    from mascot.app.runjob import run_job
+    from mascot.app.stack import start_stack
 
     tmp = Path(tempfile.mkdtemp(prefix="mascot-quality-"))
     cfg = MascotConfig(engine={"model": model}, server={"gateway_port": 0, "metrics_port": 0},
@@ -102,7 +102,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     from mascot.eval.defects import analyse
-    from mascot.runjob import read_records
+    from mascot.app.runjob import read_records
 
     size = dict(SIZES[args.size])
     if args.conversations:

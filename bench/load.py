@@ -166,7 +166,7 @@ async def main() -> int:
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
     from mascot.core.engine.tiny import build_tiny_qwen3
     from mascot.core.server import channel
-    from mascot.stack import start_stack
+    from mascot.app.stack import start_stack
 
     tmp = Path(tempfile.mkdtemp(prefix="mascot-load-"))
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))

@@ -45,7 +45,7 @@ async def main() -> None:
     from mascot.director.decide import decide
     from mascot.speaker.reply import ReplyOutcome, RetryPolicy, persona_reply
     from mascot.gateway.store import text_digest
-    from mascot.stack import start_stack
+    from mascot.app.stack import start_stack
 
     tmp = Path(tempfile.mkdtemp(prefix="mascot-bench-"))
     model = args.model or str(build_tiny_qwen3(tmp / "tiny"))

@@ -85,8 +85,8 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.core.config import MascotConfig
     from mascot.core.server import channel
-    from mascot.runjob import admitted
-    from mascot.stack import start_stack
+    from mascot.app.runjob import admitted
+    from mascot.app.stack import start_stack
     from tests.integration.test_adapters import make_lora
 
     os.environ["MASCOT_ADMIN_TOKEN"] = "bench-token"
@@ -112,7 +112,7 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
         async def one_turn(conv_id: str, key: str) -> str:
             version = ""
             # a round the gateway refuses as overloaded (retry-after) is started again after the wait, as every
-            # client of the project does (mascot.runjob.admitted)
+            # client of the project does (mascot.app.runjob.admitted)
             async for r in admitted(lambda: conv.SendMessage(cpb.SendMessageRequest(
                     conversation_id=conv_id, text="hello there", idempotency_key=key))):
                 if r.event.HasField("turn_completed") and r.event.turn_completed.turn.persona_id == "anchor":

@@ -157,7 +157,7 @@ def test_service_monitors_scrape_the_ports_that_serve_metrics(full):
     assert gw_sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert gw_sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert gw_sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    # model services: /metrics on KServe's HTTP port (mascot.core.modelserver), on the Services KServe creates
+    # model services: /metrics on KServe's HTTP port (mascot.app.modelserver), on the Services KServe creates
     (expr,) = models_sm["spec"]["selector"]["matchExpressions"]
     assert expr["key"] == "serving.kserve.io/inferenceservice"
     assert sorted(expr["values"]) == sorted(i["metadata"]["name"] for i in full.of_kind("InferenceService"))

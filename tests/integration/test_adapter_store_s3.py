@@ -25,7 +25,7 @@ from mascot.api.adapter.v1 import adapter_pb2_grpc
 from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config, need
 from tests.helpers import ScriptedEngine
 from tests.integration.test_adapters import code_of, make_lora

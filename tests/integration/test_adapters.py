@@ -17,7 +17,7 @@ import pytest
 from mascot.api.adapter.v1 import adapter_pb2 as pb
 from mascot.api.adapter.v1 import adapter_pb2_grpc
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import ROOT, make_config
 from tests.helpers import ScriptedEngine
 

@@ -13,7 +13,7 @@ from mascot.core.engine.transformers import TransformersEngine
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.director.prompts import build_messages
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

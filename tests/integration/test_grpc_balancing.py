@@ -23,7 +23,7 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.server import ClientTLS, ConnectionSettings, channel
-from mascot.stack import Stack, start_stack
+from mascot.app.stack import Stack, start_stack
 from tests.conftest import make_config, need
 from tests.helpers import ScriptedEngine
 

@@ -16,7 +16,7 @@ from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.speaker.reply import ReplyOutcome, RetryPolicy, persona_reply
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import collect
 from tests.integration.test_adapters import make_lora

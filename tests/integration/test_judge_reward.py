@@ -11,7 +11,7 @@ from mascot.api.judge.v1 import judge_pb2_grpc as jpb_grpc
 from mascot.api.reward.v1 import reward_pb2 as rpb
 from mascot.api.reward.v1 import reward_pb2_grpc as rpb_grpc
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores
 

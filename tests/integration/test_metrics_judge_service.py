@@ -10,7 +10,7 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.judge.v1 import judge_pb2 as jpb
 from mascot.api.judge.v1 import judge_pb2_grpc
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 
 

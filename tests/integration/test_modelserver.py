@@ -37,7 +37,7 @@ try:
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as v2
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
 
-    from mascot.core.modelserver import OnePortModelServer
+    from mascot.app.modelserver import OnePortModelServer
 finally:
     sys.argv = argv
 

@@ -36,7 +36,7 @@ async def test_a_grpc_server_names_the_port_it_cannot_bind_and_its_setting(taken
 
 
 async def test_the_metrics_endpoint_names_its_port_and_setting(taken, tmp_path):
-    from mascot.stack import start_stack
+    from mascot.app.stack import start_stack
 
     cfg = MascotConfig(server={"gateway_port": 0, "metrics_port": taken, "director_target": "127.0.0.1:1",
                                "speaker_target": "127.0.0.1:1"}, store={"url": f"sqlite:///{tmp_path}/s.db"})

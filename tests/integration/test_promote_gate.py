@@ -18,7 +18,7 @@ from mascot.api.speaker.v1 import speaker_pb2_grpc
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.director.directive import FALLBACK_ACTION
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.integration.test_adapters import make_lora
 from tests.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores

@@ -7,9 +7,9 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.personas import PersonaCatalog
 from mascot.eval.defects import analyse
-from mascot.runjob import transcript_line
+from mascot.app.runjob import transcript_line
 from mascot.speaker.prompts import persona_system_prompt
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import collect
 from tests.integration.test_dialogue import Client

@@ -10,7 +10,7 @@ import pytest
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.metrics import Metrics
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 from tests.integration.test_dialogue import Client

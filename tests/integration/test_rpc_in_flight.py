@@ -20,7 +20,7 @@ from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.engine import GenerationRequest
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine
 

@@ -2,9 +2,9 @@
 concurrency limit, bad input and auth, mascot_training_runs_total, and `mascot retrain ... --wait`.
 
 kmock has no controllers: the tests patch each Job's status (the Job controller's part) themselves. It also ignores
-label selectors on lists (it returns every Job of the namespace), which mascot.core.jobs re-checks on its side, and
+label selectors on lists (it returns every Job of the namespace), which mascot.gateway.jobs re-checks on its side, and
 deletes a Job at once whatever the propagation policy (a real API server keeps a Foreground-deleted Job, marked with
-deletionTimestamp, until its pods are gone: :func:`mascot.core.jobs.run_status` reports that as cancelled). It
+deletionTimestamp, until its pods are gone: :func:`mascot.gateway.jobs.run_status` reports that as cancelled). It
 sets no ``creationTimestamp``/``uid`` (ListRuns orders by the ``mascot.ai/create-time`` annotation jobs.py writes) and
 answers a list of a resource it has no object of with 404 unless the resource is declared (the ``kube`` fixture
 declares batch/v1 jobs)."""
@@ -25,7 +25,7 @@ import yaml
 from mascot.api.training.v1 import training_pb2 as pb
 from mascot.api.training.v1 import training_pb2_grpc
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import ROOT, make_config
 from tests.helpers import ScriptedEngine
 

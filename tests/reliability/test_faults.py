@@ -16,7 +16,7 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.engine import GenerationRequest
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import build_server, channel
-from mascot.stack import component_service, start_stack
+from mascot.app.stack import component_service, start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine
 from tests.integration.test_persistence import check_sigkill_and_resume

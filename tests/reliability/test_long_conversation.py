@@ -14,8 +14,8 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.server import channel
 from mascot.gateway.store import NewTurn
-from mascot.runjob import read_conversation
-from mascot.stack import start_stack
+from mascot.app.runjob import read_conversation
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 

@@ -19,7 +19,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.engine import GenerationRequest
 from mascot.core.server import channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 
@@ -182,8 +182,8 @@ async def test_a_client_that_stops_reading_cannot_hold_a_round_slot(tmp_path):
 
 async def test_one_caller_cannot_take_every_round_slot_and_our_clients_wait_as_told(tmp_path):
     """``limits.max_rounds_per_caller``: a third concurrent round of one caller is refused before anything is
-    stored (RESOURCE_EXHAUSTED with retry-after); :func:`mascot.runjob.admitted` waits as told and then runs it."""
-    from mascot.runjob import admitted
+    stored (RESOURCE_EXHAUSTED with retry-after); :func:`mascot.app.runjob.admitted` waits as told and then runs it."""
+    from mascot.app.runjob import admitted
 
     stack = await start_stack(make_config(tmp_path, limits={"max_active_rounds": 10, "max_rounds_per_caller": 2}),
                               ("gateway", "director", "speaker"), engine=SlowSpeaker(0.02))

@@ -14,7 +14,7 @@ from mascot.core.config import SafetyConfig
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.gateway.safety import SAFETY_ACTION, SafetyGate
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 

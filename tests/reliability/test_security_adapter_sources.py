@@ -16,7 +16,7 @@ from mascot.core.config import MascotConfig
 from mascot.core.errors import InvalidArgument
 from mascot.core.server import channel
 from mascot.gateway.admin import check_source_path
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine
 

@@ -18,7 +18,7 @@ from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
 from mascot.core.server import build_server, channel
 from mascot.gateway.security import CallerAuth, parse_caller_tokens
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 

@@ -15,7 +15,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.server import channel
 from mascot.gateway import store as _store  # noqa: F401  (imports SQLAlchemy, whose loggers are set below too)
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 from tests.integration.test_adapters import make_lora

@@ -19,7 +19,7 @@ from mascot.core.db import create_engine
 from mascot.core.server import channel
 from mascot.gateway.security import sweep_retention
 from mascot.gateway.store import Base, NewTurn, SafetyEvent, Store
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 from tests.reliability.test_safety_store import alembic

@@ -24,7 +24,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.config import MascotConfig
 from mascot.core.server import ClientTLS, channel
-from mascot.stack import start_stack
+from mascot.app.stack import start_stack
 from tests.conftest import make_config
 from tests.helpers import ScriptedEngine, collect
 
@@ -217,7 +217,7 @@ def test_client_tls_from_env_and_config(pki):
 async def test_model_server_grpc_port_serves_mtls(tmp_path, pki):
     argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import
     try:
-        from mascot.core.modelserver import OnePortModelServer
+        from mascot.app.modelserver import OnePortModelServer
     finally:
         sys.argv = argv
     cfg = make_config(tmp_path, server=tls_section(pki, client_auth=True))

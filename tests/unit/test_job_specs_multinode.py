@@ -1,5 +1,5 @@
 """Training runs on several nodes, without an API server: the chart's Indexed Job and PyTorchJob templates (real helm
-renders) loaded by mascot.core.job_specs, the run's Job and its headless rendezvous Service built from them and read
+renders) loaded by mascot.gateway.job_specs, the run's Job and its headless rendezvous Service built from them and read
 back through the kubernetes client's models (V1Job, V1Service) and kubernetes-validate, name limits, and the status
 of a PyTorchJob."""
 
@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from mascot.core import job_specs as js
+from mascot.gateway import job_specs as js
 from mascot.core.errors import InvalidArgument
 
 T0 = dt.datetime(2025, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)

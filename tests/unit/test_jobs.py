@@ -1,4 +1,4 @@
-"""mascot.core.jobs without an API server: templates, run ids, the Job built for a run, the status mapping, and the
+"""mascot.gateway.jobs without an API server: templates, run ids, the Job built for a run, the status mapping, and the
 finished-run counter of TrainingService."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 import yaml
 
-from mascot.core import jobs
+from mascot.gateway import jobs
 from mascot.core.errors import InvalidArgument
 from mascot.core.metrics import Metrics
 from tests.conftest import ROOT

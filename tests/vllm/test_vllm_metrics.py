@@ -155,7 +155,7 @@ def test_max_num_seqs_is_max_batch_size_under_vllms_name(monkeypatch):
 
 
 async def test_vllm_series_are_on_the_metrics_port_of_mascot_serve(built_engine, tmp_path):
-    from mascot.stack import start_stack
+    from mascot.app.stack import start_stack
 
     engine, metrics = built_engine
     stack = await start_stack(make_config(tmp_path), ("speaker",), engine=engine, metrics=metrics,

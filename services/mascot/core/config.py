@@ -556,7 +556,7 @@ class SecurityConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    """TrainingService on the gateway (``mascot.core.jobs``): retraining runs as Kubernetes Jobs made from Job
+    """TrainingService on the gateway (``mascot.gateway.jobs``): retraining runs as Kubernetes Jobs made from Job
     templates. It shares the admin token of ``adapters`` (``admin_token_env`` / ``admin_token_file``)."""
 
     #: Directory holding the Job template of each phase, ``<phase>.yaml`` (the chart mounts

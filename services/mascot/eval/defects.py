@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 from mascot.core.guard import char_ngrams, jaccard, ngrams, split_sentences, words
-from mascot.runjob import percentile
+from mascot.app.runjob import percentile
 
 ECHO_NGRAM, LOOP_NGRAM, LOOP_COUNT, NEAR_DUPLICATE = 8, 4, 3, 0.8
 _CLEAN_END_RE = re.compile(r"([.!?…][\"'”’)\]]*|[\U0001F300-\U0001FAFF\u2600-\u27BF]\ufe0f?)\s*$")

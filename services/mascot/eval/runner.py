@@ -188,7 +188,7 @@ def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-    from mascot.runjob import MODES, admitted, read_conversation, transcript_line
+    from mascot.app.runjob import MODES, admitted, read_conversation, transcript_line
 
     conv = (await stub.StartConversation(cpb.StartConversationRequest(
         mode=MODES[mode], source_id=sit.id[:256],
@@ -235,7 +235,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     from mascot.core.personas import PersonaCatalog
     from mascot.core.server import channel
     from mascot.eval.automatic import EmbeddingRedundancy
-    from mascot.stack import start_stack
+    from mascot.app.stack import start_stack
 
     import time
 

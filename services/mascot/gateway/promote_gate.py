@@ -51,9 +51,9 @@ def read_gate_situations(path: str | Path, limit: int) -> list[dict]:
     ``first_utterance``), the first ``limit``.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`mascot.runjob.read_records`.
+        FileNotFoundError / ValueError: as :func:`mascot.app.runjob.read_records`.
     """
-    from mascot.runjob import read_records
+    from mascot.app.runjob import read_records
 
     return read_records(path, "support", limit)
 

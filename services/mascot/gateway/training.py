@@ -1,6 +1,6 @@
 """TrainingService: trigger and follow retraining runs (Kubernetes Jobs) from the gateway.
 
-The servicer translates proto <-> :mod:`mascot.core.jobs` and checks the admin token (the same token and check as
+The servicer translates proto <-> :mod:`mascot.gateway.jobs` and checks the admin token (the same token and check as
 AdapterService: :func:`mascot.gateway.admin.check_admin_token`). Kubernetes calls are synchronous and run in
 threads; their failures are UNAVAILABLE with the API's reason.
 
@@ -26,7 +26,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from mascot.api.training.v1 import training_pb2 as pb
 from mascot.api.training.v1 import training_pb2_grpc as pb_grpc
-from mascot.core import jobs
+from mascot.gateway import jobs
 from mascot.core.errors import InvalidArgument
 from mascot.gateway.admin import check_admin_token
 
@@ -51,7 +51,7 @@ def _ts(t: dt.datetime | None) -> Timestamp | None:
 
 
 def run_to_proto(run: jobs.RunStatus) -> pb.TrainingRun:
-    """A :class:`~mascot.core.jobs.RunStatus` as :class:`TrainingRun` (unknown times stay unset)."""
+    """A :class:`~mascot.gateway.jobs.RunStatus` as :class:`TrainingRun` (unknown times stay unset)."""
     return pb.TrainingRun(run_id=run.run_id, phase=PHASE_VALUES.get(run.phase, pb.TRAINING_PHASE_UNSPECIFIED),
                           state=STATE_VALUES.get(run.state, pb.RUN_STATE_UNSPECIFIED), job_name=run.job_name,
                           namespace=run.namespace, create_time=_ts(run.create_time), start_time=_ts(run.start_time),
@@ -99,7 +99,7 @@ class FinishedRuns:
 
 
 class TrainingServicer(pb_grpc.TrainingServiceServicer):
-    """Serves TrainingService on a :class:`~mascot.core.jobs.JobManager`.
+    """Serves TrainingService on a :class:`~mascot.gateway.jobs.JobManager`.
 
     Args:
         manager: The Job manager (its blocking calls run in threads).

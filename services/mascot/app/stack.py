@@ -236,7 +236,7 @@ def needs_engine(cfg: MascotConfig, components: tuple[str, ...] | set[str]) -> b
 async def component_service(component: str, cfg: MascotConfig, *, engine: Any, catalog: Any, metrics: Metrics,
                             resolver: Any = None) -> tuple[Callable, Any, str]:
     """The servicer of one model component, built as every server of it serves it (the stack's ``build_server``
-    and :mod:`mascot.core.modelserver`).
+    and :mod:`mascot.app.modelserver`).
 
     Args:
         component: ``director``, ``speaker``, ``judge`` or ``reward``.
@@ -369,7 +369,7 @@ def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
 
 
 async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack) -> tuple:
-    """TrainingService on the Job templates of ``training.templates_dir`` (``mascot.core.jobs``), behind the admin
+    """TrainingService on the Job templates of ``training.templates_dir`` (``mascot.gateway.jobs``), behind the admin
     token of AdapterService; starts the poll that counts finished runs (:func:`mascot.gateway.training.watch_runs`,
     a task of ``stack`` that closes the API client when cancelled).
 
@@ -377,7 +377,7 @@ async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack) -
         ValueError: no readable template, or no Kubernetes API configuration (in-cluster or kubeconfig).
     """
     from mascot.api.training.v1 import training_pb2_grpc
-    from mascot.core import jobs
+    from mascot.gateway import jobs
     from mascot.gateway.admin import read_admin_token
     from mascot.gateway.training import FinishedRuns, TrainingServicer, watch_runs
 

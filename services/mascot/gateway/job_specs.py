@@ -1,4 +1,4 @@
-"""Run ids, Job templates, run status and the API client of :mod:`mascot.core.jobs` (the pure part: no calls to the
+"""Run ids, Job templates, run status and the API client of :mod:`mascot.gateway.jobs` (the pure part: no calls to the
 Kubernetes API except building a client).
 
 A run's Job is ``<template metadata.name>-<run id>`` (at most 63 characters) with the labels ``mascot.ai/phase`` and

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
-console = Console(stderr=True)
+from mascot.cli.common import console
+
 eval_app = typer.Typer(help="Evaluate MASCOT against baselines (LLM judge, automatic metrics, human preference).",
                        invoke_without_command=True, add_completion=False)
 
@@ -78,7 +78,7 @@ def evaluate(
 
     from pydantic import ValidationError
 
-    from mascot.cli import _config, _quiet
+    from mascot.cli.common import load_config_or_exit, quiet
     from mascot.eval.runner import EvalOptions, run_eval
     from mascot.judge.servicer import parse_judge_spec
 
@@ -105,7 +105,7 @@ def evaluate(
                        agent_turns=agent_turns or 0, concurrency=concurrency, sft_adapter=sft_adapter,
                        manifests=list(training_manifest), nli_model=nli_model, judge_target=judge_target,
                        judge_call_timeout_s=judge_call_timeout, judge_retry_budget_s=judge_retry_budget)
-    cfg = _config(config, **{"engine.model": model})
+    cfg = load_config_or_exit(config, **{"engine.model": model})
     try:
         from mascot.core.config import JudgeConfig
         from mascot.eval.runner import validate
@@ -118,7 +118,7 @@ def evaluate(
         _fail(f"bad judge spec ({'.'.join(str(x) for x in err['loc'])}): {err['msg']}")
     except ValueError as e:
         _fail(str(e))
-    _quiet()
+    quiet()
     import grpc
 
     from mascot.core.retry import RETRYABLE, RetryBudgetExhausted, one_line

@@ -1,7 +1,7 @@
-"""The model components' runtime behind :mod:`mascot.core.modelserver`: readiness gating per component
+"""The model components' runtime behind :mod:`mascot.app.modelserver`: readiness gating per component
 (:class:`ComponentRuntime`), bring-up of a server's components on one engine (:class:`ModelHost`) and the Open
 Inference Protocol model (:class:`ComponentModel`, the JSON-in-BYTES codec described in
-:mod:`mascot.core.modelserver`).
+:mod:`mascot.app.modelserver`).
 
 Importing this module imports ``kserve``, which parses ``sys.argv`` at import: import it through
 ``mascot serve-model``, which clears ``sys.argv`` first.
@@ -164,7 +164,7 @@ class ModelHost:
             Exception: the engine or a model cannot start (e.g. OSError for a missing model); the server stops.
         """
         from mascot.core.personas import PersonaCatalog
-        from mascot.stack import ENGINE_COMPONENTS, component_service, needs_engine
+        from mascot.app.stack import ENGINE_COMPONENTS, component_service, needs_engine
 
         cfg, store = self.cfg, self.cfg.adapters.store
         names = tuple(rt.component for rt in self.runtimes)
@@ -204,7 +204,7 @@ class ModelHost:
 
     async def close(self) -> None:
         """Close judges' backends and caches and the engine this host started."""
-        from mascot.stack import close_judges
+        from mascot.app.stack import close_judges
 
         await self.set_all(False, "the service is stopping")
         for rt in self.runtimes:

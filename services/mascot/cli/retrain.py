@@ -1,5 +1,5 @@
 """``mascot retrain``: trigger, follow, list and cancel retraining runs through the gateway's TrainingService
-(each run is a Kubernetes Job, ``mascot.core.jobs``). The admin token comes from ``MASCOT_ADMIN_TOKEN`` (or
+(each run is a Kubernetes Job, ``mascot.gateway.jobs``). The admin token comes from ``MASCOT_ADMIN_TOKEN`` (or
 ``--token-file``), never from a flag value, as for ``mascot adapters``.
 
 ``mascot retrain persona-alignment|collaborative [--run-id ID] [--wait]`` prints the run id on stdout (progress on
@@ -19,9 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mascot.cli_adapters import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, export_tls
+from mascot.cli.common import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, console, export_tls
 
-console = Console(stderr=True)
 retrain_app = typer.Typer(
     help="Retraining runs (TrainingService): persona-alignment | collaborative | status | list | cancel.",
     no_args_is_help=True, add_completion=False)
@@ -40,7 +39,7 @@ def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CER
 
 
 def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple], Awaitable[Any]]) -> Any:
-    """Run ``body(stub, metadata)`` on a TrainingService stub (:func:`mascot.cli_adapters.admin_session`)."""
+    """Run ``body(stub, metadata)`` on a TrainingService stub (:func:`mascot.cli.common.admin_session`)."""
     from mascot.api.training.v1 import training_pb2_grpc
 
     return admin_session(target, token_file, training_pb2_grpc.TrainingServiceStub, "TrainingService",

@@ -30,14 +30,14 @@ def _load(config: Path, phase: int = 1):  # noqa: ANN202
 
 
 def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> None:
-    from mascot.cli import _quiet
+    from mascot.cli.common import quiet
 
     cfg = _load(config, phase)
     blocked = next((p for p in [out, *out.parents] if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         console.print(f"[red]--out {out}: {blocked} exists and is not a directory[/red]")
         raise typer.Exit(2)
-    _quiet()
+    quiet()
     try:
         # The trainers print their step logs on stdout; they go to stderr with the rest of the progress, so that
         # stdout holds the JSON summary alone.
