@@ -1,7 +1,7 @@
-"""On a real cluster (marked e2e: never run by `make test`): the README's deploy section, from a `helm install`ed
+"""On a real cluster (marked e2e: never run by `make test`): docs/deployment.md, from a `helm install`ed
 release to a streamed conversation and a triggered retraining run.
 
-Run after `helm install` (README "Deploy with Helm") with the gateway reachable (e.g. `kubectl port-forward`):
+Run after `helm install` (docs/deployment.md) with the gateway reachable (e.g. `kubectl port-forward`):
 
     MASCOT_E2E_GATEWAY=127.0.0.1:50051 MASCOT_ADMIN_TOKEN=... .venv/bin/python -m pytest -m e2e tests/e2e
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 def gateway() -> str:
     target = os.environ.get("MASCOT_E2E_GATEWAY", "")
     if not target:
-        pytest.fail("set MASCOT_E2E_GATEWAY=host:port of the deployed gateway (README: Deploy with Helm)")
+        pytest.fail("set MASCOT_E2E_GATEWAY=host:port of the deployed gateway (docs/deployment.md)")
     return target
 
 

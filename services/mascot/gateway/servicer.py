@@ -1,11 +1,11 @@
-"""ConversationService: validation, idempotent rounds, and proto conversion around :class:`TurnLoop`."""
+"""ConversationService: request validation, caller checks, admission control and the one-round-per-conversation
+lock, then one call to :class:`~mascot.gateway.round.RoundRunner` per SendMessage or RunSelfPlay stream (which runs
+the round: safety gate, store, turn loop, metrics); proto conversion of stored conversations."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
-import time
 import unicodedata
 import uuid
 from contextlib import aclosing
@@ -14,31 +14,21 @@ from typing import Any, AsyncIterator
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.dialogue import CONTROL_CHARS, HistoryTurn, roster_from_ids
+from mascot.core.dialogue import CONTROL_CHARS, roster_from_ids
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from mascot.core.interceptors import stream_stalled
 from mascot.core.personas import PersonaCatalog
+from mascot.gateway.round import SELF_PLAY_KEY, RoundRunner
 from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
-from mascot.gateway.store import IntegrityError, Store, text_digest
-from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, history_turn, turn_to_proto
+from mascot.gateway.store import Store, text_digest
+from mascot.gateway.turn_loop import TurnLoop, turn_to_proto
 
 MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
 MODE_VALUES = {v: k for k, v in MODES.items()}
 MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
 
-
-log = logging.getLogger(__name__)
-
 #: Most turns one GetConversation page holds (``page_size`` is capped here).
 MAX_PAGE_TURNS = 1000
-
-
-def _ended_early(outcome: str) -> str:
-    """The ``mascot_rounds_total`` reason of a round stream closed before it finished: ``cancelled`` (its client
-    went away or its deadline passed), or ``failed`` when the boundary closed it because the client stopped reading;
-    an outcome already reached stays."""
-    return "cancelled" if outcome == "failed" and not stream_stalled() else outcome
 
 
 def _check_user_simulation(user: Any, max_chars: int) -> None:
@@ -97,10 +87,11 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
     Args:
         store: Conversation store.
         catalog: Persona cards.
-        loop: The :class:`TurnLoop` (holds the director and speaker stubs).
+        loop: The :class:`TurnLoop` (holds the director and speaker stubs); rounds run on it through a
+            :class:`~mascot.gateway.round.RoundRunner`.
         cfg: :class:`~mascot.core.config.MascotConfig`.
         metrics: :class:`~mascot.core.metrics.Metrics`.
-        auth: Caller tokens; default from ``cfg.security`` (README "Security").
+        auth: Caller tokens; default from ``cfg.security`` (docs/security.md).
         limiter: Per-caller rate limit; default from ``cfg.security``.
 
     Raises:
@@ -110,11 +101,13 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
     def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any, *,
                  auth: CallerAuth | None = None, limiter: RateLimiter | None = None) -> None:
         self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
+        self.rounds = RoundRunner(store, catalog, loop, cfg, metrics)
         self.auth = auth if auth is not None else CallerAuth.from_config(cfg.security)
         self.limiter = limiter if limiter is not None else RateLimiter.from_config(cfg.security)
         # conversation id -> (idempotency key, text digest) of the round in progress
         self._running: dict[str, tuple[str, str]] = {}
-        self._active_rounds = 0  # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
+        # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
+        self._active_rounds = 0
         self._caller_rounds: dict[str, int] = {}  # the same per caller key (limits.max_rounds_per_caller)
         self.pinner = None
         if cfg.adapters.store:  # new conversations are pinned from the registry, or its last good copy
@@ -251,7 +244,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                        pinned, owner)
         return cpb.StartConversationResponse(conversation=self._conv_proto(conv, []))
 
-    async def SendMessage(self, request: cpb.SendMessageRequest, context: Any) -> AsyncIterator[cpb.SendMessageResponse]:
+    async def SendMessage(self, request: cpb.SendMessageRequest, context: Any
+                          ) -> AsyncIterator[cpb.SendMessageResponse]:
         who = self._caller_key(self._gate(context, limited=True), context)
         key = request.idempotency_key
         if not key or len(key) > MAX_KEY_CHARS:
@@ -263,8 +257,9 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             conv, turns = await self._conversation(request.conversation_id, context,
                                                    tail=self.cfg.dialogue.history_window_turns)
             self._acquire(conv.id, key, text)
+            deadline = context.time_remaining if context is not None else None
             try:
-                async with aclosing(self._round(conv, turns, key, text, context)) as events:
+                async with aclosing(self.rounds.message(conv, turns, key, text, deadline)) as events:
                     async for ev in events:
                         yield cpb.SendMessageResponse(event=ev)
             finally:
@@ -272,89 +267,8 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         finally:
             self._release(who)
 
-    async def _round(self, conv: Any, turns: list, key: str, text: str, context: Any) -> AsyncIterator[Any]:
-        """The round of one user message. The safety gate runs first: a risky message is stored with its safety
-        events (and the conversation flagged) in one transaction, answered by one safety turn, and the round ends
-        with reason ``safety``. A retry resumes from what was stored, the gate's decision included."""
-        deadline = context.time_remaining if context is not None else None
-        rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
-        replayed: list = []
-        safety_round = False
-        if rnd is not None:
-            if rnd.text_sha256 != text_digest(text):
-                raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
-            replayed = await asyncio.to_thread(self.store.round_turns, conv.id, key)
-            user_row = replayed[0]
-            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=True))
-            for row in replayed[1:]:
-                t = turn_to_proto(row)
-                yield event(turn_started=cpb.TurnStarted(index=t.index, role=t.role, directive=t.directive))
-                yield event(turn_completed=cpb.TurnCompleted(turn=t))
-            if rnd.state == "done":
-                yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
-                                                               reason=REASONS.get(rnd.reason, 0)))
-                return
-            conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
-                                                  self.cfg.dialogue.history_window_turns)
-            safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
-        else:
-            detection = await self.loop.detect(text)
-            closed: list[str] = []
-            try:
-                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text,
-                                                      detection.events() if detection else [], closed)
-            except IntegrityError:
-                raise Unavailable("this message is being stored by another request; retry") from None
-            if closed:  # their streams were counted when they ended (cancelled or failed)
-                log.info("a new message closed %d unfinished round(s) of a conversation", len(closed))
-            if detection is not None:
-                self.loop.count_safety(detection.categories)
-                safety_round = True
-            if turns and turns[-1].idx + 1 != user_row.idx or not turns and user_row.idx != 0:
-                # a turn landed between the read and the new message (a closing round's last write): read again
-                conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
-                                                      self.cfg.dialogue.history_window_turns)
-            else:
-                turns = [*turns, user_row]
-            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
-        st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
-                        adapter_versions=dict(conv.adapter_versions or {}),
-                        history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive) for t in turns],
-                        context=[tuple(c) for c in conv.context], round_key=key,
-                        seed=int(text_digest(conv.id + key)[:8], 16),
-                        safety_categories=set(conv.safety_categories or []),
-                        first_index=turns[0].idx if turns else 0)
-        done_before = sum(1 for r in replayed[1:] if r.role == "agent")
-        st.agent_turns = done_before
-        t0 = time.perf_counter()
-        self.metrics.conversations_active.labels(conv.mode).inc()
-        outcome = "failed"
-        try:
-            reason = "completed"
-            if safety_round:  # the round ends with its safety turn (stored already when this is a retry)
-                reason = "safety"
-                if done_before == 0:
-                    async for item in self.loop.safety_turn(st):
-                        yield item
-            else:
-                async for item in self.loop.agent_turns(st, self.cfg.dialogue.agent_turns_per_round - done_before,
-                                                        deadline):
-                    if isinstance(item, str):
-                        reason = item
-                    else:
-                        yield item
-            await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
-            outcome = reason
-            self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
-            yield event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[reason]))
-        except (asyncio.CancelledError, GeneratorExit):
-            outcome = _ended_early(outcome)
-            raise
-        finally:
-            self.metrics.conversations_active.labels(conv.mode).dec()
-            self.metrics.rounds.labels(conv.mode, outcome).inc()
-
-    async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any) -> AsyncIterator[cpb.RunSelfPlayResponse]:
+    async def RunSelfPlay(self, request: cpb.RunSelfPlayRequest, context: Any
+                          ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
         who = self._caller_key(self._gate(context, limited=True), context)
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
         if not request.HasField("user") or not request.user.situation.strip():
@@ -368,59 +282,19 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             raise InvalidArgument(f"user_speak_prob must be in [0, 1], got {p}")
         self._admit(who)
         try:
-            async with aclosing(self._self_play(request, context, opening, n, p)) as items:
-                async for item in items:
-                    yield item
+            conv, turns = await self._conversation(request.conversation_id, context, tail=1)
+            if turns:
+                raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
+            self._acquire(conv.id, SELF_PLAY_KEY, None)
+            try:
+                async with aclosing(self.rounds.self_play(conv, opening, request.user, n, p, request.seed,
+                                                          context.time_remaining)) as events:
+                    async for ev in events:
+                        yield cpb.RunSelfPlayResponse(event=ev)
+            finally:
+                self._running.pop(conv.id, None)
         finally:
             self._release(who)
-
-    async def _self_play(self, request: cpb.RunSelfPlayRequest, context: Any, opening: str, n: int, p: float
-                         ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
-        conv, turns = await self._conversation(request.conversation_id, context, tail=1)
-        if turns:
-            raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
-        key = "selfplay"
-        self._acquire(conv.id, key, None)
-        t0 = time.perf_counter()
-        self.metrics.conversations_active.labels(conv.mode).inc()
-        outcome = "failed"
-        try:
-            detection = await self.loop.detect(opening)
-            _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, opening,
-                                                  detection.events() if detection else [])
-            if detection is not None:
-                self.loop.count_safety(detection.categories)
-            yield cpb.RunSelfPlayResponse(event=event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row))))
-            st = RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
-                            adapter_versions=dict(conv.adapter_versions or {}),
-                            history=[HistoryTurn("user", opening)], context=[tuple(c) for c in conv.context],
-                            round_key=key, seed=request.seed,
-                            safety_categories=set(detection.categories) if detection else set())
-            reason = "completed"
-            if detection is not None:  # a risky opening: one safety turn, and self-play ends
-                reason = "safety"
-                async for item in self.loop.safety_turn(st):
-                    yield cpb.RunSelfPlayResponse(event=item)
-            else:
-                async for item in self.loop.self_play(st, request.user, n, p, context.time_remaining):
-                    if isinstance(item, str):
-                        reason = item
-                    else:
-                        yield cpb.RunSelfPlayResponse(event=item)
-            await asyncio.to_thread(self.store.finish_round, conv.id, key, reason, st.agent_turns)
-            outcome = reason
-            self.metrics.round_duration.labels(conv.mode).observe(time.perf_counter() - t0)
-            yield cpb.RunSelfPlayResponse(event=event(round_completed=cpb.RoundCompleted(
-                agent_turns=st.agent_turns, reason=REASONS[reason])))
-        except IntegrityError:
-            raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
-        except (asyncio.CancelledError, GeneratorExit):
-            outcome = _ended_early(outcome)
-            raise
-        finally:
-            self.metrics.conversations_active.labels(conv.mode).dec()
-            self.metrics.rounds.labels(conv.mode, outcome).inc()
-            self._running.pop(conv.id, None)
 
     async def GetConversation(self, request: cpb.GetConversationRequest, context: Any) -> cpb.GetConversationResponse:
         self._gate(context)
@@ -449,7 +323,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
 
     async def DeleteConversation(self, request: cpb.DeleteConversationRequest, context: Any
                                  ) -> cpb.DeleteConversationResponse:
-        """Erase the conversation with every turn, round and safety event (README "Security")."""
+        """Erase the conversation with every turn, round and safety event (docs/security.md)."""
         self._gate(context)
         conv, _ = await self._conversation(request.conversation_id, context, tail=1)
         if conv.id in self._running:

@@ -1,4 +1,9 @@
-"""The turn loop: director -> speaker, per round and in self-play.
+"""The turn loop: director -> speaker, the turns of one round (its agent turns, and in self-play the simulated user's).
+
+The round around the turns (safety gate on the user's message, start and finish in the store, metrics) is run by
+:class:`~mascot.gateway.round.RoundRunner`. The generators here yield only ``ConversationEvent`` messages; what a
+turn or the loop came to (a turn delivered or not, the end reason, a risky simulated-user message) is recorded on
+the :class:`RoundState`, for the caller to read once the generator is done.
 
 Each agent turn: NextDirective on the director service, then GenerateReply on the speaker service with
 its deltas forwarded as events. The speaker checks every reply before its text leaves (mascot.core.guard) and
@@ -6,7 +11,7 @@ regenerates refused attempts; when it refuses a persona's every attempt, the dir
 persona excluded; when the replacement is refused too, the round ends (``empty_replies``). Every turn is
 committed to the store before its TurnCompleted event is yielded.
 
-The safety gate (:mod:`mascot.gateway.safety`, README "Safety") sits ahead of the director: a risky user message
+The safety gate (:mod:`mascot.gateway.safety`, docs/safety.md) sits ahead of the director: a risky user message
 is answered by :meth:`TurnLoop.safety_turn` and the round ends. In a flagged conversation each reply is generated
 in full, screened, and only then sent (one delta): a screened reply is replaced by the template's follow-up line.
 """
@@ -109,7 +114,8 @@ def history_turn(catalog: PersonaCatalog, role: str, text: str, persona_id: str 
 
 @dataclass
 class RoundState:
-    """Mutable state of one running round or self-play session."""
+    """Mutable state of one running round or self-play session, with the outcomes the turn loop records (its
+    generators yield events only)."""
 
     conv_id: str
     mode: str
@@ -125,14 +131,28 @@ class RoundState:
     safety_categories: set = field(default_factory=set)
     #: Stored index of ``history[0]``: the history holds the conversation's most recent turns only.
     first_index: int = 0
+    #: Why the round ended (a key of :data:`REASONS`), set when the loop ends; "" while it runs.
+    reason: str = ""
+    #: Whether the last :meth:`TurnLoop.agent_turn` stored a turn (False: every persona it asked was refused).
+    delivered: bool = False
+    #: The safety gate's detection on the last simulated-user message, None when it had no risk.
+    user_risk: Detection | None = None
 
     def next_index(self) -> int:
         """Stored index of the next turn."""
         return self.first_index + len(self.history)
 
 
+@dataclass
+class Reply:
+    """Where :meth:`TurnLoop._speak` leaves the ``ReplyFinal`` of a GenerateReply stream once the stream ended."""
+
+    final: spb.ReplyFinal | None = None
+
+
 class TurnLoop:
-    """Runs rounds against the director and speaker services.
+    """Runs the turns of a round against the director and speaker services (the round around them:
+    :class:`~mascot.gateway.round.RoundRunner`).
 
     Args:
         store: The conversation store.
@@ -141,7 +161,6 @@ class TurnLoop:
         speaker: A ``SpeakerServiceStub``.
         cfg: :class:`~mascot.core.config.MascotConfig`.
         metrics: :class:`~mascot.core.metrics.Metrics`.
-        time_remaining: Callable returning seconds left of the caller's deadline, or None.
         safety: The :class:`~mascot.gateway.safety.SafetyGate`; built from ``cfg.safety`` when not given.
 
     Raises:
@@ -180,7 +199,7 @@ class TurnLoop:
         for c in categories:
             self.metrics.safety_events.labels(category=c).inc()
 
-    async def safety_turn(self, st: RoundState) -> AsyncIterator[Any]:
+    async def safety_turn(self, st: RoundState) -> AsyncIterator[cpb.ConversationEvent]:
         """Yield the events of one safety turn: the fixed template, delivered by the mode's safety persona, stored
         with ``safety`` true and directive source ``safety`` (no director or speaker call)."""
         t0 = time.perf_counter()
@@ -208,9 +227,14 @@ class TurnLoop:
         return await asyncio.to_thread(self.store.append_turn, conv_id, turn, retries, fallbacks,
                                        safety_events or [])
 
-    async def _speak(self, st: RoundState, index: int, request: spb.GenerateReplyRequest,
-                     deadline: Callable[[], float | None] | None) -> AsyncIterator[Any]:
-        """Forward speaker deltas as TurnDelta events; finally yield the ReplyFinal."""
+    async def _speak(self, st: RoundState, index: int, request: spb.GenerateReplyRequest, reply: Reply,
+                     deadline: Callable[[], float | None] | None) -> AsyncIterator[cpb.ConversationEvent]:
+        """Forward speaker deltas as TurnDelta events; when the stream ends, its ReplyFinal goes to ``reply.final``.
+
+        Raises:
+            ServiceError: the speaker call failed (:func:`_rpc_error`), or Unavailable: its stream ended without a
+                final reply.
+        """
         final = None
         try:
             call = self.speaker.GenerateReply(request, timeout=self._timeout(deadline))
@@ -223,7 +247,7 @@ class TurnLoop:
             raise _rpc_error(e, "speaker service") from None
         if final is None:
             raise Unavailable("the speaker service ended the stream without a final reply; retry")
-        yield final
+        reply.final = final
 
     async def _direct(self, st: RoundState, exclude: list[str], deadline: Callable[[], float | None] | None) -> Any:
         try:
@@ -237,8 +261,8 @@ class TurnLoop:
             raise _rpc_error(e, "director service") from None
 
     async def agent_turn(self, st: RoundState, deadline: Callable[[], float | None] | None = None
-                         ) -> AsyncIterator[Any]:
-        """Yield the events of one agent turn; the last item is ``True`` if a turn was stored, else ``False``.
+                         ) -> AsyncIterator[cpb.ConversationEvent]:
+        """Yield the events of one agent turn; ``st.delivered`` tells, once it is done, whether a turn was stored.
 
         The director names a persona and the speaker answers under the reply checks (it regenerates refused
         attempts itself). When the speaker refuses every attempt (``ReplyFinal.rejected``), the director is asked
@@ -246,6 +270,7 @@ class TurnLoop:
         caller ends the round. Refused attempts are stored with the turn (or, when none follows, with the round).
         """
         t0 = time.perf_counter()
+        st.delivered = False
         index = st.next_index()
         screening = bool(st.safety_categories)  # a flagged conversation: no reply text leaves before screening
         retries = fallbacks = 0
@@ -267,12 +292,11 @@ class TurnLoop:
                 context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
                 roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13 + len(excluded) * 2,
                 adapter_version=st.adapter_versions.get(pid, ""))
-            final = None
-            async for item in self._speak(st, index, req, deadline):
-                if isinstance(item, spb.ReplyFinal):
-                    final = item
-                elif not screening:
-                    yield item
+            reply = Reply()
+            async for ev in self._speak(st, index, req, reply, deadline):
+                if not screening:
+                    yield ev
+            final = reply.final
             rejections += [{"persona_id": pid, "attempt": r.attempt, "reason": r.reason, "text": r.text}
                            for r in final.rejections]
             if final.rejected or not final.text.strip():
@@ -301,30 +325,29 @@ class TurnLoop:
             st.agent_turns += 1
             self.metrics.turn_duration.labels(pid, final.adapter_version).observe(latency)
             self.metrics.turn_first_token.labels(pid, final.adapter_version).observe(first)
+            st.delivered = True
             yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
-            yield True
             return
         await asyncio.to_thread(self.store.add_director_counts, st.conv_id, retries, fallbacks, rejections,
                                 st.round_key)
-        yield False
 
     async def user_turn(self, st: RoundState, user: dpb.UserSimulation,
-                        deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
+                        deadline: Callable[[], float | None] | None = None) -> AsyncIterator[cpb.ConversationEvent]:
         """Yield the events of one simulated-user turn (nothing is stored when its reply is empty). The message goes
-        through the safety gate like a live one; on risk its events are stored with it and the last item is the
-        :class:`~mascot.gateway.safety.Detection`."""
+        through the safety gate like a live one; on risk its events are stored with it, counted, added to
+        ``st.safety_categories``, and the :class:`~mascot.gateway.safety.Detection` is left in ``st.user_risk``
+        (None otherwise)."""
         t0 = time.perf_counter()
+        st.user_risk = None
         index = st.next_index()
         yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_USER))
         req = spb.GenerateReplyRequest(user_simulation=user, history=history_to_proto(self.window(st)),
                                        context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in st.context],
                                        roster_persona_ids=[c.id for c in st.roster], seed=st.seed * 7919 + index * 13)
-        final = None
-        async for item in self._speak(st, index, req, deadline):
-            if isinstance(item, spb.ReplyFinal):
-                final = item
-            else:
-                yield item
+        reply = Reply()
+        async for ev in self._speak(st, index, req, reply, deadline):
+            yield ev
+        final = reply.final
         if final is not None and final.text.strip():
             detection = await self.detect(final.text)
             rej = [{"persona_id": "", "attempt": r.attempt, "reason": r.reason, "text": r.text}
@@ -335,54 +358,34 @@ class TurnLoop:
                 latency_s=time.perf_counter() - t0, first_token_s=final.first_token.ToTimedelta().total_seconds(),
                 round_key=st.round_key, guard=guard), safety_events=detection.events() if detection else None)
             st.history.append(HistoryTurn("user", final.text))
-            yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
-            if detection is not None:
+            if detection is not None:  # counted with the store write, before a client that leaves can stop us
                 self.count_safety(detection.categories)
                 st.safety_categories.update(detection.categories)
-                yield detection
+                st.user_risk = detection
+            yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
 
-    async def agent_turns(self, st: RoundState, n: int, deadline: Callable[[], float | None] | None = None
-                          ) -> AsyncIterator[Any]:
-        """Run up to ``n`` agent turns; the last item is the end reason ("completed" or "empty_replies")."""
-        for _ in range(n):
-            ok = False
-            async for item in self.agent_turn(st, deadline):
-                if isinstance(item, bool):
-                    ok = item
-                else:
-                    yield item
-            if not ok:
-                yield "empty_replies"
-                return
-        yield "completed"
+    async def agent_turns(self, st: RoundState, n: int, deadline: Callable[[], float | None] | None = None,
+                          user: dpb.UserSimulation | None = None, user_speak_prob: float = 0.0
+                          ) -> AsyncIterator[cpb.ConversationEvent]:
+        """Run up to ``n`` agent turns; once done, ``st.reason`` is "completed", or "empty_replies" when a turn
+        delivered nothing (the loop stops there).
 
-    async def self_play(self, st: RoundState, user: dpb.UserSimulation, agent_turns: int, user_speak_prob: float,
-                        deadline: Callable[[], float | None] | None = None) -> AsyncIterator[Any]:
-        """Self-play after the opening user turn: ``agent_turns`` agent turns, the simulated user speaking after
-        each (but the last) with probability ``user_speak_prob`` (seeded Bernoulli draws). Last item: end reason.
-
-        A simulated-user message with risk is answered by a safety turn and self-play ends (reason ``safety``)."""
+        With a simulated ``user`` (self-play) the user speaks after each agent turn but the last with probability
+        ``user_speak_prob`` (Bernoulli draws seeded with ``st.seed``); a simulated-user message with risk is
+        answered by a safety turn and the loop ends (reason "safety")."""
         rng = random.Random(st.seed)
-        for k in range(agent_turns):
-            ok = False
-            async for item in self.agent_turn(st, deadline):
-                if isinstance(item, bool):
-                    ok = item
-                else:
-                    yield item
-            if not ok:
-                yield "empty_replies"
+        for k in range(n):
+            async for ev in self.agent_turn(st, deadline):
+                yield ev
+            if not st.delivered:
+                st.reason = "empty_replies"
                 return
-            if k < agent_turns - 1 and rng.random() < user_speak_prob:
-                flagged = False
-                async for item in self.user_turn(st, user, deadline):
-                    if isinstance(item, Detection):
-                        flagged = True
-                    else:
-                        yield item
-                if flagged:
-                    async for item in self.safety_turn(st):
-                        yield item
-                    yield "safety"
+            if user is not None and k < n - 1 and rng.random() < user_speak_prob:
+                async for ev in self.user_turn(st, user, deadline):
+                    yield ev
+                if st.user_risk is not None:
+                    async for ev in self.safety_turn(st):
+                        yield ev
+                    st.reason = "safety"
                     return
-        yield "completed"
+        st.reason = "completed"

@@ -1,0 +1,225 @@
+"""One round of a conversation, from the user's message (or self-play's opening) to its RoundCompleted event.
+
+:class:`RoundRunner` owns a round's steps; SendMessage and RunSelfPlay each make one call to it:
+
+1. Replay (SendMessage): a retry with a stored idempotency key replays the round's stored turns (RoundStarted with
+   ``replayed``). A finished round ends there with its stored end reason (its stream was counted when it ran); an
+   unfinished one resumes after its stored turns, the safety gate's stored decision included.
+2. Safety detection: the safety gate looks at the message (:meth:`TurnLoop.detect`) before anything is stored.
+3. Start: :meth:`Store.start_round` stores the user turn, a ``running`` round and the message's safety events (the
+   conversation flagged) in one transaction; the events are then counted (``mascot_safety_events_total``) and
+   RoundStarted is sent.
+4. State: the :class:`~mascot.gateway.turn_loop.RoundState` (roster, pinned adapter versions, history, seed).
+5. Turns: a risky message is answered by one safety turn and the round ends (reason ``safety``); otherwise the
+   :class:`~mascot.gateway.turn_loop.TurnLoop` runs the agent turns (in self-play with the simulated user) and
+   records the end reason on the state.
+6. Finish: :meth:`Store.finish_round` stores the reason and the agent-turn count, then RoundCompleted is sent.
+
+Metrics (:meth:`RoundRunner._metered`, the one place for them): ``mascot_conversations_active`` while the turns run,
+``mascot_round_duration_seconds`` of a round that finished, and ``mascot_rounds_total{mode, reason}`` once per
+stream: its end reason, or ``failed`` / ``cancelled`` (:func:`ended_early`) for one that ended before RoundCompleted.
+A SendMessage round is metered from RoundStarted on, a self-play round from before its safety detection (as before).
+
+Not here: request validation, admission control and the one-round-per-conversation lock (the servicer,
+:mod:`mascot.gateway.servicer`); the director and speaker calls and the storing of each turn (the turn loop,
+:mod:`mascot.gateway.turn_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.dialogue import HistoryTurn
+from mascot.core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from mascot.core.interceptors import stream_stalled
+from mascot.core.personas import PersonaCatalog
+from mascot.gateway.store import IntegrityError, Store, text_digest
+from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, history_turn, turn_to_proto
+
+log = logging.getLogger(__name__)
+
+#: Round key of a conversation's self-play run (it has no idempotency key of the caller's).
+SELF_PLAY_KEY = "selfplay"
+
+
+def ended_early(outcome: str) -> str:
+    """The ``mascot_rounds_total`` reason of a round stream closed before it finished: ``cancelled`` (its client
+    went away or its deadline passed), or ``failed`` when the boundary closed it because the client stopped reading;
+    an outcome already reached stays."""
+    return "cancelled" if outcome == "failed" and not stream_stalled() else outcome
+
+
+@dataclass
+class _Meter:
+    """The metrics of one round stream: when it started and how it ended so far (``failed`` until it finishes)."""
+
+    t0: float
+    outcome: str = "failed"
+
+
+class RoundRunner:
+    """Runs rounds: safety detection, the store's round (start, finish, replay), the turn loop and the metrics.
+
+    Args:
+        store: The conversation store.
+        catalog: Persona cards.
+        loop: The :class:`~mascot.gateway.turn_loop.TurnLoop` (director and speaker calls, the safety gate).
+        cfg: :class:`~mascot.core.config.MascotConfig` (``dialogue``).
+        metrics: :class:`~mascot.core.metrics.Metrics`.
+    """
+
+    def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any) -> None:
+        self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
+
+    async def message(self, conv: Any, turns: list, key: str, text: str,
+                      deadline: Callable[[], float | None] | None = None) -> AsyncIterator[cpb.ConversationEvent]:
+        """The round of one user message: yields its events, RoundStarted to RoundCompleted.
+
+        Args:
+            conv: The conversation (a store row), ``turns`` its most recent turns (``dialogue.history_window_turns``).
+            key: The idempotency key; a round stored under it is replayed, and resumed when it did not finish.
+            text: The validated message.
+            deadline: Seconds left of the caller's deadline (``context.time_remaining``), or None.
+
+        Raises:
+            InvalidArgument: ``key`` was stored with another text.
+            Unavailable: another request is storing this key's round right now.
+            ServiceError: from the turn loop or the store (e.g. RoundClosed when a newer message closed the round).
+        """
+        rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
+        replayed: list = []
+        safety_round = False
+        if rnd is not None:
+            if rnd.text_sha256 != text_digest(text):
+                raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
+            replayed = await asyncio.to_thread(self.store.round_turns, conv.id, key)
+            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(replayed[0]), replayed=True))
+            for row in replayed[1:]:
+                t = turn_to_proto(row)
+                yield event(turn_started=cpb.TurnStarted(index=t.index, role=t.role, directive=t.directive))
+                yield event(turn_completed=cpb.TurnCompleted(turn=t))
+            if rnd.state == "done":
+                yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
+                                                               reason=REASONS.get(rnd.reason, 0)))
+                return
+            conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
+                                                  self.cfg.dialogue.history_window_turns)
+            safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
+        else:
+            detection = await self.loop.detect(text)
+            closed: list[str] = []
+            try:
+                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, key, text,
+                                                      detection.events() if detection else [], closed)
+            except IntegrityError:
+                raise Unavailable("this message is being stored by another request; retry") from None
+            if closed:  # their streams were counted when they ended (cancelled or failed)
+                log.info("a new message closed %d unfinished round(s) of a conversation", len(closed))
+            if detection is not None:
+                self.loop.count_safety(detection.categories)
+                safety_round = True
+            if turns and turns[-1].idx + 1 != user_row.idx or not turns and user_row.idx != 0:
+                # a turn landed between the read and the new message (a closing round's last write): read again
+                conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
+                                                      self.cfg.dialogue.history_window_turns)
+            else:
+                turns = [*turns, user_row]
+            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
+        st = self._state(conv, key, seed=int(text_digest(conv.id + key)[:8], 16),
+                         history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive)
+                                  for t in turns],
+                         safety_categories=set(conv.safety_categories or []),
+                         first_index=turns[0].idx if turns else 0)
+        st.agent_turns = sum(1 for r in replayed[1:] if r.role == "agent")  # resumed after the stored turns
+        per_round = 1 if safety_round else self.cfg.dialogue.agent_turns_per_round
+        with self._metered(conv.mode) as meter:
+            async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline)) as evs:
+                async for ev in evs:
+                    yield ev
+            yield await self._finish(st, meter)
+
+    async def self_play(self, conv: Any, opening: str, user: dpb.UserSimulation, agent_turns: int,
+                        user_speak_prob: float, seed: int, deadline: Callable[[], float | None] | None = None
+                        ) -> AsyncIterator[cpb.ConversationEvent]:
+        """A self-play run on a conversation without turns, stored as one round (key :data:`SELF_PLAY_KEY`): the
+        opening user message, then ``agent_turns`` agent turns with the simulated ``user`` speaking between them
+        with probability ``user_speak_prob`` (:meth:`TurnLoop.agent_turns`). Yields its events.
+
+        Raises:
+            FailedPrecondition: self-play already ran on this conversation (its round key is stored).
+            ServiceError: from the turn loop or the store.
+        """
+        try:
+            with self._metered(conv.mode) as meter:
+                detection = await self.loop.detect(opening)
+                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, SELF_PLAY_KEY, opening,
+                                                      detection.events() if detection else [])
+                if detection is not None:
+                    self.loop.count_safety(detection.categories)
+                yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row)))
+                st = self._state(conv, SELF_PLAY_KEY, seed=seed, history=[HistoryTurn("user", opening)],
+                                 safety_categories=set(detection.categories) if detection else set())
+                async with aclosing(self._turns(st, 1 if detection else agent_turns, detection is not None, deadline,
+                                                user, user_speak_prob)) as evs:
+                    async for ev in evs:
+                        yield ev
+                yield await self._finish(st, meter)
+        except IntegrityError:
+            raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
+
+    # ------------------------------------------------------------------ the steps both kinds share
+    def _state(self, conv: Any, key: str, *, seed: int, history: list[HistoryTurn], safety_categories: set,
+               first_index: int = 0) -> RoundState:
+        """The RoundState of a round of ``conv`` under ``key``: its roster, pinned versions and context."""
+        return RoundState(conv_id=conv.id, mode=conv.mode, roster=[self.catalog.get(i) for i in conv.persona_ids],
+                          adapter_versions=dict(conv.adapter_versions or {}), history=history,
+                          context=[tuple(c) for c in conv.context], round_key=key, seed=seed,
+                          safety_categories=safety_categories, first_index=first_index)
+
+    async def _turns(self, st: RoundState, left: int, safety: bool, deadline: Callable[[], float | None] | None,
+                     user: dpb.UserSimulation | None = None, user_speak_prob: float = 0.0
+                     ) -> AsyncIterator[cpb.ConversationEvent]:
+        """The round's remaining turns (``left`` agent turns): of a safety round its one safety turn (none when a
+        retry resumes after it), else the turn loop's. ``st.reason`` holds the end reason once it is done."""
+        if safety:
+            st.reason = "safety"
+            if left > 0:
+                async for ev in self.loop.safety_turn(st):
+                    yield ev
+            return
+        async for ev in self.loop.agent_turns(st, left, deadline, user, user_speak_prob):
+            yield ev
+
+    async def _finish(self, st: RoundState, meter: _Meter) -> cpb.ConversationEvent:
+        """Mark the round done in the store with ``st.reason``, record its outcome and duration; its RoundCompleted.
+
+        Raises:
+            RoundClosed: a newer message closed the round first.
+        """
+        await asyncio.to_thread(self.store.finish_round, st.conv_id, st.round_key, st.reason, st.agent_turns)
+        meter.outcome = st.reason
+        self.metrics.round_duration.labels(st.mode).observe(time.perf_counter() - meter.t0)
+        return event(round_completed=cpb.RoundCompleted(agent_turns=st.agent_turns, reason=REASONS[st.reason]))
+
+    @contextmanager
+    def _metered(self, mode: str) -> Iterator[_Meter]:
+        """Count a round stream: ``mascot_conversations_active{mode}`` while inside, and on the way out
+        ``mascot_rounds_total{mode, reason}`` with the outcome :meth:`_finish` set, ``failed`` on an error, or
+        :func:`ended_early`'s reason when the stream was cancelled or closed."""
+        meter = _Meter(time.perf_counter())
+        self.metrics.conversations_active.labels(mode).inc()
+        try:
+            yield meter
+        except (asyncio.CancelledError, GeneratorExit):
+            meter.outcome = ended_early(meter.outcome)
+            raise
+        finally:
+            self.metrics.conversations_active.labels(mode).dec()
+            self.metrics.rounds.labels(mode, meter.outcome).inc()
