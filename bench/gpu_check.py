@@ -13,8 +13,8 @@ loading the model (random A, small random B), so multi-LoRA runs at real size to
 GRPO with vLLM generation: then, with CUDA, two optimiser steps of each phase's GRPO with ``generation.backend: vllm``
 in colocate mode on the tiny model, each in a subprocess of its own (``--grpo-step persona|director``): the persona
 stage's ``train_persona`` (format reward) and the director stage's trainer (rollouts on scripted speakers, directives
-sampled by :class:`~mascot_training.director_grpo.VllmDirector`). Without CUDA they are skipped with the reason
-printed (TRL's vLLM generation needs CUDA); ``--skip-grpo`` leaves them out.
+sampled by :class:`~mascot_training.collaborative.director_grpo.VllmDirector`). Without CUDA they are skipped with the
+reason printed (TRL's vLLM generation needs CUDA); ``--skip-grpo`` leaves them out.
 
 Shared engine: then, with CUDA, ``bench/shared_engine.py --engine vllm`` (director and speaker on one vLLM engine
 against one engine each, the same memory budget in all; the real model at ``--weights``, else the bundled default
@@ -150,27 +150,28 @@ GRPO_MESSAGES = ["I failed my driving test again and I feel stupid.", "My best f
 
 def grpo_vllm_step(phase: str, model_dir: Path, work: Path) -> dict:
     """Two GRPO optimiser steps (one for ``director``) on ``model_dir`` with ``generation.backend: vllm`` in colocate
-    mode: ``phase`` ``persona`` runs :func:`mascot_training.persona_grpo.train_persona` (format reward, 4 completions
-    of 16 tokens per prompt); ``director`` runs the director stage's trainer on 4 rollouts of one prefix with
-    scripted speakers, its directives sampled by TRL's vLLM engine. Needs CUDA.
+    mode: ``phase`` ``persona`` runs :func:`mascot_training.persona.persona_grpo.train_persona` (format reward, 4
+    completions of 16 tokens per prompt); ``director`` runs the director stage's trainer on 4 rollouts of one prefix
+    with scripted speakers, its directives sampled by TRL's vLLM engine. Needs CUDA.
 
     Returns:
         ``{"steps", "seconds", "use_vllm", "vllm_mode", ...}`` (persona: ``reward_first``, ``reward_last``; director:
         ``rollouts`` by outcome and ``directive_tokens`` of a direct sample after training).
 
     Raises:
-        mascot_training.config.ConfigError: no CUDA GPU.
+        mascot_training.common.config.ConfigError: no CUDA GPU.
     """
     sys.path[:0] = [str(ROOT / "training-jobs"), str(ROOT)]
     from mascot.core.dialogue import HistoryTurn
     from mascot.core.personas import PersonaCatalog
-    from mascot_training.config import GrpoConfig, LoraConfig
+    from mascot_training.common.config import LoraConfig
+    from mascot_training.persona.config import GrpoConfig
 
     cat = PersonaCatalog.load()
     gen = {"backend": "vllm", "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.2}
     t0 = time.perf_counter()
     if phase == "persona":
-        from mascot_training.persona_grpo import make_reward_func, prompt_row, train_persona
+        from mascot_training.persona.persona_grpo import make_reward_func, prompt_row, train_persona
 
         names = {c.id: c.name for c in cat.cards.values()}
         rows = [prompt_row(cat.get("anchor"), [HistoryTurn("user", m)], [], names, f"g{i}")
@@ -182,9 +183,9 @@ def grpo_vllm_step(phase: str, model_dir: Path, work: Path) -> dict:
     else:
         from transformers import AutoTokenizer
 
-        from mascot_training.collab_config import CollaborativeConfig
-        from mascot_training.director_grpo import LoopThread, RolloutStats, VllmDirector, build_trainer
-        from mascot_training.rollout import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
+        from mascot_training.collaborative.config import CollaborativeConfig
+        from mascot_training.collaborative.director_grpo import LoopThread, RolloutStats, VllmDirector, build_trainer
+        from mascot_training.collaborative.simulate import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
         from tests.helpers import ScriptedEngine
 
         tok = AutoTokenizer.from_pretrained(model_dir)

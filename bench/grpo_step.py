@@ -2,7 +2,7 @@
 
 Same tiny policy, same tiny reward model, same prompt rows (real persona prompts) and the same GRPO config, measured
 side by side in one run: the repetitions alternate (ours, bare, bare, ours, ...). "Ours" is
-:func:`mascot_training.persona_grpo.train_persona` with :func:`make_reward_func` (RM input built by
+:func:`mascot_training.persona.persona_grpo.train_persona` with :func:`make_reward_func` (RM input built by
 ``formatting.reward_text``, EOS, timeout thread, failure metric, finite guard). "Bare" is ``GRPOTrainer`` given the RM
 directory as a reward model plus the plain format reward (``reward_weights`` = [w_rm, w_fmt]). Each step is timed
 from ``on_step_begin`` to ``on_step_end``; the first step of every run is a warm-up and is left out.
@@ -74,10 +74,12 @@ def main() -> None:
     from mascot.core.metrics import Metrics
     from mascot.core.personas import PersonaCatalog
     from mascot.reward.scorer import RewardScorer, build_tiny_reward_model
-    from mascot_training.config import GrpoConfig, LoraConfig
-    from mascot_training.persona_grpo import (completion_text, grpo_args, make_reward_func, peft_lora, prompt_row,
-                                              train_persona)
-    from mascot_training.rewards import format_reward
+    from mascot_training.common.config import LoraConfig
+    from mascot_training.common.lora import peft_lora
+    from mascot_training.common.rewards import format_reward
+    from mascot_training.persona.config import GrpoConfig
+    from mascot_training.persona.persona_grpo import (completion_text, grpo_args, make_reward_func, prompt_row,
+                                                      train_persona)
 
     tmp = Path(tempfile.mkdtemp(prefix="mascot-grpo-bench-"))
     with quiet_stdout():

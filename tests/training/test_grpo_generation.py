@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import yaml
 
-from mascot_training.config import ConfigError, GenerationConfig, GrpoConfig, LoraConfig, generation_problems
+from mascot_training.common.config import ConfigError, GenerationConfig, LoraConfig, generation_problems
+from mascot_training.persona.config import GrpoConfig
 
 torch = pytest.importorskip("torch")
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -29,9 +30,10 @@ def _changed(tmp_path, mapping: dict) -> dict:
 
 
 def test_transformers_is_the_default_and_maps_to_no_vllm(tmp_path):
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.director_grpo import grpo_args as director_args
-    from mascot_training.persona_grpo import grpo_args, trl_generation_args
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import grpo_args as director_args
+    from mascot_training.common.grpo import trl_generation_args
+    from mascot_training.persona.persona_grpo import grpo_args
 
     assert GrpoConfig().generation == GenerationConfig() and GenerationConfig().backend == "transformers"
     assert CollaborativeConfig().director_grpo.generation.backend == "transformers"
@@ -59,7 +61,7 @@ def test_transformers_is_the_default_and_maps_to_no_vllm(tmp_path):
 def test_vllm_settings_map_onto_exactly_those_grpo_config_fields(tmp_path, gen, max_len, sampling, expected):
     from trl import GRPOConfig
 
-    from mascot_training.persona_grpo import trl_generation_args
+    from mascot_training.common.grpo import trl_generation_args
 
     mapping = trl_generation_args(GenerationConfig(**gen), max_len, importance_sampling=sampling)
     assert mapping == expected
@@ -108,7 +110,8 @@ def _phase2(tmp_path, shared_data, **grpo):
 
 @NO_CUDA
 def test_vllm_without_cuda_is_refused_at_config_load_naming_the_setting(tmp_path, shared_data):
-    from mascot_training import collab_config, config
+    from mascot_training.collaborative import config as collab_config
+    from mascot_training.persona import config
 
     assert config.load(_phase1(tmp_path, shared_data)).persona_grpo.generation.backend == "transformers"
     with pytest.raises(ConfigError) as e:
@@ -130,9 +133,9 @@ def test_vllm_without_cuda_is_refused_at_config_load_naming_the_setting(tmp_path
 @NO_CUDA
 def test_vllm_without_cuda_is_refused_before_training_starts(tmp_path):
     """A config built in code (not loaded) is refused when the trainer's arguments are made, before any model."""
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.director_grpo import grpo_args as director_args
-    from mascot_training.persona_grpo import grpo_args, train_persona
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import grpo_args as director_args
+    from mascot_training.persona.persona_grpo import grpo_args, train_persona
 
     with pytest.raises(ConfigError, match="persona_grpo.generation.backend is vllm"):
         grpo_args(GrpoConfig(generation={"backend": "vllm"}), tmp_path)

@@ -20,9 +20,10 @@ import pytest
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.metrics import Metrics
 from mascot.core.personas import PersonaCatalog
-from mascot_training import persona_grpo as pg
-from mascot_training.config import GrpoConfig, LoraConfig, PersonaAlignmentConfig
-from mascot_training.rewards import format_reward
+from mascot_training.common.config import LoraConfig
+from mascot_training.common.rewards import format_reward
+from mascot_training.persona import persona_grpo as pg
+from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 from tests.conftest import ROOT
 
 STEPS, SEED = 14, 0  # seeds 0-4 at 12 steps all learned (last-3 mean 4.8-6.8 vs first-3 -1.0-1.6)
@@ -55,7 +56,7 @@ def rows_for(catalog: PersonaCatalog, pid: str) -> list[dict]:
     return rows
 
 
-def call(f, texts: list[str], pid: str = "anchor", history=None, context=None) -> list[float | None]:  # noqa: ANN001
+def call(f, texts: list[str], pid: str = "anchor", history=None, context=None) -> list[float | None]:
     """Call a reward function the way TRL 1.16 does (conversational completions, extra kwargs)."""
     n = len(texts)
     hist = history if history is not None else [{"role": "user", "text": USER_LINES[0], "persona_id": ""}]
@@ -87,7 +88,7 @@ def test_composite_with_planted_rm_scores(catalog: PersonaCatalog) -> None:
     seen: list[str] = []
     z = [0.5, -1.0, 3.0, 0.0]
 
-    def rm(texts):  # noqa: ANN001, ANN202
+    def rm(texts):
         seen.extend(texts)
         return z
 
@@ -102,7 +103,7 @@ def test_composite_with_planted_rm_scores(catalog: PersonaCatalog) -> None:
 
 
 @pytest.mark.parametrize("bad, reason", [(None, "none"), (math.nan, "nan"), (math.inf, "nan")])
-def test_bad_rm_scores_are_masked_and_counted(catalog: PersonaCatalog, bad, reason: str) -> None:  # noqa: ANN001
+def test_bad_rm_scores_are_masked_and_counted(catalog: PersonaCatalog, bad, reason: str) -> None:
     m = Metrics()
     f = pg.make_reward_func(None, catalog, GrpoConfig(), metrics=m, rm_fn=lambda t: [1.0, bad, bad, 0.0])
     out = call(f, TEXTS)
@@ -220,7 +221,7 @@ def test_stage_writes_lora_adapters_and_resumes(catalog: PersonaCatalog, tiny_mo
     prompts = {p: rows_for(catalog, p) for p in personas}
     calls, real = [], pg.train_persona
 
-    def spy(base, rows, *a, **k):  # noqa: ANN001, ANN202
+    def spy(base, rows, *a, **k):
         calls.append(rows[0]["persona_id"])
         if calls == ["anchor", "catalyst"]:
             raise RuntimeError("planted crash")

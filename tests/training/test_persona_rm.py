@@ -66,7 +66,7 @@ def write_pairs(out: Path, n_train: int = 64, n_heldout: int = 16) -> list[dict]
 
 
 def make_cfg(**rm):
-    from mascot_training.config import PersonaAlignmentConfig
+    from mascot_training.persona.config import PersonaAlignmentConfig
 
     return PersonaAlignmentConfig(run_id="t1", sample={"seed": 0},
                                   persona_rm={"epochs": EPOCHS, "lr": LR, "batch_size": BATCH,
@@ -76,7 +76,7 @@ def make_cfg(**rm):
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The stage run once on 64 train / 16 held-out planted pairs: ``(cfg, out, records, manifest, seconds)``."""
-    from mascot_training.persona_rm import run
+    from mascot_training.persona.persona_rm import run
 
     out = tmp_path_factory.mktemp("rm_run")
     recs = write_pairs(out)
@@ -142,7 +142,7 @@ def test_accuracy_recomputed_from_saved_model(trained):
 def test_second_run_resumes_without_training(trained, tiny_model_dir, monkeypatch):
     import trl
 
-    from mascot_training.persona_rm import run
+    from mascot_training.persona.persona_rm import run
 
     cfg, out, _, m, _ = trained
     weights = next((out / "persona_rm" / "model").glob("*.safetensors"))
@@ -161,7 +161,7 @@ def test_second_run_resumes_without_training(trained, tiny_model_dir, monkeypatc
 
 
 def test_missing_pairs_file_is_actionable(tmp_path, tiny_model_dir):
-    from mascot_training.persona_rm import run
+    from mascot_training.persona.persona_rm import run
 
     with pytest.raises(ValueError, match=r"pairs\.jsonl does not exist: run the 'pairs' stage first"):
         run(make_cfg(), tmp_path, base_model=str(tiny_model_dir))
@@ -169,7 +169,7 @@ def test_missing_pairs_file_is_actionable(tmp_path, tiny_model_dir):
 
 
 def test_no_train_pairs_is_actionable(tmp_path, tiny_model_dir):
-    from mascot_training.persona_rm import run
+    from mascot_training.persona.persona_rm import run
 
     (tmp_path / "pairs").mkdir()
     (tmp_path / "pairs" / "pairs.jsonl").write_text(json.dumps(pair_record(1, "heldout")) + "\n")
@@ -190,7 +190,7 @@ def test_trl_tokenization_equals_scorer(trained, tmp_path):
     from trl import RewardConfig, RewardTrainer
 
     from mascot.reward.scorer import RewardScorer
-    from mascot_training.persona_rm import build_dataset, load_pairs
+    from mascot_training.persona.persona_rm import build_dataset, load_pairs
 
     _, out, recs, _, _ = trained
     model_dir = out / "persona_rm" / "model"

@@ -8,12 +8,13 @@ import math
 import pytest
 import yaml
 
-from mascot_training.config import ConfigError, PersonaAlignmentConfig, load, validate
-from mascot_training.data import in_train_split
+from mascot_training.common.config import ConfigError
+from mascot_training.common.data import in_train_split
 from mascot.core.files import read_jsonl
-from mascot_training.manifest import digest_obj, is_done, read_manifest, stage_dir
-from mascot_training.pairs import build_pairs
-from mascot_training.rewards import composite_reward, format_reward, split_think
+from mascot_training.common.manifest import digest_obj, is_done, read_manifest, stage_dir
+from mascot_training.common.preference_pairs import build_pairs
+from mascot_training.common.rewards import composite_reward, format_reward, split_think
+from mascot_training.persona.config import PersonaAlignmentConfig, load, validate
 
 
 def test_pairs_keep_margin_cap_and_order():

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from mascot_training.config import PersonaAlignmentConfig
-from mascot_training.data import in_train_split
+from mascot_training.common.data import in_train_split
 from mascot.core.files import read_jsonl
-from mascot_training.manifest import read_manifest
-from mascot_training.run import run
+from mascot_training.common.manifest import read_manifest
+from mascot_training.persona.config import PersonaAlignmentConfig
+from mascot_training.persona.pipeline import run
 
 pytestmark = pytest.mark.integration
 

@@ -64,9 +64,9 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mascot.core.engine.transformers import TransformersEngine
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.director_grpo import LoopThread, persona_distribution, train_director
-    from mascot_training.rollout import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import LoopThread, persona_distribution, train_director
+    from mascot_training.collaborative.simulate import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
 
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(director_base)
@@ -114,8 +114,8 @@ def test_warm_start_clones_the_serving_director(tiny_model_dir: Path, tmp_path: 
     import torch
     from safetensors import safe_open
 
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.director_warm_start import warm_start
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_warm_start import warm_start
 
     torch.set_num_threads(1)
     rng = random.Random(1)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from mascot.core.personas import PersonaCatalog
-from mascot_training.collab_config import load
-from mascot_training.config import ConfigError
-from mascot_training.rewards import i_div, judge_group_reward, rollout_reward
-from mascot_training.rollout import detect_role_flip
+from mascot_training.collaborative.config import load
+from mascot_training.collaborative.simulate import detect_role_flip
+from mascot_training.common.config import ConfigError
+from mascot_training.common.rewards import i_div, judge_group_reward, rollout_reward
 from tests.conftest import ROOT, SHARED
 
 ROSTER = [PersonaCatalog.load().get(i) for i in ("anchor", "catalyst", "beacon")]

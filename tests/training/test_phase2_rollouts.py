@@ -12,7 +12,7 @@ from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCatalog
 from mascot.director.directive import DirectiveError, parse_directive
 from mascot.director.prompts import build_messages
-from mascot_training.rollout import (
+from mascot_training.collaborative.simulate import (
     DirectorOutput,
     Prefix,
     Rollout,
@@ -176,8 +176,8 @@ def planted_group_reward(items):
 def trl_setup(tiny_model_dir, tok, tmp_path):
     import torch
 
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.director_grpo import LoopThread, RolloutStats, build_trainer
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import LoopThread, RolloutStats, build_trainer
 
     torch.set_num_threads(1)
     cfg = CollaborativeConfig(phase2={"num_generations": G, "suffix_agent_turns": 2, "user_speak_prob": 1.0},
@@ -198,7 +198,8 @@ def test_group_advantages_on_a_hand_made_group(trl_setup):
 
     trainer, stats = trl_setup
     trainer.model.train()
-    out = trainer._generate_and_score_completions([{"prompt": PREFIX.prefix_id} for _ in range(G)])  # TRL 1.16 internal step
+    # TRL 1.16 internal step
+    out = trainer._generate_and_score_completions([{"prompt": PREFIX.prefix_id} for _ in range(G)])
     rewards = [-2.0, 1.3, -0.3]
     mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
     expected = [(r - mean) / (std + 1e-4) for r in rewards] + [0.0]
@@ -255,7 +256,7 @@ def test_loss_gets_no_gradient_from_speaker_and_user_tokens(trl_setup):
 
 
 def _cfg(shared_data, tiny_model_dir, **phase2):
-    from mascot_training.collab_config import CollaborativeConfig
+    from mascot_training.collaborative.config import CollaborativeConfig
 
     return CollaborativeConfig(model=str(tiny_model_dir), personas=["anchor", "catalyst", "beacon"],
                                data={"situations": shared_data / "empathetic_dialogues" / "test_situations.jsonl",
@@ -265,7 +266,7 @@ def _cfg(shared_data, tiny_model_dir, **phase2):
 
 
 async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_data, tiny_model_dir):
-    from mascot_training import rollouts
+    from mascot_training.collaborative import rollouts
 
     cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0)
     actions = ["Name one strength you heard.", "Ask what helped them most today.",
@@ -297,10 +298,11 @@ async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_d
 
 
 async def test_rollouts_stage_counts_role_flips(tok, tmp_path, shared_data, tiny_model_dir):
-    from mascot_training import rollouts
+    from mascot_training.collaborative import rollouts
 
     cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0)
-    eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength you heard.\nTone: Warm", speakers(flip=True))
+    eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength you heard.\nTone: Warm",
+                         speakers(flip=True))
     with pytest.raises(ValueError, match="every prefix was dropped"):
         await rollouts.run(cfg, tmp_path, engine=eng, tokenizer=tok, adapters={}, inputs={})
     from mascot.core.files import read_jsonl
@@ -314,8 +316,8 @@ def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_da
     from types import SimpleNamespace
 
     from mascot.core.engine.transformers import TransformersEngine
-    from mascot_training.director_grpo import LoopThread, judge_group_reward_fn
-    from mascot_training.judge import _judges
+    from mascot_training.collaborative.director_grpo import LoopThread, judge_group_reward_fn
+    from mascot_training.common.judges import build_stage_judges
 
     loop = LoopThread()
     eng = TransformersEngine(str(tiny_model_dir), max_model_len=2048, batch_wait_ms=2)
@@ -323,9 +325,9 @@ def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_da
     try:
         specs = SimpleNamespace(judge=SimpleNamespace(judges=[{"name": "local"}], max_retries=2),
                                 model=str(tiny_model_dir), tiny_dir=tiny_model_dir)
-        judges = _judges(specs, eng, "sqlite://")
+        judges = build_stage_judges(specs, eng, "sqlite://")
         fn = judge_group_reward_fn(judges, ROSTER, loop, timeout_s=120)
-        from mascot_training.group_rm import judge_blocks
+        from mascot_training.collaborative.group_rm import judge_blocks
 
         block = [HistoryTurn("agent", "You did your best.", "anchor"), HistoryTurn("user", "Thanks.")]
         items = [(PREFIX, block), (PREFIX, block[:1])]
@@ -339,7 +341,7 @@ def test_judge_group_reward_uses_the_collective_rubric(tiny_model_dir, shared_da
 
 def test_warm_start_rows_clone_every_serving_decision_once(tok):
     from mascot.core.dialogue import history_to_dicts
-    from mascot_training.director_warm_start import warm_start_rows
+    from mascot_training.collaborative.director_warm_start import warm_start_rows
 
     block = [HistoryTurn("agent", "Name one thing you did well.", "beacon",
                          "Agent: The Beacon\nAction: Find a strength.\nTone: Warm"),

@@ -50,7 +50,8 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     sp = json.loads((out / "speakers" / "manifest.json").read_text())
     assert {a["source"] for a in sp["adapters"].values()} == {"quick"} and set(sp["adapters"]) == set(cfg["personas"])
     ro = json.loads((out / "rollouts" / "manifest.json").read_text())["metrics"]
-    assert ro["prefixes"] == cfg["data"]["limit"] and ro["blocks"] == ro["prefixes"] * cfg["phase2"]["group_reward"]["k"]
+    assert ro["prefixes"] == cfg["data"]["limit"]
+    assert ro["blocks"] == ro["prefixes"] * cfg["phase2"]["group_reward"]["k"]
     assert set(ro["prefix_k"]) <= {"0", "1"}
     grm = json.loads((out / "group_rm" / "manifest.json").read_text())
     assert grm["metrics"]["source"] == "rm" and "group_rm_heldout_accuracy" in grm
@@ -64,7 +65,7 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     for dist in (dg["persona_distribution_before"], dg["persona_distribution_after"]):
         assert set(dist) == set(cfg["personas"]) | {"invalid"} and sum(dist.values()) == pytest.approx(1.0, abs=1e-3)
     # training and evaluation ids are disjoint: every prefix comes from the training split
-    from mascot_training.data import in_train_split
+    from mascot_training.common.data import in_train_split
 
     assert dg["data_ids"] and all(in_train_split(i, 0.5, "mascot-phase1") for i in dg["data_ids"])
     # the store holds director/v1 as staged, and it loads onto the base model

@@ -25,8 +25,9 @@ import pytest
 import torch
 
 from mascot.core.adapters import store as adapter_store
-from mascot_training import publish, sft
-from mascot_training.config import GateConfig, PersonaAlignmentConfig
+from mascot_training.common import lora, publish
+from mascot_training.persona import publish_personas, sft
+from mascot_training.persona.config import GateConfig, PersonaAlignmentConfig
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +101,7 @@ def collapsed(base, tmp_path_factory) -> Path:
     rows = [{"persona_id": card.id, "messages": [{"role": "system", "content": persona_system_prompt(card)},
                                                  {"role": "user", "content": msg},
                                                  {"role": "assistant", "content": " ".join(["the"] * 12)}]}
-            for msg in sft.STOCK_MESSAGES]
+            for msg in lora.STOCK_MESSAGES]
     (d / "collapse.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     cfg = _cfg(sft={"enabled": True, "max_steps": 60, "batch_size": 4, "lr": 6e-2, "data": d / "collapse.jsonl"},
                lora={"r": 8, "alpha": 16, "dropout": 0.0})
@@ -318,20 +319,20 @@ def test_gate_passes_healthy_and_refuses_collapsed(base, healthy, collapsed):
 
     card = PersonaCatalog.load().get(_personas()[1])
     cfg = GateConfig(**GATE)
-    ok = publish.gate(base, healthy[0] / "sft" / "adapter", card, cfg)
-    bad = publish.gate(base, collapsed, card, cfg)
+    ok = publish_personas.gate(base, healthy[0] / "sft" / "adapter", card, cfg)
+    bad = publish_personas.gate(base, collapsed, card, cfg)
     assert ok["passed"] and ok["reason"] == "" and ok["replies"] == 4
     assert ok["distinct_2"] >= cfg.min_distinct_2 and ok["mean_words"] >= cfg.min_mean_words
     assert not bad["passed"] and "distinct-2" in bad["reason"] and bad["distinct_2"] < 0.15, bad
     assert bad["distinct_2"] < ok["distinct_2"] / 3
-    assert publish.gate(base, collapsed, card, cfg) == bad  # seeded
+    assert publish_personas.gate(base, collapsed, card, cfg) == bad  # seeded
 
 
 def test_publish_stage_gates_each_persona_and_resumes(base, healthy, collapsed, tmp_path):
     p_ok, p_bad = _personas()
     cfg = _cfg(run_id="r1", publish={"gate": GATE})
     adapters = {p_ok: healthy[0] / "sft" / "adapter", p_bad: collapsed}
-    m = publish.run(cfg, tmp_path, base_model=base, adapters=adapters, data_ids=["s1"])
+    m = publish_personas.run(cfg, tmp_path, base_model=base, adapters=adapters, data_ids=["s1"])
     store = tmp_path / "adapters"
     per = m["metrics"]["personas"]
     assert (m["metrics"]["published"], m["metrics"]["refused"]) == (1, 1)
@@ -343,7 +344,7 @@ def test_publish_stage_gates_each_persona_and_resumes(base, healthy, collapsed, 
     assert man["run_id"] == "r1" and man["data_ids"] == ["s1"] and man["eval_metrics"]["gate"]["passed"]
     assert m["data_ids"] == ["s1"] and (tmp_path / "publish" / "manifest.json").is_file()
     reg_bytes = (store / "registry.json").read_bytes()
-    again = publish.run(cfg, tmp_path, base_model=base, adapters=adapters, data_ids=["s1"])
+    again = publish_personas.run(cfg, tmp_path, base_model=base, adapters=adapters, data_ids=["s1"])
     assert again == json.loads((tmp_path / "publish" / "manifest.json").read_text())
     assert (store / "registry.json").read_bytes() == reg_bytes
 
@@ -353,14 +354,15 @@ def test_publish_stage_does_not_republish_after_a_crash(base, healthy, tmp_path)
     store = tmp_path / "adapters"
     _publish(store, pid, healthy[0] / "sft" / "adapter", base)  # published, then the stage "crashed"
     cfg = _cfg(publish={"gate": GATE})
-    m = publish.run(cfg, tmp_path, base_model=base, adapters={pid: healthy[0] / "sft" / "adapter"}, data_ids=[])
+    m = publish_personas.run(cfg, tmp_path, base_model=base, adapters={pid: healthy[0] / "sft" / "adapter"},
+                             data_ids=[])
     got = m["metrics"]["personas"][pid]["published"]
     assert {k: got[k] for k in ("version", "name", "already")} == {"version": 1, "name": f"{pid}--v1", "already": True}
     assert json.loads((store / "registry.json").read_text())["revision"] == 1
 
 
 def test_gateway_publish_without_a_token_is_a_config_error(tmp_path, monkeypatch, shared_data):
-    from mascot_training.config import validate
+    from mascot_training.persona.config import validate
 
     monkeypatch.delenv("MASCOT_ADMIN_TOKEN", raising=False)
     cfg = _cfg(publish={"gateway": "127.0.0.1:50051"})

@@ -24,7 +24,7 @@ import json, sys
 from transformers import AutoTokenizer
 from vllm import LLM
 from mascot.core.engine.vllm import cpu_memory_share
-from mascot_training.director_grpo import VllmDirector
+from mascot_training.collaborative.director_grpo import VllmDirector
 
 model = sys.argv[1]
 llm = LLM(model=model, dtype="float32", max_model_len=512, seed=0, gpu_memory_utilization=cpu_memory_share(1.0))

@@ -148,7 +148,7 @@ spec:
               fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
         {{- end }}
         {{- if $v.adminToken.existingSecret }}
-        # mascot_training.publish reads the admin token only from this variable.
+        # mascot_training.common.publish reads the admin token only from this variable.
         - name: MASCOT_ADMIN_TOKEN
           valueFrom:
             secretKeyRef:

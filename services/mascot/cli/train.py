@@ -18,10 +18,12 @@ STAGE_NAMES = ("sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", 
 
 
 def _load(config: Path, phase: int = 1):  # noqa: ANN202
-    from mascot_training.config import ConfigError, load
+    from mascot_training.common.config import ConfigError
 
     if phase == 2:
-        from mascot_training.collab_config import load
+        from mascot_training.collaborative.config import load
+    else:
+        from mascot_training.persona.config import load
     try:
         return load(config)
     except ConfigError as e:
@@ -43,11 +45,11 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
         # stdout holds the JSON summary alone.
         with contextlib.redirect_stdout(sys.stderr):
             if phase == 2:
-                from mascot_training.collaborative import run as run2
+                from mascot_training.collaborative.pipeline import run as run2
 
                 results = run2(cfg, out, stages, log_fn=lambda m: console.print(m))
             else:
-                from mascot_training.run import run
+                from mascot_training.persona.pipeline import run
 
                 results = run(cfg, out, stages, log=lambda m: console.print(m))
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
@@ -76,7 +78,7 @@ def persona_alignment(
     out: Path = typer.Option(..., "--out", help="Run directory (resumable; DIR/adapters is the store)."),
 ) -> None:
     """Run phase 1 end to end: \\[sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
-    from mascot_training.config import STAGES
+    from mascot_training.persona.config import STAGES
 
     _run(config, out, STAGES)
 
@@ -89,7 +91,7 @@ def collaborative(
                                     "group-rm, director-grpo, publish. Default: all, in order."),
 ) -> None:
     """Run phase 2 end to end: speakers → rollouts → group_rm → director_grpo → publish."""
-    from mascot_training.collab_config import STAGES
+    from mascot_training.collaborative.config import STAGES
 
     chosen = tuple(s.replace("-", "_") for s in stage) or STAGES
     unknown = [s for s in chosen if s not in STAGES]

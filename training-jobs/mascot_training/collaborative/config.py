@@ -3,7 +3,8 @@
 One YAML file configures the chain ``speakers → rollouts → group_rm → director_grpo → publish``. The section
 ``phase2`` carries the algorithm's named defaults (``phase2.num_generations``, ``phase2.suffix_agent_turns``,
 ``phase2.eta``, ``phase2.min_distinct``, ``phase2.invalid_reward``, ``phase2.group_reward.source``); the other
-sections reuse the phase 1 shapes (data split, LoRA, judge, pairs, reward-model recipe, publish).
+sections reuse the shapes both phases share (:mod:`mascot_training.common.config`: data split, LoRA, judge, pairs,
+reward-model recipe, GRPO optimiser, publish target).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from mascot_training.config import (
+from mascot.core.adapters.store import AdapterStore, backend_errors, open_store
+from mascot_training.common.config import (
     GrpoOptimConfig,
     JudgeStageConfig,
     PairsConfig,
@@ -21,6 +23,7 @@ from mascot_training.config import (
     PublishTarget,
     RunConfig,
     _S,
+    active_personas,
     common_problems,
     generation_problems,
     read_config,
@@ -32,8 +35,10 @@ STAGES = ("speakers", "rollouts", "group_rm", "director_grpo", "publish")
 class SpeakersConfig(_S):
     """The frozen speakers: phase 1 persona adapters, or minimal tiny ones made in a quick step."""
 
-    #: A phase 1 adapter store (``DIR/adapters`` of ``mascot train persona-alignment``): the highest version of
-    #: each active persona is used. Empty with no ``adapters``: the ``speakers`` stage makes minimal LoRAs.
+    #: A phase 1 adapter store (``DIR/adapters`` of ``mascot train persona-alignment``) as a local path,
+    #: ``file:///abs/path``, ``pvc://<claim>/<path>`` or ``s3://<bucket>/<prefix>``: the latest live version of each
+    #: active persona is used (stable, else the highest version not retired). Empty with no ``adapters``: the
+    #: ``speakers`` stage makes minimal LoRAs.
     store: str = ""
     #: Explicit ``{persona_id: adapter directory}``; wins over ``store`` for the personas it names.
     adapters: dict[str, Path] = Field(default_factory=dict)
@@ -154,7 +159,7 @@ def load(path: str | Path) -> CollaborativeConfig:
     """Read and validate a phase 2 YAML run config.
 
     Raises:
-        mascot_training.config.ConfigError: every problem found, in one message.
+        mascot_training.common.config.ConfigError: every problem found, in one message.
     """
     return read_config(path, CollaborativeConfig, validate)
 
@@ -172,8 +177,6 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
     if p2.group_reward.judge.target:
         out.append("phase2.group_reward.judge.target is not supported: the group_rm stage and the judge reward judge "
                    "in-process (the JudgeService code on the run's engine or an openai judge spec); remove target")
-    from mascot_training.config import active_personas
-
     if not [p for p in cfg.personas if p not in _known()]:
         n = len(active_personas(cfg))
         if p2.min_distinct > n:
@@ -184,19 +187,18 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
             out.append(f"speakers.adapters: unknown persona id {pid!r}")
         elif not (Path(d) / "adapter_config.json").is_file():
             out.append(f"speakers.adapters.{pid}: {d} has no adapter_config.json (not a PEFT adapter directory)")
-    if cfg.speakers.store and not (Path(cfg.speakers.store) / "registry.json").is_file():
-        out.append(f"speakers.store {cfg.speakers.store} has no registry.json (not an adapter store)")
-    elif (cfg.speakers.store or cfg.speakers.adapters) and not [p for p in cfg.personas if p not in _known()]:
-        from mascot_training.speakers import from_store
-
+    store, store_problem = _speakers_store(cfg.speakers.store)
+    if store_problem:
+        out.append(store_problem)
+    elif (store is not None or cfg.speakers.adapters) and not [p for p in cfg.personas if p not in _known()]:
         missing = []
         for pid in active_personas(cfg):
             if pid in cfg.speakers.adapters:
                 continue
             try:
-                hit = from_store(cfg.speakers.store, pid) if cfg.speakers.store else None
-            except ValueError as e:
-                out.append(str(e))
+                hit = store.latest_live(pid) if store is not None else None
+            except (RuntimeError, *backend_errors()) as e:
+                out.append(f"speakers.store {cfg.speakers.store}: cannot read the adapter registry ({e})")
                 break
             if hit is None:
                 missing.append(pid)
@@ -218,6 +220,21 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
                    f"vllm_mode {gen.vllm_mode}, vllm_tensor_parallel_size {gen.vllm_tensor_parallel_size}")
     out += generation_problems("director_grpo", gen)
     return out
+
+
+def _speakers_store(uri: str) -> tuple[AdapterStore | None, str]:
+    """``(store, "")`` for a readable adapter store at ``uri`` (``(None, "")`` when ``uri`` is empty), else
+    ``(None, problem)``: an unsupported URI, an unreadable store, or one without a registry (not an adapter store)."""
+    if not uri:
+        return None, ""
+    try:
+        store = open_store(uri)
+        registry = store.read_registry()
+    except (ValueError, RuntimeError, *backend_errors()) as e:
+        return None, f"speakers.store {uri}: cannot read the adapter registry ({e})"
+    if not registry.get("revision") and not registry.get("adapters"):  # no registry.json: nothing was published
+        return None, f"speakers.store {uri} has no registry.json (not an adapter store)"
+    return store, ""
 
 
 def _known() -> set[str]:

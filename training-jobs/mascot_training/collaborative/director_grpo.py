@@ -2,12 +2,13 @@
 
 TRL 1.16 ``GRPOTrainer`` with a ``rollout_func``: the dataset's ``prompt`` column holds prefix ids (TRL repeats each
 row G = ``phase2.num_generations`` times); the rollout function runs one rollout per row with the director being
-trained (:class:`~mascot_training.rollout.PolicyDirector` on ``trainer.model``, sampled unconstrained), the frozen
-persona adapters and the frozen user simulator on an engine living in a background event loop, and returns each
-rollout's director token sequence: ``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 on director tokens, 0 on
-speaker, user and template tokens; TRL multiplies it into the loss mask). The reward function computes
-R = R_group + η·I_div (:func:`~mascot_training.rollout.rollout_reward`); TRL normalises it within the G rollouts of
-a prefix (``scale_rewards="group"``) and applies the advantage to every director token of the rollout.
+trained (:class:`~mascot_training.collaborative.simulate.PolicyDirector` on ``trainer.model``, sampled
+unconstrained), the frozen persona adapters and the frozen user simulator on an engine living in a background event
+loop, and returns each rollout's director token sequence: ``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 on
+director tokens, 0 on speaker, user and template tokens; TRL multiplies it into the loss mask). The reward function
+computes R = R_group + η·I_div (:func:`~mascot_training.common.rewards.rollout_reward`); TRL normalises it within the
+G rollouts of a prefix (``scale_rewards="group"``) and applies the advantage to every director token of the
+rollout.
 
 R_group: ``rm`` = ẑ of the group RM (``OUT/group_rm/model``) on
 :func:`mascot.core.formatting.group_reward_model_text`; ``judge`` = (s − 1)/4 of the judge's mean collective score.
@@ -32,9 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mascot.core.files import atomic_write_text
-from mascot_training import manifest as mf
-from mascot_training.collab_config import CollaborativeConfig, Phase2Config
-from mascot_training.rollout import (
+from mascot_training.collaborative.config import CollaborativeConfig, Phase2Config
+from mascot_training.collaborative.simulate import (
     DecideFn,
     PolicyDirector,
     Prefix,
@@ -42,7 +42,8 @@ from mascot_training.rollout import (
     RolloutRunner,
     rollout_seed,
 )
-from mascot_training.rewards import i_div, rollout_reward
+from mascot_training.common import manifest as mf
+from mascot_training.common.rewards import i_div, rollout_reward
 
 log = logging.getLogger(__name__)
 STAGE = "director_grpo"
@@ -94,8 +95,8 @@ def rm_group_reward(scorer: Any, cards: list) -> GroupRewardFn:
 
 def judge_group_reward_fn(judges: list, cards: list, loop: LoopThread, timeout_s: float) -> GroupRewardFn:
     """R_group = (s − 1)/4 of the judges' mean collective score (None when every answer was unparseable)."""
-    from mascot_training.group_rm import judge_blocks
-    from mascot_training.rewards import judge_group_reward
+    from mascot_training.collaborative.group_rm import judge_blocks
+    from mascot_training.common.rewards import judge_group_reward
 
     def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
         means, _ = loop.call(judge_blocks(judges, cards, list(items)), timeout=timeout_s)
@@ -128,8 +129,8 @@ class RolloutStats:
 
 class VllmDirector:
     """Samples directives on TRL's colocated vLLM engine (``trainer.vllm_generation.llm``, the policy's weights as
-    TRL last synced them), with :class:`~mascot_training.rollout.PolicyDirector`'s interface and sampling: one
-    directive per sequence, temperature / top-p, no top-k, ending at the first stop token.
+    TRL last synced them), with :class:`~mascot_training.collaborative.simulate.PolicyDirector`'s interface and
+    sampling: one directive per sequence, temperature / top-p, no top-k, ending at the first stop token.
 
     Args:
         llm: A ``vllm.LLM``: in training TRL's colocated engine (CUDA only); any engine of the policy's base.
@@ -224,7 +225,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
         ValueError: ``group_reward_fn`` returned a different number of values than it was given.
     """
     from mascot.core.dialogue import history_from_dicts
-    from mascot_training.persona_grpo import _call_with_timeout
+    from mascot_training.common.grpo import call_with_timeout
 
     def fail(reason: str, n: int = 1) -> None:
         stats.failures[reason] += n
@@ -236,7 +237,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
         items = [(prefixes[rollout[i]["prefix_id"]], history_from_dicts(rollout[i]["block"])) for i in scored]
         groups: dict[int, float | None] = {}
         if items:
-            values = _call_with_timeout(group_reward_fn, items, timeout_s)
+            values = call_with_timeout(group_reward_fn, items, timeout_s)
             if values is None:
                 log.warning("group reward did not answer within %.1f s; %d rollouts masked", timeout_s, len(items))
                 fail("timeout", len(items))
@@ -315,7 +316,7 @@ def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
     import torch
     from trl import GRPOConfig
 
-    from mascot_training.persona_grpo import check_generation, trl_generation_args
+    from mascot_training.common.grpo import check_generation, trl_generation_args
 
     g = cfg.director_grpo
     check_generation("director_grpo", g.generation)
@@ -339,7 +340,8 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
     from transformers import AutoModelForCausalLM, set_seed
     from trl import GRPOTrainer
 
-    from mascot_training.persona_grpo import _finite_guard, peft_lora
+    from mascot_training.common.grpo import finite_guard
+    from mascot_training.common.lora import peft_lora
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
     args = grpo_args(cfg, work_dir)  # refuses vLLM without CUDA before any model is loaded
@@ -356,7 +358,7 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
                        reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
                                                       cfg.director_grpo.reward_timeout_s, stats, metrics)],
                        rollout_func=make_rollout_func(runner, loop, prefixes, cfg, decider_factory),
-                       callbacks=[_finite_guard(), *callbacks])
+                       callbacks=[finite_guard(), *callbacks])
 
 
 def train_director(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,
@@ -405,7 +407,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         ValueError: the rollouts stage has not run. RuntimeError: a non-finite loss or weight, or a non-LoRA adapter.
     """
     from mascot.core.files import read_jsonl
-    from mascot_training.persona_grpo import save_adapter
+    from mascot_training.common.lora import save_adapter
 
     out = Path(out)
     src = out / "rollouts" / "prefixes.jsonl"
@@ -426,7 +428,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         init = cfg.director.init_adapter or None
         warm = None
         if cfg.director.warm_start_steps and not init:
-            from mascot_training.director_warm_start import warm_start, warm_start_rows
+            from mascot_training.collaborative.director_warm_start import warm_start, warm_start_rows
 
             rows = warm_start_rows(prefixes, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
                                    cfg.director.max_consecutive_turns)

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from mascot_training.collab_config import CollaborativeConfig
-from mascot_training.rollout import Prefix
+from mascot_training.collaborative.config import CollaborativeConfig
+from mascot_training.collaborative.simulate import Prefix
 
 
 def warm_start_rows(prefixes: dict[str, Prefix], block_rows: Sequence[dict], roster: Sequence[Any],
@@ -56,7 +56,7 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from mascot_training.sft import peft_lora_config
+    from mascot_training.common.lora import peft_lora
 
     if not rows:
         raise ValueError("director.warm_start_steps is set but the rollouts stage recorded no serving decision")
@@ -68,8 +68,8 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
                      use_cpu=not torch.cuda.is_available(), seed=cfg.director_grpo.seed, dataloader_num_workers=0,
                      disable_tqdm=True)
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32), args=args,
-                         train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(base_model),
-                         peft_config=peft_lora_config(cfg.lora))
+                         train_dataset=Dataset.from_list(rows),
+                         processing_class=AutoTokenizer.from_pretrained(base_model), peft_config=peft_lora(cfg.lora))
     result = trainer.train()
     trainer.model.save_pretrained(str(out_dir))
     shutil.rmtree(work, ignore_errors=True)

@@ -1,11 +1,13 @@
 """Stage ``group_rm``: the group reward model of the docs (``group_reward.source = rm``).
 
 The phase 1 recipe on blocks: the judge scores every block of ``rollouts/blocks.jsonl`` on the collective rubric
-(the docs; in-process judges with the JudgeService code, a content-hash cache in the partial
-directory so a killed stage resumes without repeating answered calls); within each prefix's K blocks, pairs whose
-mean scores differ by at least δ (largest margin first, at most ``pairs.max_per_group``); Bradley–Terry with TRL
-``RewardTrainer`` on :func:`mascot.core.formatting.group_reward_model_text` (the input the director's reward
-function scores); held-out pairwise accuracy; μ, σ of held-out scores stored in ``mascot_reward.json``.
+(the docs; in-process judges with the JudgeService code, :mod:`mascot_training.common.judges`, a content-hash cache
+in the partial directory so a killed stage resumes without repeating answered calls); within each prefix's K blocks,
+pairs whose mean scores differ by at least δ (largest margin first, at most ``pairs.max_per_group``,
+:mod:`mascot_training.common.preference_pairs`); Bradley–Terry with TRL ``RewardTrainer``
+(:mod:`mascot_training.common.reward_model`) on :func:`mascot.core.formatting.group_reward_model_text` (the input
+the director's reward function scores); held-out pairwise accuracy; μ, σ of held-out scores stored in
+``mascot_reward.json``.
 
 With ``source = judge`` the stage records that no model is trained; ``director_grpo`` asks the judge directly.
 """
@@ -21,13 +23,13 @@ from typing import Any
 
 from mascot.core.dialogue import history_from_dicts
 from mascot.core.personas import PersonaCatalog
-from mascot_training import manifest as mf
-from mascot_training.collab_config import CollaborativeConfig
-from mascot_training.config import active_personas
-from mascot_training.data import in_train_split
-from mascot_training.pairs import build_pairs
-from mascot_training.persona_rm import SIGMA_FLOOR, fit_reward_model, load_rm_tokenizer
-from mascot_training.rollout import Prefix
+from mascot_training.collaborative.config import CollaborativeConfig
+from mascot_training.collaborative.simulate import Prefix
+from mascot_training.common import manifest as mf
+from mascot_training.common.config import active_personas
+from mascot_training.common.data import in_train_split
+from mascot_training.common.preference_pairs import build_pairs
+from mascot_training.common.reward_model import SIGMA_FLOOR, fit_reward_model, load_rm_tokenizer
 
 log = logging.getLogger(__name__)
 STAGE = "group_rm"
@@ -35,7 +37,8 @@ MODEL_SUBDIR = "model"
 
 
 def judge_specs(cfg: CollaborativeConfig) -> Any:
-    """The object :func:`mascot_training.judge._judges` reads (``judge``, ``model``, ``tiny_dir``)."""
+    """The object :func:`mascot_training.common.judges.build_stage_judges` reads (``judge``, ``model``,
+    ``tiny_dir``): the group reward's judges on the run's model."""
     return SimpleNamespace(judge=cfg.phase2.group_reward.judge, model=cfg.model, tiny_dir=cfg.tiny_dir)
 
 
@@ -95,7 +98,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         return mf.read_manifest(out / STAGE)
     from mascot.core.files import read_jsonl
     from mascot.core.formatting import block_text
-    from mascot_training.judge import _judges, close_judges
+    from mascot_training.common.judges import build_stage_judges, close_judges
 
     catalog = PersonaCatalog.load()
     cards = [catalog.get(p) for p in active_personas(cfg)]
@@ -106,7 +109,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         kept = [b for b in row["blocks"] if not b["dropped"] and b["block"]]
         groups.append((prefixes[row["prefix_id"]], [history_from_dicts(b["block"]) for b in kept]))
     with mf.stage_dir(out, STAGE, conf, inputs) as (part, man):
-        judges = _judges(judge_specs(cfg), engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
+        judges = build_stage_judges(judge_specs(cfg), engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
         items = [(p, b) for p, bs in groups for b in bs]
         means, jm = await judge_blocks(judges, cards, items)
         await close_judges(judges)

@@ -1,5 +1,6 @@
 """Run phase 2 locally or in a Kubernetes Job: ``speakers → rollouts → group_rm → director_grpo → publish``
-(``mascot train collaborative``).
+(``mascot train collaborative``; the stages' modules: :mod:`.speakers`, :mod:`.rollouts`, :mod:`.group_rm`,
+:mod:`.director_grpo`, :mod:`.publish_director`).
 
 Each stage skips itself when its manifest matches (resume). One engine (base model + the frozen persona adapters,
 plus the starting director adapter for the serving director) serves the speakers, the simulated user and the local
@@ -12,62 +13,13 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from mascot_training import manifest as mf
-from mascot_training.collab_config import STAGES, CollaborativeConfig
-from mascot_training.config import active_personas
+from mascot_training.collaborative.config import STAGES, CollaborativeConfig
+from mascot_training.common import manifest as mf
+from mascot_training.common.config import active_personas
 
 log = logging.getLogger(__name__)
 #: Engine name of the starting director adapter (serving director of prefixes and blocks).
 DIRECTOR_INIT = "director-init"
-
-
-def publish_director(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
-    """Gate and publish ``OUT/director_grpo/adapter`` as ``<store>/director/v<N>`` (``staged``).
-
-    Gate: the valid-directive rate after training may fall at most ``publish.gate.max_valid_rate_drop`` below the
-    rate before (both measured by ``director_grpo`` on the same prefixes). A refusal is recorded in the manifest
-    (``metrics.refused``) and leaves the store untouched; a resumed run does not publish the same digest twice.
-
-    Raises:
-        ValueError: director_grpo has not run, or the gateway (``publish.gateway``) refused the credentials.
-    """
-    from mascot_training.publish import PublishError, check_adapter, publish_to, store_of
-
-    grpo = mf.read_manifest(out / "director_grpo")
-    if grpo is None:
-        raise ValueError(f"{out / 'director_grpo'} has no manifest: run the director_grpo stage first")
-    adir = out / "director_grpo" / "adapter"
-    store = store_of(cfg.publish, out)
-    conf = cfg.publish.model_dump(mode="json") | {"run_id": cfg.run_id}
-    inputs = {"adapter": mf.digest_path(adir), "base_model": str(base_model), "store": str(store)}
-    from mascot_training.publish import still_published
-
-    if mf.is_done(out, "publish", conf, inputs) and still_published(mf.read_manifest(out / "publish"), cfg.publish):
-        return mf.read_manifest(out / "publish")
-    m = grpo["metrics"]
-    drop = round(m["valid_rate_before"] - m["valid_rate_after"], 4)
-    gate = {"valid_rate_before": m["valid_rate_before"], "valid_rate_after": m["valid_rate_after"], "drop": drop,
-            "max_drop": cfg.publish.gate.max_valid_rate_drop,
-            "passed": drop <= cfg.publish.gate.max_valid_rate_drop + 1e-9}
-    with mf.stage_dir(out, "publish", conf, inputs) as (_part, man):
-        rec: dict = {"gate": gate}
-        try:
-            check_adapter(adir, base_model=base_model)
-            if not gate["passed"]:
-                raise PublishError(f"gate: the valid-directive rate fell from {m['valid_rate_before']} to "
-                                   f"{m['valid_rate_after']} (more than {gate['max_drop']})")
-            rec["published"] = publish_to(cfg.publish, out, "director", adir, base_model=base_model,
-                                          run_id=cfg.run_id, data_ids=grpo.get("data_ids", []),
-                                          eval_metrics={"gate": gate, "director_grpo": {
-                                              k: m.get(k) for k in ("group_reward_mean", "i_div_mean",
-                                                                    "persona_distribution_before",
-                                                                    "persona_distribution_after")}})
-        except PublishError as e:
-            rec["refused"] = str(e)
-        man["metrics"] = rec
-        man["data_ids"] = grpo.get("data_ids", [])
-        man["store"] = store
-    return mf.read_manifest(out / "publish")
 
 
 def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STAGES,
@@ -82,8 +34,8 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
     from mascot.core.engine import resolve_model
     from mascot.core.engine.transformers import TransformersEngine
     from mascot.core.personas import PersonaCatalog
-    from mascot_training import director_grpo, group_rm, rollouts, speakers
-    from mascot_training.rollout import RolloutRunner
+    from mascot_training.collaborative import director_grpo, group_rm, publish_director, rollouts, speakers
+    from mascot_training.collaborative.simulate import RolloutRunner
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +91,7 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
                                                    group_reward_fn=fn, inputs=inputs | _reward_inputs(cfg, out),
                                                    metrics=metrics)
             elif stage == "publish":
-                results[stage] = publish_director(cfg, out, base_model=base)
+                results[stage] = publish_director.run(cfg, out, base_model=base)
             report(stage, before)
     finally:
         try:
@@ -156,7 +108,7 @@ def _reward_inputs(cfg: CollaborativeConfig, out: Path) -> dict[str, str]:
 
 
 def _group_reward_fn(cfg: CollaborativeConfig, out: Path, engine: Any, roster: list, loop: Any) -> Any:
-    from mascot_training import director_grpo
+    from mascot_training.collaborative import director_grpo
 
     gr = cfg.phase2.group_reward
     if gr.source == "rm":
@@ -167,8 +119,8 @@ def _group_reward_fn(cfg: CollaborativeConfig, out: Path, engine: Any, roster: l
             raise ValueError(f"{model} is missing: run the group_rm stage first")
         return director_grpo.rm_group_reward(RewardScorer(model, max_length=gr.rm.max_length,
                                                           batch_size=gr.rm.batch_size), roster)
-    from mascot_training.group_rm import judge_specs
-    from mascot_training.judge import _judges
+    from mascot_training.collaborative.group_rm import judge_specs
+    from mascot_training.common.judges import build_stage_judges
 
-    judges = _judges(judge_specs(cfg), engine, f"sqlite:///{(out / '.director-judge-cache.db').resolve()}")
+    judges = build_stage_judges(judge_specs(cfg), engine, f"sqlite:///{(out / '.director-judge-cache.db').resolve()}")
     return director_grpo.judge_group_reward_fn(judges, roster, loop, cfg.director_grpo.reward_timeout_s)

@@ -7,9 +7,9 @@
 2. Blocks (``group_reward.source = rm``): K = ``group_reward.k`` continuations of N agent turns per prefix by the
    same system, the group RM's training data once judged.
 
-An episode whose simulated user flips role (:func:`mascot_training.rollout.detect_role_flip`) is dropped and
-counted (``metrics.dropped_role_flip``). Prefixes and blocks are appended per prefix and fsynced, so a killed stage
-resumes where it stopped. Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and ``blocks.jsonl``
+An episode whose simulated user flips role (:func:`mascot_training.collaborative.simulate.detect_role_flip`) is
+dropped and counted (``metrics.dropped_role_flip``). Prefixes and blocks are appended per prefix and fsynced, so a
+killed stage resumes where it stopped. Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and ``blocks.jsonl``
 (``{"prefix_id", "blocks": [Rollout.record(), ...]}``).
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.files import append_jsonl, read_jsonl
 from mascot.core.personas import PersonaCatalog
-from mascot_training import manifest as mf
-from mascot_training.collab_config import CollaborativeConfig
-from mascot_training.config import active_personas
-from mascot_training.data import training_situations
-from mascot_training.rollout import Prefix, Rollout, RolloutRunner, RolloutSettings, rollout_seed
+from mascot_training.collaborative.config import CollaborativeConfig
+from mascot_training.collaborative.simulate import Prefix, Rollout, RolloutRunner, RolloutSettings, rollout_seed
+from mascot_training.common import manifest as mf
+from mascot_training.common.config import active_personas
+from mascot_training.common.data import training_situations
 
 log = logging.getLogger(__name__)
 STAGE = "rollouts"
@@ -122,7 +122,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
                 prefix = next((Prefix.from_dict(d) for d in read_jsonl(pre_path) if d["prefix_id"] == prefix_id), None)
                 if prefix is None:
                     continue
-                rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i)) for i in range(p2.group_reward.k)]
+                rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i))
+                      for i in range(p2.group_reward.k)]
                 await runner.run(rs, decide, sequences=False)
                 append_jsonl(blk_path, {"prefix_id": prefix_id, "blocks": [r.record() for r in rs]})
         prefixes = read_jsonl(pre_path)

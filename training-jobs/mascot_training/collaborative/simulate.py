@@ -12,10 +12,11 @@ between directives, the tokens of the turns since (the agent's reply, a user tur
 what is trained is what is served; :meth:`RolloutRunner.extend` checks this and raises when a chat template breaks
 it. Only the director's tokens carry loss: speaker and user text enters as ``env_mask`` 0.
 
-The reward rules are pure functions in :mod:`mascot_training.rewards` (:func:`~mascot_training.rewards.i_div`,
-:func:`~mascot_training.rewards.rollout_reward`, :func:`~mascot_training.rewards.judge_group_reward`);
-:func:`detect_role_flip` guards the user simulator; :class:`RolloutRunner` drives rollouts in lockstep so directives of all rollouts are
-generated as one batch and speaker/user replies go to the engine together.
+The reward rules are pure functions in :mod:`mascot_training.common.rewards`
+(:func:`~mascot_training.common.rewards.i_div`, :func:`~mascot_training.common.rewards.rollout_reward`,
+:func:`~mascot_training.common.rewards.judge_group_reward`); :func:`detect_role_flip` guards the user simulator;
+:class:`RolloutRunner` drives rollouts in lockstep so directives of all rollouts are generated as one batch and
+speaker/user replies go to the engine together.
 """
 
 from __future__ import annotations

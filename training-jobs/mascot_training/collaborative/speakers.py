@@ -1,9 +1,16 @@
 """Stage ``speakers``: the frozen persona adapters phase 2 rolls out with.
 
 Sources, in order: ``speakers.adapters`` (explicit directories), ``speakers.store`` (a phase 1 adapter store: the
-persona's ``stable`` version, else its highest version), else a quick step that makes one minimal LoRA per
-persona (``QUICK_STEPS`` SFT steps on rows built from its persona card, :func:`mascot_training.sft.smoke_rows`),
-so the chain runs standalone on a fresh clone without the whole phase 1 chain.
+persona's latest live version, :meth:`mascot.core.adapters.store.AdapterStore.latest_live`: ``stable``, else its
+highest version that is not retired), else a quick step that makes one minimal LoRA per persona (``QUICK_STEPS``
+SFT steps on rows built from its persona card, :func:`mascot_training.common.lora.smoke_rows`), so the chain runs
+standalone on a fresh clone without the whole phase 1 chain.
+
+The store is any URI the adapter store opens (:func:`mascot.core.adapters.store.open_store`): a local path,
+``file:///abs/path``, ``pvc://<claim>/<path>`` (the claim mounted at ``/mnt/pvc``) or ``s3://<bucket>/<prefix>``
+(credentials and endpoint from the standard AWS variables). A local or PVC store is read in place; a version of a
+remote store is downloaded to ``OUT/.speakers-cache/`` first. Either way its weights must hash to the digest the
+registry holds.
 
 Output: ``OUT/speakers/manifest.json`` with ``adapters = {persona_id: {"path", "source", "digest"}}``; made
 adapters live in ``OUT/speakers/<persona_id>/``.
@@ -11,43 +18,41 @@ adapters live in ``OUT/speakers/<persona_id>/``.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
 
-from mascot_training import manifest as mf
-from mascot_training.collab_config import CollaborativeConfig
-from mascot_training.config import active_personas
+from mascot.core.adapters.store import AdapterStore, backend_errors, open_store
+from mascot_training.collaborative.config import CollaborativeConfig
+from mascot_training.common import manifest as mf
+from mascot_training.common.config import active_personas
 
 log = logging.getLogger(__name__)
 STAGE = "speakers"
 #: SFT steps of a quick minimal persona adapter.
 QUICK_STEPS = 2
+#: Where versions of a remote store are downloaded, under the run directory.
+CACHE_DIR = ".speakers-cache"
 
 
-def from_store(store: str | Path, persona_id: str) -> tuple[Path, str] | None:
-    """The adapter directory of ``persona_id`` in an adapter store: stable, else the highest version.
+def from_store(store: AdapterStore, persona_id: str, cache_dir: str | Path) -> tuple[Path, str] | None:
+    """The local adapter directory of ``persona_id``'s latest live version in ``store`` (stable, else the highest
+    version that is not retired), downloaded to ``cache_dir`` when the store is remote.
 
     Returns:
-        ``(path, "store:v<N>")`` or None when the store has no version of the persona.
+        ``(path, "store:v<N>")`` or None when the store has no live version of the persona.
 
     Raises:
-        ValueError: ``registry.json`` is missing or not JSON.
+        ValueError: the store or its registry cannot be read, or the version's files do not match its digest.
     """
-    reg_path = Path(store) / "registry.json"
     try:
-        reg = json.loads(reg_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{reg_path}: cannot read the adapter registry ({e})") from None
-    entry = reg.get("adapters", {}).get(persona_id)
-    if not entry or not entry.get("versions"):
-        return None
-    live = {int(n) for n, v in entry["versions"].items() if v.get("state") != "retired"}
-    if not live:
-        return None
-    n = entry.get("stable") if entry.get("stable") in live else max(live)
-    return Path(store) / persona_id / f"v{n}", f"store:v{n}"
+        v = store.latest_live(persona_id)
+        if v is None:
+            return None
+        path = store.local_version(persona_id, v["version"], v.get("digest", ""), cache_dir)
+    except (RuntimeError, *backend_errors()) as e:
+        raise ValueError(f"speakers.store {store.display()}: cannot read {persona_id}'s adapter ({e})") from None
+    return path, f"store:v{v['version']}"
 
 
 def _quick_adapter(base_model: str, persona_id: str, cfg: CollaborativeConfig, out_dir: Path) -> None:
@@ -57,7 +62,7 @@ def _quick_adapter(base_model: str, persona_id: str, cfg: CollaborativeConfig, o
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from mascot_training.sft import peft_lora_config, smoke_rows
+    from mascot_training.common.lora import peft_lora, smoke_rows
 
     rows = smoke_rows([persona_id])
     ds = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
@@ -68,7 +73,7 @@ def _quick_adapter(base_model: str, persona_id: str, cfg: CollaborativeConfig, o
                      dataloader_num_workers=0, disable_tqdm=True)
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model), args=args, train_dataset=ds,
                          processing_class=AutoTokenizer.from_pretrained(base_model),
-                         peft_config=peft_lora_config(cfg.lora))
+                         peft_config=peft_lora(cfg.lora))
     trainer.train()
     trainer.model.save_pretrained(str(out_dir))
     shutil.rmtree(work, ignore_errors=True)
@@ -84,8 +89,9 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
     personas = active_personas(cfg)
     given: dict[str, tuple[Path, str]] = {}
     if cfg.speakers.store:
+        store = open_store(cfg.speakers.store)
         for pid in personas:
-            hit = from_store(cfg.speakers.store, pid)
+            hit = from_store(store, pid, out / CACHE_DIR)
             if hit:
                 given[pid] = hit
     for pid, d in cfg.speakers.adapters.items():

@@ -1,8 +1,10 @@
-"""Phase 1 (persona-aware behavioural alignment) run configuration.
+"""Run configuration shapes both training phases share, and the one config-file reader.
 
-One YAML file configures every stage; unknown keys are rejected and :func:`validate` checks everything that can
-be checked before heavy work (divisibility of the GRPO batch, persona ids, input files) and returns all problems
-at once, so a Job fails in seconds with a message a person can act on.
+Phase 1 (:mod:`mascot_training.persona.config`) and phase 2 (:mod:`mascot_training.collaborative.config`) build
+their run configs from these sections (run id, base model, data split, LoRA, judging, pairs, reward-model recipe,
+GRPO optimiser and generation backend, publish target). Unknown keys are rejected, and :func:`read_config` runs a
+phase's ``validate`` so every problem that can be found before heavy work (divisibility of the GRPO batch, persona
+ids, input files) is reported at once, and a Job fails in seconds with a message a person can act on.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-STAGES = ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish")
-
 
 class _S(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(_S):
-    """Training situations; only ids whose hash falls in the train split are used (data README: splits disjoint)."""
+    """Training situations; only ids whose hash falls in the train split are used (docs/data.md, "Splits")."""
 
     situations: Path = Path("../shared/data/empathetic_dialogues/test_situations.jsonl")
     limit: int | None = Field(None, ge=1)
@@ -37,29 +37,6 @@ class LoraConfig(_S):
     alpha: int = Field(32, ge=1, le=1024)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
-
-
-class SftConfig(_S):
-    """Optional SFT of the candidate policy on user dialogue data (off by default)."""
-
-    enabled: bool = False
-    #: JSONL of {"persona_id", "messages": [{"role", "content"}, ...]} (chat format; the last message is the
-    #: assistant reply to learn). Empty with enabled: the stage builds a tiny set from the persona cards (smoke).
-    data: Path | None = None
-    epochs: float = Field(1.0, gt=0)
-    max_steps: int = Field(-1, ge=-1)
-    lr: float = Field(2e-4, gt=0)
-    batch_size: int = Field(4, ge=1)
-
-
-class SampleConfig(_S):
-    """Candidate sampling: K per (context, persona) at T 1.0, top-p 0.95."""
-
-    k: int = Field(8, ge=2, le=64)
-    temperature: float = Field(1.0, gt=0.0, le=2.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    max_tokens: int = Field(128, ge=8, le=4096)
-    seed: int = 0
 
 
 class JudgeStageConfig(_S):
@@ -133,13 +110,6 @@ class PersonaRmConfig(_S):
     max_length: int = Field(1024, ge=32)
 
 
-class FormatRewardConfig(_S):
-    """R_format of the docs: -1 without one non-empty think block + answer, else a verbosity ramp."""
-
-    lam: float = Field(0.5, ge=0.0)
-    l_max: int = Field(80, ge=1)
-
-
 class GenerationConfig(_S):
     """How GRPO generates its completions: TRL's ``transformers`` generate in the training process (default), or TRL's
     vLLM integration (``use_vllm``), colocated in the training processes or on a separate ``trl vllm-serve`` server.
@@ -187,26 +157,6 @@ class GrpoOptimConfig(_S):
     seed: int = 0
 
 
-class GrpoConfig(GrpoOptimConfig):
-    """GRPO of each persona's LoRA."""
-
-    num_generations: int = Field(8, ge=2, le=64)
-    max_completion_length: int = Field(512, ge=4)
-    temperature: float = Field(1.0, gt=0.0)
-    w_rm: float = 1.0
-    w_format: float = 1.0
-    format: FormatRewardConfig = FormatRewardConfig()
-
-
-class GateConfig(_S):
-    """Evaluation gate before publish: refuse adapters whose replies collapsed in length or diversity."""
-
-    prompts: int = Field(8, ge=1)
-    max_tokens: int = Field(64, ge=4)
-    min_mean_words: float = Field(2.0, ge=0.0)
-    min_distinct_2: float = Field(0.2, ge=0.0, le=1.0)
-
-
 class PublishTarget(_S):
     """Where a run publishes its adapters as ``staged``."""
 
@@ -215,12 +165,6 @@ class PublishTarget(_S):
     gateway: str = ""
     #: Store root (any local path); empty = ``<out>/adapters``.
     store: str = ""
-
-
-class PublishConfig(PublishTarget):
-    """Publish persona adapters, after the gate that refuses collapsed replies."""
-
-    gate: GateConfig = GateConfig()
 
 
 class RunConfig(_S):
@@ -239,34 +183,8 @@ class RunConfig(_S):
     lora: LoraConfig = LoraConfig()
 
 
-class PersonaAlignmentConfig(RunConfig):
-    """The whole phase 1 run.
-
-    Raises:
-        pydantic.ValidationError: unknown key or bad value (the field path is named).
-    """
-
-    run_id: str = Field("phase1", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
-    sft: SftConfig = SftConfig()
-    sample: SampleConfig = SampleConfig()
-    judge: JudgeStageConfig = JudgeStageConfig()
-    pairs: PairsConfig = PairsConfig()
-    persona_rm: PersonaRmConfig = PersonaRmConfig()
-    persona_grpo: GrpoConfig = GrpoConfig()
-    publish: PublishConfig = PublishConfig()
-
-
 class ConfigError(ValueError):
     """The configuration cannot run; the message lists every problem found."""
-
-
-def load(path: str | Path) -> PersonaAlignmentConfig:
-    """Read and validate a phase 1 YAML run config (relative paths resolve against the current directory).
-
-    Raises:
-        ConfigError: missing file, bad YAML, unknown key, bad value, or any problem :func:`validate` finds.
-    """
-    return read_config(path, PersonaAlignmentConfig, validate)
 
 
 def read_config(path: str | Path, cls: type, check: Any) -> Any:
@@ -292,20 +210,6 @@ def read_config(path: str | Path, cls: type, check: Any) -> Any:
     if problems:
         raise ConfigError(f"{p}: " + "; ".join(problems))
     return cfg
-
-
-def validate(cfg: PersonaAlignmentConfig) -> list[str]:
-    """Every problem that would stop the run, as messages (empty when the config can run)."""
-    out = []
-    g = cfg.persona_grpo
-    if g.batch_size % g.num_generations:
-        out.append(f"persona_grpo.batch_size ({g.batch_size}) must be divisible by persona_grpo.num_generations "
-                   f"({g.num_generations}): each optimiser step takes whole groups")
-    out += common_problems(cfg)
-    if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
-        out.append(f"sft.data {cfg.sft.data} does not exist")
-    out += generation_problems("persona_grpo", g.generation)
-    return out
 
 
 def generation_problems(section: str, gen: GenerationConfig, cuda_available: bool | None = None) -> list[str]:
@@ -357,7 +261,7 @@ def common_problems(cfg: Any) -> list[str]:
             and not Path(cfg.model).expanduser().is_dir():
         out.append(f"model {cfg.model} is neither a model directory, a hub id (org/name) nor 'tiny'")
     if cfg.data.situations.is_file() and not unknown:
-        from mascot_training.data import training_situations
+        from mascot_training.common.data import training_situations
 
         try:
             training_situations(cfg)

@@ -1,6 +1,6 @@
 """Training situations: a deterministic hash split keeps training and evaluation ids disjoint.
 
-The data README asks that anything trained on the shared evaluation texts use a subset disjoint from anything
+docs/data.md asks that anything trained on the shared evaluation texts use a subset disjoint from anything
 evaluated: ids go to training when SHA-256(salt + id) falls below ``train_fraction``; the manifest records the ids
 used, and ``mascot eval --training-manifest`` refuses them.
 """
@@ -18,7 +18,7 @@ def in_train_split(item_id: str, train_fraction: float, salt: str) -> bool:
     return int.from_bytes(h[:8], "big") / 2**64 < train_fraction
 
 
-def training_situations(cfg) -> list[Situation]:  # noqa: ANN001
+def training_situations(cfg) -> list[Situation]:
     """The first ``data.limit`` records of the training split (file order).
 
     Raises:

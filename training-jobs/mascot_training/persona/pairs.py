@@ -2,8 +2,9 @@
 
 Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) whose judge means differ by at least
 δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement and
-pairs with identical texts are skipped. With δ = 0 (smoke runs, whose untrained judge scores every candidate
-alike) a tie is kept once, in index order, and its direction is arbitrary: plumbing, not preference. Groups go to the held-out split by hash of their id (fraction
+pairs with identical texts are skipped (:func:`mascot_training.common.preference_pairs.build_pairs`). With δ = 0
+(smoke runs, whose untrained judge scores every candidate alike) a tie is kept once, in index order, and its
+direction is arbitrary: plumbing, not preference. Groups go to the held-out split by hash of their id (fraction
 ``heldout_fraction``), used to measure the reward model and its μ, σ. Counts of everything dropped are reported.
 """
 
@@ -12,37 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mascot_training.data import in_train_split
 from mascot.core.files import read_jsonl
-from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.data import in_train_split
+from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.preference_pairs import build_pairs
 
 
-def build_pairs(candidates: list[str], means: list[float | None], delta: float, max_per_group: int
-                ) -> tuple[list[tuple[int, int, float]], dict[str, int]]:
-    """Pairs ``(winner index, loser index, margin)`` of one group, largest margin first, then index order.
-
-    Returns:
-        ``(pairs, dropped)`` with ``dropped`` counts: ``unjudged`` candidates, ``identical`` text pairs that met δ,
-        ``over_cap`` qualifying pairs beyond ``max_per_group``.
-    """
-    dropped = {"unjudged": sum(1 for m in means if m is None), "identical": 0, "over_cap": 0}
-    qual = []
-    for i, mi in enumerate(means):
-        for j, mj in enumerate(means):
-            if i == j or mi is None or mj is None or mi - mj < delta - 1e-9:
-                continue
-            if abs(mi - mj) < 1e-9 and j < i:  # delta 0: a tie is kept once, in index order
-                continue
-            if candidates[i].strip() == candidates[j].strip():
-                dropped["identical"] += 1
-                continue
-            qual.append((i, j, round(mi - mj, 6)))
-    qual.sort(key=lambda p: (-p[2], p[0], p[1]))
-    dropped["over_cap"] = max(0, len(qual) - max_per_group)
-    return qual[:max_per_group], dropped
-
-
-def run(cfg, out: Path) -> dict:  # noqa: ANN001
+def run(cfg, out: Path) -> dict:
     """Build ``OUT/pairs/pairs.jsonl`` from the sample and judge stages; returns the manifest.
 
     Raises:

@@ -1,8 +1,8 @@
 """Stage ``persona_grpo``: GRPO of one LoRA per persona.
 
 Each persona gets a fresh LoRA (``cfg.lora``) on the base model, trained with TRL 1.16 ``GRPOTrainer`` against the
-composite reward r = w_rm·ẑ + w_fmt·R_format (:func:`mascot_training.rewards.composite_reward`), where ẑ is the
-standardised persona reward model score of :func:`mascot.core.formatting.reward_text` (card + context + history +
+composite reward r = w_rm·ẑ + w_fmt·R_format (:func:`mascot_training.common.rewards.composite_reward`), where ẑ is
+the standardised persona reward model score of :func:`mascot.core.formatting.reward_text` (card + context + history +
 visible answer), exactly the input the reward service scores at serving time.
 
 Prompt dataset rows (``prompts[persona_id]``; build them with :func:`prompt_row`)::
@@ -20,8 +20,8 @@ A sample whose RM score is None, NaN/inf or timed out gets reward None and is co
 ``_calculate_rewards`` / ``_generate_and_score_completions``) turns None into NaN, leaves rows whose every reward
 is NaN out of the group mean and std (nanmean / nanstd), then sets NaN advantages to 0 (``nan_to_num``): such a
 completion carries no policy-gradient signal, though its tokens still count in the loss normaliser. A group with
-one or zero scored completions gets advantage 0 everywhere. :class:`_FiniteGuard` still fails the run loudly on a
-non-finite loss or weight.
+one or zero scored completions gets advantage 0 everywhere. :func:`~mascot_training.common.grpo.finite_guard` still
+fails the run loudly on a non-finite loss or weight.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import logging
 import math
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -42,16 +41,12 @@ from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dict
 from mascot.core.files import atomic_write_text
 from mascot.core.personas import PersonaCard, PersonaCatalog
 from mascot.speaker.prompts import build_persona_messages
-from mascot_training import manifest as mf
-from mascot_training.config import (
-    ConfigError,
-    GenerationConfig,
-    GrpoConfig,
-    LoraConfig,
-    PersonaAlignmentConfig,
-    generation_problems,
-)
-from mascot_training.rewards import composite_reward, format_reward, split_think
+from mascot_training.common import manifest as mf
+from mascot_training.common.config import LoraConfig
+from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
+from mascot_training.common.lora import peft_lora, save_adapter
+from mascot_training.common.rewards import composite_reward, format_reward, split_think
+from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 
 log = logging.getLogger(__name__)
 STAGE = "persona_grpo"
@@ -78,7 +73,7 @@ def completion_text(completion: str | list[dict]) -> str:
     return "".join(m.get("content") or "" for m in completion)
 
 
-def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=None,  # noqa: ANN001
+def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=None,
                      rm_fn: RmFn | None = None) -> Callable[..., list[float | None]]:
     """A TRL reward function ``(prompts, completions, **kwargs) -> list[float | None]`` computing the composite reward.
 
@@ -121,7 +116,7 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
                 inputs.append(scorer.build_inputs(card, turns, [answer], pairs, names)[0][0])
             else:
                 inputs.append(formatting.reward_text(card, turns, answer, context=pairs, names=names)[0])
-        z = _call_with_timeout(rm_fn, inputs, cfg.reward_timeout_s)
+        z = call_with_timeout(rm_fn, inputs, cfg.reward_timeout_s)
         if z is None:
             log.warning("reward model did not answer within %.1f s; %d samples masked", cfg.reward_timeout_s,
                         len(texts))
@@ -146,73 +141,10 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
     return persona_reward
 
 
-def _call_with_timeout(fn: RmFn, arg: Sequence[str], timeout_s: float) -> list | None:
-    """``list(fn(arg))`` in a daemon thread (a hung RM never blocks exit); None after ``timeout_s``; re-raises."""
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["v"] = list(fn(arg))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["e"] = e
-
-    t = threading.Thread(target=target, daemon=True, name="reward-model")
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        return None
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
-
-
-def peft_lora(lora: LoraConfig):  # noqa: ANN201
-    """The PEFT ``LoraConfig`` of ``cfg.lora`` (adapter only: ``modules_to_save`` None)."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, task_type="CAUSAL_LM",
-                          target_modules=list(lora.target_modules), modules_to_save=None)
-
-
-def trl_generation_args(gen: GenerationConfig, max_model_len: int | None = None,
-                        importance_sampling: bool = True) -> dict:
-    """The TRL 1.16 ``GRPOConfig`` fields of ``gen``: ``{"use_vllm": False}`` for ``transformers``; for ``vllm``
-    ``use_vllm``, ``vllm_mode`` and that mode's fields (colocate: ``vllm_gpu_memory_utilization``,
-    ``vllm_tensor_parallel_size``, ``vllm_max_model_length`` = ``max_model_len`` when given; server:
-    ``vllm_server_base_url`` or ``vllm_server_host`` + ``vllm_server_port``, ``vllm_server_timeout``), and
-    ``vllm_importance_sampling_correction: False`` when ``importance_sampling`` is off (rollouts that return no
-    sampling log-probabilities)."""
-    if gen.backend != "vllm":
-        return {"use_vllm": False}
-    out: dict = {"use_vllm": True, "vllm_mode": gen.vllm_mode}
-    if gen.vllm_mode == "colocate":
-        out |= {"vllm_gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
-                "vllm_tensor_parallel_size": gen.vllm_tensor_parallel_size}
-        if max_model_len:
-            out["vllm_max_model_length"] = max_model_len
-    else:
-        out |= ({"vllm_server_base_url": gen.vllm_server_base_url} if gen.vllm_server_base_url else
-                {"vllm_server_host": gen.vllm_server_host, "vllm_server_port": gen.vllm_server_port})
-        out["vllm_server_timeout"] = gen.vllm_server_timeout_s
-    if not importance_sampling:
-        out["vllm_importance_sampling_correction"] = False
-    return out
-
-
-def check_generation(section: str, gen: GenerationConfig) -> None:
-    """Refuse a generation backend this machine cannot run, before any model is loaded.
-
-    Raises:
-        ConfigError: ``backend: vllm`` without a CUDA GPU (:func:`mascot_training.config.generation_problems`).
-    """
-    problems = generation_problems(section, gen)
-    if problems:
-        raise ConfigError("; ".join(problems))
-
-
-def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None = None):  # noqa: ANN201
+def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None = None):
     """TRL 1.16 ``GRPOConfig`` for ``g`` (CPU flags unless CUDA is present; no checkpoints; log every step), with the
-    generation backend of ``g.generation`` (:func:`trl_generation_args`; vLLM's window ``max_model_len`` tokens).
+    generation backend of ``g.generation`` (:func:`mascot_training.common.grpo.trl_generation_args`; vLLM's window
+    ``max_model_len`` tokens).
 
     Raises:
         ConfigError: ``g.generation`` asks for vLLM on a machine without a CUDA GPU.
@@ -228,26 +160,6 @@ def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None =
                       seed=g.seed, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
                       report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
                       **trl_generation_args(g.generation, max_model_len))
-
-
-def _finite_guard():  # noqa: ANN202
-    from transformers import TrainerCallback
-
-    class _FiniteGuard(TrainerCallback):
-        """Fail loudly on a non-finite loss, or non-finite trainable weights at the end of training."""
-
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001, ANN201
-            loss = (logs or {}).get("loss")
-            if loss is not None and not math.isfinite(loss):
-                raise RuntimeError(f"GRPO loss is {loss} at step {state.global_step}: a NaN advantage or reward "
-                                   "reached the update")
-
-        def on_train_end(self, args, state, control, model=None, **kw):  # noqa: ANN001, ANN201
-            bad = [n for n, p in model.named_parameters() if p.requires_grad and not p.isfinite().all()]
-            if bad:
-                raise RuntimeError(f"non-finite LoRA weights after GRPO: {bad[:3]}")
-
-    return _FiniteGuard()
 
 
 def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
@@ -278,7 +190,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
         model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_config,
-                          callbacks=[_finite_guard(), *callbacks])
+                          callbacks=[finite_guard(), *callbacks])
     trainer.train()
     rewards = [e["reward"] for e in trainer.state.log_history
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]  # NaN logs as None
@@ -287,26 +199,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
                      "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def save_adapter(trainer, out_dir: Path) -> None:  # noqa: ANN001
-    """Save the trained LoRA (adapter only) to ``out_dir``.
-
-    Raises:
-        RuntimeError: the adapter would carry full-weight modules or non-LoRA tensors.
-    """
-    from safetensors import safe_open
-
-    model = trainer.model
-    for name, pc in model.peft_config.items():
-        if pc.modules_to_save:
-            raise RuntimeError(f"adapter {name} has modules_to_save={pc.modules_to_save}: full weights would ship")
-    model.save_pretrained(out_dir)
-    with safe_open(str(out_dir / "adapter_model.safetensors"), "pt") as f:
-        bad = [k for k in f.keys() if "lora_" not in k]
-    if bad:
-        raise RuntimeError(f"non-LoRA tensors in the saved adapter: {bad[:3]}")
-
-
-def release_trainer(trainer) -> None:  # noqa: ANN001
+def release_trainer(trainer) -> None:
     """Free what a finished GRPO trainer holds before the next persona's loads: the weight-sync connection to a vLLM
     server (``vllm_mode: server``), the colocated vLLM engine (``colocate``; its engine core process ends with it),
     the model and optimiser, and the CUDA cache. A no-op beyond ``gc`` on CPU with transformers generation.
@@ -339,7 +232,7 @@ def release_trainer(trainer) -> None:  # noqa: ANN001
 
 
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str | None, personas: list[str],
-        prompts: dict[str, list[dict]], metrics=None, init_adapter: str | None = None) -> dict:  # noqa: ANN001
+        prompts: dict[str, list[dict]], metrics=None, init_adapter: str | None = None) -> dict:
     """Run the ``persona_grpo`` stage: one GRPO LoRA per persona under ``OUT/persona_grpo/<persona_id>/``.
 
     Args:

@@ -19,7 +19,6 @@ Input ``OUT/pairs/pairs.jsonl`` (format in :mod:`mascot_training`); output ``OUT
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -30,16 +29,15 @@ from mascot.core import formatting
 from mascot.core.dialogue import HistoryTurn, history_from_dicts
 from mascot.core.personas import PersonaCard, PersonaCatalog
 
-from mascot_training.config import PersonaAlignmentConfig
 from mascot.core.files import read_jsonl
-from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.reward_model import SIGMA_FLOOR, fit_reward_model, load_rm_tokenizer
+from mascot_training.persona.config import PersonaAlignmentConfig
 
 log = logging.getLogger(__name__)
 
 STAGE = "persona_rm"
 MODEL_SUBDIR = "model"
-#: σ at or below this is treated as degenerate and replaced by 1.0 (scores are then only centred).
-SIGMA_FLOOR = 1e-6
 _REQUIRED = ("group_id", "situation_id", "persona_id", "history", "context", "chosen", "rejected", "split")
 
 
@@ -134,7 +132,8 @@ def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCata
 
     Returns:
         ``{"accuracy", "pairs", "mu", "sigma", "skipped"}``; accuracy is None and μ 0, σ 1 without pairs.
-        σ is the population standard deviation, replaced by 1.0 when ≤ :data:`SIGMA_FLOOR`.
+        σ is the population standard deviation, replaced by 1.0 when ≤
+        :data:`mascot_training.common.reward_model.SIGMA_FLOOR`.
     """
     from mascot.reward.scorer import RewardScorer
 
@@ -157,66 +156,6 @@ def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCata
     sigma = statistics.pstdev(raw)
     return {"accuracy": wins / n, "pairs": n, "mu": statistics.fmean(raw),
             "sigma": sigma if sigma > SIGMA_FLOOR else 1.0, "skipped": skipped}
-
-
-def load_rm_tokenizer(base: str) -> Any:
-    """The reward model's tokenizer (pad token = EOS when it has none).
-
-    Raises:
-        ValueError: no pad and no EOS token, or no EOS token (TRL appends it to every plain-text sample).
-    """
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer of {base} has neither a pad nor an eos token; set pad_token")
-        tokenizer.pad_token = tokenizer.eos_token
-    if tokenizer.eos_token is None:
-        raise ValueError(f"tokenizer of {base} has no eos token; TRL appends it to every plain-text sample")
-    return tokenizer
-
-
-def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed: int, model_dir: Path,
-                     trainer_dir: Path) -> tuple[int, float | None]:
-    """Bradley–Terry training with TRL ``RewardTrainer`` and save to ``model_dir``.
-
-    Args:
-        base: Base of the reward model (a causal-LM or classifier directory / hub id); a 1-label head is added.
-        tokenizer: From :func:`load_rm_tokenizer`.
-        dataset: ``datasets.Dataset`` with plain-text ``chosen`` / ``rejected`` columns (EOS included).
-        rm_cfg: ``epochs``, ``lr``, ``batch_size``, ``max_length``.
-        seed: Seed of the head init and the data order.
-        model_dir: Where the model and tokenizer are saved.
-        trainer_dir: Scratch directory of the trainer (removed afterwards).
-
-    Returns:
-        ``(pairs trained on, final training loss or None when not finite)``.
-    """
-    import torch
-    from transformers import AutoModelForSequenceClassification, PrinterCallback, set_seed
-    from trl import RewardConfig, RewardTrainer
-
-    for d in (model_dir, trainer_dir):
-        shutil.rmtree(d, ignore_errors=True)
-    set_seed(seed)  # the classification head is random-initialised at load time
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
-                        use_cpu=not torch.cuda.is_available(), num_train_epochs=rm_cfg.epochs,
-                        learning_rate=rm_cfg.lr, per_device_train_batch_size=rm_cfg.batch_size,
-                        max_length=rm_cfg.max_length, report_to=[], save_strategy="no", logging_strategy="no",
-                        disable_tqdm=True, seed=seed, data_seed=seed)
-    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    trainer.remove_callback(PrinterCallback)  # it print()s the final metrics; they go to the log
-    result = trainer.train()
-    log.info("reward model: trained on %d pairs: %s", len(trainer.train_dataset),
-             {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
-    trainer.model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    shutil.rmtree(trainer_dir, ignore_errors=True)
-    loss = float(result.training_loss)
-    return len(trainer.train_dataset), (loss if math.isfinite(loss) else None)
 
 
 def _base_digest(name: str) -> str:

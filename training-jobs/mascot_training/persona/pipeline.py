@@ -1,7 +1,8 @@
 """Run phase 1 locally or in a Kubernetes Job: the whole chain or one stage (``mascot train``).
 
-Chain: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish. Each stage
-skips itself when its manifest matches (resume); the same image and command run as a Job.
+Chain: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish (:data:`STAGE_MODULES` names the
+module of each). Each stage skips itself when its manifest matches (resume); the same image and command run as a
+Job.
 """
 
 from __future__ import annotations
@@ -10,9 +11,21 @@ import asyncio
 from pathlib import Path
 from typing import Any, Callable
 
-from mascot_training.config import STAGES, PersonaAlignmentConfig, active_personas
 from mascot.core.files import read_jsonl
-from mascot_training.manifest import read_manifest
+from mascot_training.common.config import active_personas
+from mascot_training.common.manifest import read_manifest
+from mascot_training.persona.config import STAGES, PersonaAlignmentConfig
+
+#: The module under ``mascot_training`` that runs each stage (its ``run``), in chain order.
+STAGE_MODULES = {
+    "sft": "persona.sft",
+    "sample": "persona.sample_candidates",
+    "judge": "persona.score_candidates",
+    "pairs": "persona.pairs",
+    "persona_rm": "persona.persona_rm",
+    "persona_grpo": "persona.persona_grpo",
+    "publish": "persona.publish_personas",
+}
 
 
 def base_model_of(cfg: PersonaAlignmentConfig) -> str:
@@ -37,7 +50,7 @@ def grpo_prompts(cfg: PersonaAlignmentConfig, out: Path, engine: Any) -> dict[st
     """GRPO prompt rows per persona from the sampled groups (same serving prompt as the candidates)."""
     from mascot.core.dialogue import history_from_dicts
     from mascot.core.personas import PersonaCatalog
-    from mascot_training.sample import group_prompt
+    from mascot_training.persona.sample_candidates import group_prompt
 
     catalog = PersonaCatalog.load()
     roster = [catalog.get(p) for p in active_personas(cfg)]
@@ -82,7 +95,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     continue
                 before = (read_manifest(out / stage) or {}).get("timings")
                 log(f"stage {stage}: starting")
-                mod = importlib.import_module(f"mascot_training.{stage}")
+                mod = importlib.import_module(f"mascot_training.{STAGE_MODULES[stage]}")
                 if stage == "sft":
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base)
                 elif stage == "sample":

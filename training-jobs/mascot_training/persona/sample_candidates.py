@@ -18,14 +18,15 @@ from mascot.core.engine import GenerationRequest, SamplingParams
 from mascot.core.personas import PersonaCatalog
 from mascot.core.context import fit_history
 from mascot.speaker.prompts import build_persona_messages, stop_strings
-from mascot_training.config import active_personas
-from mascot_training.data import training_situations
+from mascot_training.common.config import active_personas
+from mascot_training.common.data import training_situations
 from mascot.core.files import append_jsonl, read_jsonl
-from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
-from mascot_training.rewards import split_think
+from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.rewards import split_think
 
 
-def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context, max_tokens: int) -> list[dict]:  # noqa: ANN001
+def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context,
+                 max_tokens: int) -> list[dict]:
     """The serving speaker prompt for ``card`` (chat messages), fitted to the engine's window."""
     names = {c.id: c.name for c in roster}
 
@@ -36,7 +37,7 @@ def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context,
                        engine.max_context_tokens - max_tokens)
 
 
-def groups(cfg) -> list[dict]:  # noqa: ANN001
+def groups(cfg) -> list[dict]:
     """Every (situation, persona) group of the run: ids, history and context (no candidates yet)."""
     catalog = PersonaCatalog.load()
     out = []
@@ -49,7 +50,7 @@ def groups(cfg) -> list[dict]:  # noqa: ANN001
     return out
 
 
-async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: int) -> dict:  # noqa: ANN001
+async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: int) -> dict:
     catalog = PersonaCatalog.load()
     roster = [catalog.get(p) for p in active_personas(cfg)]
     card = catalog.get(g["persona_id"])
@@ -70,7 +71,7 @@ async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: in
     return {**g, "candidates": cands, "thinks": thinks, "raw": [r.text for r in results]}
 
 
-async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:  # noqa: ANN001
+async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:
     """Sample every group; returns the stage manifest (``data_ids`` = situation ids used)."""
     inputs = {"situations": digest_path(cfg.data.situations), "sft": digest_path(out / "sft") if sft_adapter else "",
               "base_model": str(cfg.model or "default")}

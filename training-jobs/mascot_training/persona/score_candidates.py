@@ -1,11 +1,12 @@
-"""``judge`` stage: the agent-specific rubric on every candidate.
+"""Stage ``judge`` of phase 1: the agent-specific rubric on every sampled candidate (``OUT/judge/judgements.jsonl``).
 
 Judging runs in-process on the local engine (or any configured OpenAI-compatible judge) with the same rubric
-prompts, retry/drop rule and content-hash cache as JudgeService; with ``judge.target`` set it calls a running
-JudgeService over gRPC instead (one RUBRIC_AGENT JudgeCandidates call per group and judge, the judge picked by
-the spec's ``name``; a deadline of ``judge.call_timeout_s`` per call; UNAVAILABLE / DEADLINE_EXCEEDED retried with
-backoff for ``judge.retry_budget_s`` seconds, :mod:`mascot.core.retry`). An empty answer is not sent to the judge:
-it scores 1 on every criterion (a degenerate output earns the lowest score, so it becomes a rejected example).
+prompts, retry/drop rule and content-hash cache as JudgeService (:mod:`mascot_training.common.judges`); with
+``judge.target`` set it calls a running JudgeService over gRPC instead (one RUBRIC_AGENT JudgeCandidates call per
+group and judge, the judge picked by the spec's ``name``; a deadline of ``judge.call_timeout_s`` per call;
+UNAVAILABLE / DEADLINE_EXCEEDED retried with backoff for ``judge.retry_budget_s`` seconds, :mod:`mascot.core.retry`).
+An empty answer is not sent to the judge: it scores 1 on every criterion (a degenerate output earns the lowest score,
+so it becomes a rejected example).
 
 Resumption without counting twice: each judged group (scores, unparseable count, judge-model calls) is appended
 and fsynced to ``progress.jsonl`` in the partial directory (which survives a crash and a rerun) as soon as it is
@@ -25,7 +26,8 @@ from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import agent_item
-from mascot_training.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
+from mascot_training.common.judges import build_stage_judges, close_judges
+from mascot_training.common.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
 
 EMPTY_SCORES = {k: 1 for k in rb.AGENT_CRITERIA}
 PROGRESS = "progress.jsonl"
@@ -35,17 +37,6 @@ _OPERATIONAL = {"call_timeout_s", "retry_budget_s"}
 
 #: ``judge_group(group) -> (per candidate: [scores | None per judge], unparseable, judge-model calls)``
 GroupJudge = Callable[[dict], Awaitable[tuple[list[list[dict | None]], int, int]]]
-
-
-def _judges(cfg, engine: Any, cache_url: str) -> list:  # noqa: ANN001
-    """The configured judges (local, OpenAI-compatible or metrics), built as the JudgeService builds them."""
-    from mascot.core.config import JudgeConfig
-    from mascot.judge.servicer import build_judges
-
-    jc = JudgeConfig(judges=cfg.judge.judges, max_retries=cfg.judge.max_retries, cache_url=cache_url)
-    needs_engine = any(spec.kind == "local" for spec in jc.judges)
-    name = Path(str(cfg.model or cfg.tiny_dir)).name
-    return list(build_judges(jc, engine if needs_engine else None, name).values())
 
 
 class Progress:
@@ -94,7 +85,7 @@ def _local_judge(judges: list, catalog: PersonaCatalog, names: dict[str, str]) -
     return judge_group
 
 
-def _remote_judge(cfg, channel: Any) -> GroupJudge:  # noqa: ANN001
+def _remote_judge(cfg, channel: Any) -> GroupJudge:
     """Judge groups through JudgeService at ``cfg.judge.target`` on ``channel``.
 
     The returned function raises :class:`~mascot.core.retry.RetryBudgetExhausted` (no answer within the budget)
@@ -104,7 +95,7 @@ def _remote_judge(cfg, channel: Any) -> GroupJudge:  # noqa: ANN001
     from mascot.api.judge.v1 import judge_pb2_grpc as jpb_grpc
     from mascot.core.config import JudgeConfig
     from mascot.core.retry import RetryPolicy, call_with_retry
-    from mascot.eval.judging import agent_request
+    from mascot.judge.requests import agent_request
 
     jc = cfg.judge
     names = [spec.name for spec in JudgeConfig(judges=jc.judges).judges]
@@ -145,7 +136,7 @@ def _row(g: dict, per_cand: list[list[dict | None]], unparseable: int, calls: in
             "unparseable": unparseable, "judge_calls": calls}
 
 
-async def run(cfg, out: Path, *, engine: Any) -> dict:  # noqa: ANN001
+async def run(cfg, out: Path, *, engine: Any) -> dict:
     """Judge ``OUT/sample/candidates.jsonl``; returns the stage manifest.
 
     Metrics: ``groups``, ``unparseable`` (dropped judgements) and ``judge_calls`` (judge-model calls reported for
@@ -171,7 +162,7 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:  # noqa: ANN001
         if cfg.judge.target:
             judge_names = await _judge_remote(cfg, todo, progress, len(groups))
         else:
-            judges = _judges(cfg, engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
+            judges = build_stage_judges(cfg, engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
             try:
                 judge_group = _local_judge(judges, catalog, names)
                 for g in todo:
@@ -192,7 +183,7 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:  # noqa: ANN001
     return read_manifest(out / "judge")
 
 
-async def _judge_remote(cfg, todo: list[dict], progress: Progress, total: int) -> list[str]:  # noqa: ANN001
+async def _judge_remote(cfg, todo: list[dict], progress: Progress, total: int) -> list[str]:
     """Judge ``todo`` through the JudgeService at ``cfg.judge.target``, recording each group; returns judge names.
 
     Raises:
@@ -221,11 +212,3 @@ async def _judge_remote(cfg, todo: list[dict], progress: Progress, total: int) -
     return [spec.name for spec in JudgeConfig(judges=cfg.judge.judges).judges]
 
 
-async def close_judges(judges: list) -> None:
-    """Close every judge backend (HTTP clients) and their shared cache."""
-    for j in judges:
-        close = getattr(j.backend, "close", None)
-        if close:
-            await close()
-    if judges and judges[0].cache is not None:
-        judges[0].cache.close()

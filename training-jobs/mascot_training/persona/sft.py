@@ -1,4 +1,4 @@
-"""Optional SFT of the speaker (candidate) policy: one LoRA on the base model.
+"""Stage ``sft`` of phase 1: optional SFT of the speaker (candidate) policy, one LoRA on the base model.
 
 Off by default: the paper gives no SFT data and its SFT baseline scores below zero-shot prompting. When enabled,
 TRL ``SFTTrainer`` trains a LoRA (``cfg.lora``, PEFT ``task_type="CAUSAL_LM"``) on a conversational dataset and
@@ -13,7 +13,8 @@ Data (``sft.data``), one JSON object a line, no other keys::
 present, is first (normally :func:`mascot.speaker.prompts.persona_system_prompt` of the persona). Each row becomes a
 TRL conversational *prompt-completion* example (``prompt`` = every message but the last, ``completion`` = the last),
 so the loss covers the reply only (TRL's ``completion_only_loss`` defaults to on for that format). Blank lines are
-skipped. With ``sft.data`` unset the stage builds a tiny smoke set from the active persona cards.
+skipped. With ``sft.data`` unset the stage builds a tiny smoke set from the active persona cards
+(:func:`mascot_training.common.lora.smoke_rows`).
 """
 
 from __future__ import annotations
@@ -22,19 +23,13 @@ import json
 import shutil
 from pathlib import Path
 
-from mascot_training.config import PersonaAlignmentConfig, active_personas
-from mascot_training.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.config import active_personas
+from mascot_training.common.lora import peft_lora, smoke_rows
+from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.persona.config import PersonaAlignmentConfig
 
 STAGE = "sft"
 ROLES = ("system", "user", "assistant")
-#: User messages of the smoke set (and of the publish gate).
-STOCK_MESSAGES = (
-    "I feel so anxious about my exam tomorrow.",
-    "My dog died last week and I miss him so much.",
-    "I finally finished the project I was stuck on for months.",
-    "Nobody at work listens to my ideas.",
-)
-SMOKE_ROWS_PER_PERSONA = 3
 
 
 def _bad(path: Path, line: int, why: str) -> ValueError:
@@ -99,34 +94,6 @@ def load_sft_rows(path: str | Path, known_personas: set[str] | None = None) -> l
     return rows
 
 
-def smoke_rows(persona_ids: list[str], per_persona: int = SMOKE_ROWS_PER_PERSONA) -> list[dict]:
-    """A tiny SFT set from the persona cards: system = speaker prompt, a stock user message, a short think + reply."""
-    from mascot.core.personas import PersonaCatalog
-    from mascot.speaker.prompts import persona_system_prompt
-
-    catalog = PersonaCatalog.load()
-    rows = []
-    for pid in persona_ids:
-        card = catalog.get(pid)
-        system = persona_system_prompt(card)
-        for i in range(per_persona):
-            user = STOCK_MESSAGES[i % len(STOCK_MESSAGES)]
-            reply = (f"<think>{card.name} listens first and answers briefly.</think> "
-                     f"I hear you. Tell me a little more about it.")
-            rows.append({"persona_id": pid, "line": i + 1,
-                         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user},
-                                      {"role": "assistant", "content": reply}]})
-    return rows
-
-
-def peft_lora_config(lora):  # noqa: ANN001, ANN201
-    """The PEFT ``LoraConfig`` of ``cfg.lora`` (task CAUSAL_LM, no full-weight modules)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM", bias="none")
-
-
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | None:
     """Train the SFT LoRA and write ``OUT/sft/adapter/`` (skipped when ``sft.enabled`` is False).
 
@@ -180,7 +147,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
                          bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
                          use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
-                             peft_config=peft_lora_config(cfg.lora))
+                             peft_config=peft_lora(cfg.lora))
         result = trainer.train()
         adapter = partial / "adapter"
         trainer.model.save_pretrained(str(adapter))

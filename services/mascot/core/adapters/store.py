@@ -761,6 +761,25 @@ class AdapterStore:
 
     # -------------------------------------------------------------------------------------------- serving
 
+    def latest_live(self, persona_id: str) -> dict | None:
+        """The latest live version of ``persona_id``: its ``stable`` version, else its highest version that is not
+        ``retired`` (a canary or a freshly published ``staged`` one, e.g. a phase 1 run's output).
+
+        Returns:
+            ``{"version": N, **registry entry}`` (``state``, ``name``, ``digest``, ``created``), or None when the
+            persona has no version that is not retired.
+
+        Raises:
+            RuntimeError: the registry is unreadable. OSError (or a botocore error): the store cannot be read.
+        """
+        entry = self.read_registry().get("adapters", {}).get(persona_id) or {}
+        versions = entry.get("versions") or {}
+        live = {int(n) for n, v in versions.items() if v.get("state") != "retired"}
+        if not live:
+            return None
+        n = entry.get("stable") if entry.get("stable") in live else max(live)
+        return {"version": n, **versions[str(n)]}
+
     def local_version(self, persona_id: str, version: int | str, digest: str, cache_dir: str | Path) -> Path:
         """A local directory holding version ``version`` of ``persona_id``, checked against ``digest``.
 

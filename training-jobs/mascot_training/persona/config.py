@@ -1,0 +1,124 @@
+"""Phase 1 (persona-aware behavioural alignment) run configuration.
+
+One YAML file configures every stage of :data:`STAGES`; the sections shared with phase 2 (data split, LoRA,
+judging, pairs, reward-model recipe, GRPO optimiser, publish target) are :mod:`mascot_training.common.config`'s.
+Unknown keys are rejected and :func:`validate` checks everything that can be checked before heavy work and returns
+all problems at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from mascot_training.common.config import (
+    GrpoOptimConfig,
+    JudgeStageConfig,
+    PairsConfig,
+    PersonaRmConfig,
+    PublishTarget,
+    RunConfig,
+    _S,
+    common_problems,
+    generation_problems,
+    read_config,
+)
+
+STAGES = ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish")
+
+
+class SftConfig(_S):
+    """Optional SFT of the candidate policy on user dialogue data (off by default)."""
+
+    enabled: bool = False
+    #: JSONL of {"persona_id", "messages": [{"role", "content"}, ...]} (chat format; the last message is the
+    #: assistant reply to learn). Empty with enabled: the stage builds a tiny set from the persona cards (smoke).
+    data: Path | None = None
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int = Field(-1, ge=-1)
+    lr: float = Field(2e-4, gt=0)
+    batch_size: int = Field(4, ge=1)
+
+
+class SampleConfig(_S):
+    """Candidate sampling: K per (context, persona) at T 1.0, top-p 0.95."""
+
+    k: int = Field(8, ge=2, le=64)
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(128, ge=8, le=4096)
+    seed: int = 0
+
+
+class FormatRewardConfig(_S):
+    """R_format of the docs: -1 without one non-empty think block + answer, else a verbosity ramp."""
+
+    lam: float = Field(0.5, ge=0.0)
+    l_max: int = Field(80, ge=1)
+
+
+class GrpoConfig(GrpoOptimConfig):
+    """GRPO of each persona's LoRA."""
+
+    num_generations: int = Field(8, ge=2, le=64)
+    max_completion_length: int = Field(512, ge=4)
+    temperature: float = Field(1.0, gt=0.0)
+    w_rm: float = 1.0
+    w_format: float = 1.0
+    format: FormatRewardConfig = FormatRewardConfig()
+
+
+class GateConfig(_S):
+    """Evaluation gate before publish: refuse adapters whose replies collapsed in length or diversity."""
+
+    prompts: int = Field(8, ge=1)
+    max_tokens: int = Field(64, ge=4)
+    min_mean_words: float = Field(2.0, ge=0.0)
+    min_distinct_2: float = Field(0.2, ge=0.0, le=1.0)
+
+
+class PublishConfig(PublishTarget):
+    """Publish persona adapters, after the gate that refuses collapsed replies."""
+
+    gate: GateConfig = GateConfig()
+
+
+class PersonaAlignmentConfig(RunConfig):
+    """The whole phase 1 run.
+
+    Raises:
+        pydantic.ValidationError: unknown key or bad value (the field path is named).
+    """
+
+    run_id: str = Field("phase1", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    sft: SftConfig = SftConfig()
+    sample: SampleConfig = SampleConfig()
+    judge: JudgeStageConfig = JudgeStageConfig()
+    pairs: PairsConfig = PairsConfig()
+    persona_rm: PersonaRmConfig = PersonaRmConfig()
+    persona_grpo: GrpoConfig = GrpoConfig()
+    publish: PublishConfig = PublishConfig()
+
+
+def load(path: str | Path) -> PersonaAlignmentConfig:
+    """Read and validate a phase 1 YAML run config (relative paths resolve against the current directory).
+
+    Raises:
+        ConfigError: missing file, bad YAML, unknown key, bad value, or any problem :func:`validate` finds.
+    """
+    return read_config(path, PersonaAlignmentConfig, validate)
+
+
+def validate(cfg: PersonaAlignmentConfig) -> list[str]:
+    """Every problem that would stop the run, as messages (empty when the config can run)."""
+    out = []
+    g = cfg.persona_grpo
+    if g.batch_size % g.num_generations:
+        out.append(f"persona_grpo.batch_size ({g.batch_size}) must be divisible by persona_grpo.num_generations "
+                   f"({g.num_generations}): each optimiser step takes whole groups")
+    out += common_problems(cfg)
+    if cfg.sft.enabled and cfg.sft.data is not None and not cfg.sft.data.is_file():
+        out.append(f"sft.data {cfg.sft.data} does not exist")
+    out += generation_problems("persona_grpo", g.generation)
+    return out
