@@ -24,6 +24,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mascot.core.situations import Situation
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
@@ -35,7 +39,7 @@ TARGETS = {"echoes": ("==", 0), "loops": ("==", 0), "near_duplicates": ("==", 0)
            "median_words": (">=", 15), "max_persona_share": ("<=", 0.5), "turn_latency_p50_alone": ("<=", 4.0)}
 
 
-async def run_pass(records: list[dict], agent_turns: int, concurrency: int, model: str, seed: int,
+async def run_pass(records: list[Situation], agent_turns: int, concurrency: int, model: str, seed: int,
                    guard: bool) -> tuple[list[dict], dict]:
     """One pass through a fresh embedded stack; returns (transcript lines, {wall_s, generated_tokens})."""
     from mascot.core.config import MascotConfig
@@ -102,14 +106,14 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     from mascot.eval.defects import analyse
-    from mascot.app.runjob import read_records
+    from mascot.core.situations import load_situations
 
     size = dict(SIZES[args.size])
     if args.conversations:
         size["conversations"] = args.conversations
     conc = args.concurrency or size["concurrency"]
     path = SHARED / "data" / "empathetic_dialogues" / "test_situations.jsonl"
-    records = read_records(path, "support", size["conversations"])
+    records = load_situations(path, "support", size["conversations"], require_labels=False, verbatim=True)
     prompts, names = prompts_by_persona()
     guard = not args.no_guard
     print(f"dialogue_quality: size={args.size} conversations={len(records)} agent_turns={size['agent_turns']} "

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "services"))
 #: Presets. ``full`` is the issue's size with the default config but a capacity that admits all 64 conversations
 #: (``limits.max_active_rounds`` defaults to 16, one batch of the CPU engine) and an engine batch of the same size, so
 #: every admitted round's model call decodes in the running batch instead of queueing behind it (a capacity above
-#: the engine's batch is not a capacity the deployment has; see README "Limits"). ``small`` keeps
+#: the engine's batch is not a capacity the deployment has; see docs/operations.md, "Limits"). ``small`` keeps
 #: CI under a minute on 2 cores: fewer conversations, one agent turn per round, short replies and directives (the
 #: tiny model's constrained directives otherwise run to max_action_chars); every check is the same.
 SIZES = {

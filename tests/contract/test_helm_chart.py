@@ -643,8 +643,8 @@ def test_helm_test_command_passes_only_when_every_target_is_serving(rendered, tm
 
 # ----------------------------------------------------------------------------------------------- training
 def test_training_job_templates_run_each_phase_with_the_run_id_as_job_name(rendered):
-    from mascot_training.collab_config import CollaborativeConfig
-    from mascot_training.config import PersonaAlignmentConfig
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.persona.config import PersonaAlignmentConfig
 
     r = rendered["full.yaml"]
     jobs = training_templates(r)

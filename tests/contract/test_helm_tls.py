@@ -1,4 +1,4 @@
-"""TLS, mutual TLS and caller tokens in the Helm chart (README "Deploy with Helm", "Security"), for every
+"""TLS, mutual TLS and caller tokens in the Helm chart (docs/deployment.md, docs/security.md), for every
 helm/mascot/ci/*.yaml and a few values of their own: each component's rendered config carries server.tls naming the
 files of the mounted TLS Secret and loads in MascotConfig; the gRPC probes are kubelet `grpc` probes in plaintext and
 `mascot health` exec probes under TLS; the rendered probe and `helm test` commands pass against real TLS and

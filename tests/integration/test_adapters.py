@@ -231,7 +231,7 @@ async def test_cli_lists_and_promotes_with_the_env_token(admin, loras):
 
 
 async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch, tiny_model_dir):
-    from mascot_training.publish import PublishError, publish_via_gateway
+    from mascot_training.common.publish import PublishError, publish_via_gateway
 
     stub, store, stack = admin
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", TOKEN)

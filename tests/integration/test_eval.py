@@ -74,7 +74,7 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
     assert len(saved["situations"]) == 32 and saved["judges"] == ["local"] and saved["seed"] == 0
     assert set(saved["systems"]) == set(SYSTEMS)
     for system, splits in saved["systems"].items():
-        # the docs / data README: the first 32 records are 11 positive, 5 neutral, 16 negative.
+        # docs/data.md: the first 32 records are 11 positive, 5 neutral, 16 negative.
         assert {k: v["n"] for k, v in splits.items()} == {"positive": 11, "neutral": 5, "negative": 16, "all": 32}
         a = splits["all"]
         assert set(a["criteria"]) == set(AGENT_KEYS) and set(a["collective"]) == set(COLLECTIVE_KEYS)

@@ -1,4 +1,4 @@
-"""`mascot health` (the chart's exec probes under TLS and its `helm test` Pod; README "Deploy with Helm"), run as a
+"""`mascot health` (the chart's exec probes under TLS and its `helm test` Pod; docs/deployment.md), run as a
 real subprocess (`python -m mascot.cli health ...`) against real gRPC servers made with
 mascot.core.server.build_server on 127.0.0.1:0: plaintext, TLS and mutual TLS with a throwaway CA (the helpers of
 tests/reliability/test_security_tls.py). Exit 0 only on SERVING; otherwise non-zero with one line on stderr."""

@@ -127,8 +127,8 @@ def sampled(tiny_model_dir, shared_data, tmp_path_factory) -> tuple[Path, dict]:
 
     Returns ``(run dir with sample/, config dict)``; tests copy the run dir.
     """
-    from mascot_training.config import PersonaAlignmentConfig
-    from mascot_training.run import run
+    from mascot_training.persona.config import PersonaAlignmentConfig
+    from mascot_training.persona.pipeline import run
 
     raw = yaml.safe_load(SMOKE.read_text())
     raw.update(model=str(tiny_model_dir), personas=["anchor"])

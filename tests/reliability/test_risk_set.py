@@ -1,4 +1,4 @@
-"""The labelled risk sets (README "Safety"): every explicit statement is caught; recall and precision per kind are
+"""The labelled risk sets (docs/safety.md): every explicit statement is caught; recall and precision per kind are
 reported (printed, and recorded as junit properties) with floors measured when the rules were written.
 
 ``risk_set.yaml`` is the set the rules were written against (in-sample: its figures are optimistic by
@@ -20,7 +20,7 @@ from mascot.gateway.safety import SafetyGate
 
 HERE = Path(__file__).parent
 KINDS = ("explicit", "paraphrase", "misspelling", "negation", "third_person", "idiom", "mention", "benign")
-#: Items the rules get wrong on purpose or by known limitation (README "Safety", limits); strict xfail keeps the
+#: Items the rules get wrong on purpose or by known limitation (docs/safety.md, "Limits"); strict xfail keeps the
 #: list honest: an item that starts passing must be moved out of it.
 KNOWN_WRONG = {
     "I'll kill him if he spoils the ending.": "hyperbole with a person as object is flagged",
@@ -128,7 +128,7 @@ def test_recall_and_precision_per_kind_meet_measured_floors(gate, record_propert
 
 
 def test_holdout_recall_and_precision_are_reported(gate, record_property):
-    """Honest figures: far lower recall on paraphrases the rules were not written for (README "Safety")."""
+    """Honest figures: far lower recall on paraphrases the rules were not written for (docs/safety.md)."""
     table = score(gate, HOLDOUT)
     report("risk_holdout (rules only)", table, record_property)
     assert table["explicit"]["recall"] == 1.0

@@ -1,5 +1,5 @@
 """The safety gate through the real gRPC API (servers on 127.0.0.1:0): safety turns in live chat and self-play, the
-persistent flag (GetConversation), reply screening, stored events and the metric (README "Safety")."""
+persistent flag (GetConversation), reply screening, stored events and the metric (docs/safety.md)."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ async def test_idioms_are_not_flagged_and_negated_statements_are(scripted):
         assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED
     assert not (await scripted.get(conv.id)).safety_flagged and scripted.metric("suicide") == before
     events = await scripted.send(conv.id, "I would never kill myself, but I'm exhausted.", key="neg")
-    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY  # safety first (README "Safety")
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY  # safety first (docs/safety.md)
 
 
 async def test_third_person_risk_is_flagged(scripted):

@@ -62,7 +62,8 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     drift = sum(float((grpo_w[k] - sft_w[k]).abs().sum()) for k in b_keys)
     assert sft_norm > 0 and drift < 0.5 * sft_norm
     # Evaluation refuses the ids this run trained on (its adapter manifest lists them).
-    from mascot.eval.data import check_no_overlap, load_situations
+    from mascot.core.situations import load_situations
+    from mascot.eval.data import check_no_overlap
 
     sits = load_situations(cfg["data"]["situations"], "support", None)
     with pytest.raises(ValueError, match="used for training"):

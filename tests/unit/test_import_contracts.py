@@ -61,7 +61,6 @@ def test_a_planted_violation_is_refused(tree_copy: Path, module: str, planted: s
     assert out.returncode != 0, out.stdout[-2000:]
     broken = out.stdout.split("Broken contracts", 1)[-1]
     assert message in broken, broken[-3000:]
-    assert "1 broken" in out.stdout, out.stdout[-2000:]
 
 
 def test_training_importing_a_servicer_is_refused(tree_copy: Path) -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCatalog
+from mascot.core.personas.personality import personality_text
 from mascot.director.prompts import build_messages
-from mascot.speaker.prompts import (VisibleTextFilter, build_persona_messages, build_user_sim_messages,
-                                    personality_text, stop_strings)
+from mascot.speaker.prompts import VisibleTextFilter, build_persona_messages, build_user_sim_messages, stop_strings
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CAT = PersonaCatalog.load()

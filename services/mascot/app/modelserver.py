@@ -227,7 +227,7 @@ class OnePortModelServer(ModelServer):
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (README "Security")
+        creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (docs/security.md)
         address = f"{self.host}:{self.grpc_port}"
         try:
             bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)

@@ -1,9 +1,9 @@
 """The main job: one self-play conversation per situation record, over the gateway's gRPC API.
 
-Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` (schema in the README).
-Records are EmpatheticDialogues situations for ``support`` and QMSum excerpts for ``meeting`` (the excerpt seeds the
-conversation and the query opens the user's turn). Conversations run ``concurrency`` at a time so that the engine
-decodes their turns in one batch.
+Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` (schema in docs/commands.md).
+Situations (:mod:`mascot.core.situations`, read with ``require_labels=False, verbatim=True``) are EmpatheticDialogues
+situations for ``support`` and QMSum excerpts for ``meeting`` (the excerpt seeds the conversation and the query opens
+the user's turn). Conversations run ``concurrency`` at a time so that the engine decodes their turns in one batch.
 """
 
 from __future__ import annotations
@@ -18,50 +18,30 @@ from typing import Any, AsyncIterator, Callable, Iterable
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.files import atomic_write_text, iter_jsonl_records
-
-SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
-                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety", dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
-MODES = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
-
-
-def read_records(path: str | Path, mode: str, limit: int | None) -> list[dict]:
-    """Read up to ``limit`` JSONL records and check the fields the mode needs.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a line is not JSON or lacks a required field (the message names the line).
-    """
-    need = ("id", "situation", "first_utterance") if mode == "support" else ("id", "turns", "query")
-    out = []
-    for _, rec in iter_jsonl_records(path, need, f"--mode {mode}"):
-        out.append(rec)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+from mascot.core.dialogue import directive_source_name
+from mascot.core.enums import enum_name, enum_value
+from mascot.core.files import atomic_write_text
+from mascot.core.situations import Situation
 
 
-def _start_request(rec: dict, mode: str) -> cpb.StartConversationRequest:
-    ctx = []
-    if mode == "meeting":
-        ctx = [dpb.ContextUtterance(speaker=t.get("speaker", "Speaker"), content=t.get("content", ""))
-               for t in rec["turns"]]
-    return cpb.StartConversationRequest(mode=MODES[mode], context=ctx, source_id=str(rec["id"])[:256])
+def start_request(sit: Situation, mode: str) -> cpb.StartConversationRequest:
+    """StartConversation for ``sit`` in ``mode`` (``support`` | ``meeting``): its context seeds the conversation and
+    its id (first 256 characters) is the ``source_id``."""
+    ctx = [dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context]
+    return cpb.StartConversationRequest(mode=enum_value(cpb.Mode, mode), context=ctx, source_id=sit.id[:256])
 
 
-def _selfplay_request(conv_id: str, rec: dict, mode: str, agent_turns: int, seed: int) -> cpb.RunSelfPlayRequest:
-    if mode == "support":
-        user = dpb.UserSimulation(situation=rec["situation"], emotion=rec.get("emotion", ""))
-        opening = rec["first_utterance"]
-    else:
-        user = dpb.UserSimulation(situation=f"You attended this meeting and want to know: {rec['query']}")
-        opening = rec["query"]
-    return cpb.RunSelfPlayRequest(conversation_id=conv_id, opening_text=opening, user=user, agent_turns=agent_turns,
-                                  seed=seed)
+def selfplay_request(conv_id: str, sit: Situation, agent_turns: int, seed: int) -> cpb.RunSelfPlayRequest:
+    """RunSelfPlay of conversation ``conv_id``: ``sit``'s opening, and its situation and emotion for the simulated
+    user."""
+    return cpb.RunSelfPlayRequest(conversation_id=conv_id, opening_text=sit.opening,
+                                  user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion),
+                                  agent_turns=agent_turns, seed=seed)
 
 
-END_REASONS = {cpb.ROUND_END_REASON_COMPLETED: "completed", cpb.ROUND_END_REASON_EMPTY_REPLIES: "empty_replies",
-               cpb.ROUND_END_REASON_SAFETY: "safety", cpb.ROUND_END_REASON_INTERRUPTED: "interrupted"}
+def _end_reason(reason: int) -> str:
+    """``transcripts.jsonl``'s ``end_reason`` of a RoundEndReason: its name, "" when unspecified or unknown."""
+    return "" if reason == cpb.ROUND_END_REASON_UNSPECIFIED else enum_name(cpb.RoundEndReason, reason, default="")
 
 
 #: Longest a client waits, over all retries, for the gateway to admit one round it refused as overloaded.
@@ -118,7 +98,7 @@ async def read_conversation(stub: Any, conv_id: str, include_think: bool = False
 
 def transcript_line(resp: cpb.GetConversationResponse, mode: str, model: dict | None = None,
                     end_reason: str = "") -> dict:
-    """One ``transcripts.jsonl`` object from a stored conversation (fields in the README), naming ``model``."""
+    """One ``transcripts.jsonl`` object from a stored conversation (fields in docs/commands.md), naming ``model``."""
     c = resp.conversation
     turns = []
     for t in c.turns:
@@ -126,7 +106,7 @@ def transcript_line(resp: cpb.GetConversationResponse, mode: str, model: dict | 
         turns.append({
             "index": t.index, "role": "agent" if agent else "user", "persona_id": t.persona_id or None,
             "directive": {"persona_id": t.directive.persona_id, "action": t.directive.action, "tone": t.directive.tone,
-                          "source": SOURCE_NAMES.get(t.directive.source, "model"), "raw": t.directive.raw}
+                          "source": directive_source_name(t.directive.source), "raw": t.directive.raw}
             if agent else None,
             "adapter_version": t.adapter_version, "text": t.text, "think": t.think, "safety": t.safety,
             "latency_seconds": round(t.timings.latency.ToTimedelta().total_seconds(), 6),
@@ -181,13 +161,13 @@ def _atomic_write(path: Path, text: str) -> None:
     atomic_write_text(path, text)
 
 
-async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Path, *, agent_turns: int = 0,
+async def run_job(target: str, situations: list[Situation], mode: str, out_dir: str | Path, *, agent_turns: int = 0,
                   seed: int = 0, progress: Callable[[], None] | None = None, max_message_bytes: int = 16 << 20,
                   concurrency: int = 1, model: dict | None = None) -> dict:
-    """Run one self-play conversation per record against the gateway at ``target``; write the outputs.
+    """Run one self-play conversation per situation against the gateway at ``target``; write the outputs.
 
     Args:
-        concurrency: Conversations in flight at once (>= 1); outputs keep the records' order either way.
+        concurrency: Conversations in flight at once (>= 1); outputs keep the situations' order either way.
         model: ``{"name", "digest", ...}`` of the model serving the gateway, written into every transcript line and
             the summary (:func:`mascot.core.engine.default_model.model_identity`); None leaves it out.
 
@@ -206,26 +186,25 @@ async def run_job(target: str, records: list[dict], mode: str, out_dir: str | Pa
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines: list[dict | None] = [None] * len(records)
+    lines: list[dict | None] = [None] * len(situations)
     gate = asyncio.Semaphore(concurrency)
     async with channel(target, max_message_bytes) as ch:
         stub = cpb_grpc.ConversationServiceStub(ch)
 
-        async def one(i: int, rec: dict) -> None:
+        async def one(i: int, sit: Situation) -> None:
             async with gate:
-                conv = (await stub.StartConversation(_start_request(rec, mode))).conversation
+                conv = (await stub.StartConversation(start_request(sit, mode))).conversation
                 reason = ""
-                events = admitted(lambda: stub.RunSelfPlay(_selfplay_request(conv.id, rec, mode, agent_turns,
-                                                                             seed + i)))
+                events = admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed + i)))
                 async for ev in events:
                     if ev.event.WhichOneof("event") == "round_completed":
-                        reason = END_REASONS.get(ev.event.round_completed.reason, "")
+                        reason = _end_reason(ev.event.round_completed.reason)
                 resp = await read_conversation(stub, conv.id, include_think=True)
                 lines[i] = transcript_line(resp, mode, model, reason)
                 if progress:
                     progress()
 
-        tasks = [asyncio.create_task(one(i, rec)) for i, rec in enumerate(records)]
+        tasks = [asyncio.create_task(one(i, sit)) for i, sit in enumerate(situations)]
         try:
             await asyncio.gather(*tasks)
         except BaseException:

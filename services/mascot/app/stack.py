@@ -176,7 +176,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             services = [(conversation_pb2_grpc.add_ConversationServiceServicer_to_server, conversations,
                          "mascot.api.conversation.v1.ConversationService")]
             sec = cfg.security
-            if sec.retention_days > 0:  # README "Security": inactive conversations are deleted by a periodic sweep
+            if sec.retention_days > 0:  # docs/security.md: inactive conversations are deleted by a periodic sweep
                 from mascot.gateway.security import watch_retention
 
                 stack.tasks.append(asyncio.create_task(watch_retention(

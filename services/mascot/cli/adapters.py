@@ -1,7 +1,7 @@
 """``mascot adapters``: list, publish, promote, roll back and retire adapter versions through the gateway's
 AdapterService (the registry's only writer). The admin token comes from ``MASCOT_ADMIN_TOKEN``
 (or ``--token-file``), never from a flag value. TLS: ``mascot adapters --tls-ca CA [--tls-cert C --tls-key K] ...`` or
-``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` (README "Security")."""
+``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,14 @@ from mascot.cli.common import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, adm
 
 adapters_app = typer.Typer(help="Adapter registry: list | publish | promote | rollback | retire (AdapterService).",
                            no_args_is_help=True, add_completion=False)
-STATES = {0: "unspecified", 1: "staged", 2: "canary", 3: "stable", 4: "retired"}
 
+
+def _state(number: int) -> str:
+    """The AdapterState name of ``number`` (``stable``), ``?`` for a value this client does not know."""
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+    from mascot.core.enums import enum_name
+
+    return enum_name(pb.AdapterState, number, default="?")
 
 
 @adapters_app.callback()
@@ -41,7 +47,7 @@ def _show(personas: Any) -> None:
     for p in personas:
         for v in p.versions:
             mark = " (canary {:.0%})".format(p.canary_weight) if v.version == p.canary else ""
-            t.add_row(p.persona_id, str(v.version), v.name, STATES.get(v.state, "?") + mark, v.digest[:12],
+            t.add_row(p.persona_id, str(v.version), v.name, _state(v.state) + mark, v.digest[:12],
                       v.create_time)
     Console().print(t)
 
@@ -75,7 +81,7 @@ def publish(persona: str = typer.Argument(..., help="Persona id (snake_case) or 
         persona_id=persona, source_path=str(source.resolve()), run_id=run_id))
     v = r.version
     what = "already published as" if r.already_published else "published"
-    console.print(f"{what} {v.name} ({STATES.get(v.state)}), registry revision {r.revision}")
+    console.print(f"{what} {v.name} ({_state(v.state)}), registry revision {r.revision}")
 
 
 @adapters_app.command("promote")

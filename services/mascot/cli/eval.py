@@ -45,7 +45,9 @@ def _judge_names(judges: str) -> list[dict]:
 @eval_app.callback()
 def evaluate(
     ctx: typer.Context,
-    situations: Optional[Path] = typer.Option(None, "--situations", help="JSONL records (../shared/data/...)."),
+    situations: Optional[Path] = typer.Option(None, "--situations",
+        help="Situations: .jsonl records (../shared/data/...), an EmpatheticDialogues .csv, or QMSum meetings "
+             "(a .json file or a folder of them)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
     systems: str = typer.Option("mascot,zero-shot,zero-shot-cot,few-shot,few-shot-cot,self-consistency,no-director,"
                                 "no-persona,multiagentesc", "--systems", help="Comma-separated system ids."),

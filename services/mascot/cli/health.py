@@ -1,5 +1,5 @@
 """``mascot health``: one standard ``grpc.health.v1.Health/Check`` of a MASCOT gRPC server, with the TLS of the
-server's own configuration (README "Deploy with Helm").
+server's own configuration (docs/deployment.md).
 
 Kubelet ``grpc:`` probes cannot speak TLS, so the chart probes a TLS-enabled pod with ``exec: mascot health --port
 <port>``: it reads the same ``MascotConfig`` as the server (``MASCOT_CONFIG`` / ``MASCOT_*``), and when

@@ -65,9 +65,10 @@ def serve(
         console.print("[red]--port needs a single component (or the gateway among several)[/red]")
         raise typer.Exit(2)
     port_key = f"server.{target_comp}_port"
-    cfg = load_config_or_exit(config, **{"server.host": host, port_key: port, "engine.model": model, "engine.kind": engine,
-                             "store.url": store_url, "server.director_target": director_target,
-                             "server.speaker_target": speaker_target})
+    cfg = load_config_or_exit(config, **{"server.host": host, port_key: port, "engine.model": model,
+                                         "engine.kind": engine, "store.url": store_url,
+                                         "server.director_target": director_target,
+                                         "server.speaker_target": speaker_target})
     if print_config:
         print(redacted(cfg))
         return
@@ -217,11 +218,14 @@ def chat(
 
 @app.command()
 def run(
-    situations: Path = typer.Option(..., "--situations", help="JSONL records (../shared/data/...)."),
+    situations: Path = typer.Option(..., "--situations",
+        help="Situations: .jsonl records (../shared/data/...), an EmpatheticDialogues .csv, or QMSum meetings "
+             "(a .json file or a folder of them)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
     out: Path = typer.Option(..., "--out", help="Output directory."),
     mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
-    agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per conversation."),
+    agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64,
+                                              help="Agent turns per conversation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the user draws and sampling."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=256,
                                     help="Conversations run at once; their model calls are decoded in one batch "
@@ -238,19 +242,17 @@ def run(
     """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mascot.app.runjob import read_records, run_job
+    from mascot.app.runjob import run_job
+    from mascot.core.situations import load_situations
 
     if mode not in ("support", "meeting"):
         console.print("[red]--mode must be support or meeting[/red]")
         raise typer.Exit(2)
     try:
-        records = read_records(situations, mode, limit)
+        records = load_situations(situations, mode, limit, require_labels=False, verbatim=True)
     except (OSError, ValueError) as e:
         console.print(f"[red]cannot read --situations:[/red] {e}")
         raise typer.Exit(2) from None
-    if not records:
-        console.print(f"[red]{situations} holds no records[/red]")
-        raise typer.Exit(2)
     store_url = f"sqlite:///{(out / 'conversations.db').resolve()}"
     cfg = load_config_or_exit(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
                              "store.url": store_url})

@@ -19,22 +19,31 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mascot.api.training.v1 import training_pb2 as pb
 from mascot.cli.common import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, console, export_tls
+from mascot.core.enums import enum_name, enum_names, enum_value
 
 retrain_app = typer.Typer(
     help="Retraining runs (TrainingService): persona-alignment | collaborative | status | list | cancel.",
     no_args_is_help=True, add_completion=False)
-STATES = {0: "unspecified", 1: "pending", 2: "running", 3: "succeeded", 4: "failed", 5: "cancelled"}
-PHASES = {"persona-alignment": 1, "collaborative": 2}
-PHASE_NAMES = {v: k for k, v in PHASES.items()}
-FINISHED = {3, 4, 5}
+#: The training phases by their CLI names (``persona-alignment``, ``collaborative``: TrainingPhase, words joined by -).
+PHASES = enum_names(pb.TrainingPhase, sep="-")
+FINISHED = frozenset({pb.RUN_STATE_SUCCEEDED, pb.RUN_STATE_FAILED, pb.RUN_STATE_CANCELLED})
+
+
+def _phase(number: int) -> str:
+    return enum_name(pb.TrainingPhase, number, sep="-", default="?")
+
+
+def _state(number: int) -> str:
+    return enum_name(pb.RunState, number, default="?")
 
 
 @retrain_app.callback()
 def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CERT,
              tls_key: Optional[Path] = TLS_KEY) -> None:
     """Retraining runs (TrainingService): persona-alignment | collaborative | status | list | cancel. TLS:
-    ``mascot retrain --tls-ca CA ...`` or ``MASCOT_TLS_*`` (README "Security")."""
+    ``mascot retrain --tls-ca CA ...`` or ``MASCOT_TLS_*`` (docs/security.md)."""
     export_tls(tls_ca, tls_cert, tls_key)
 
 
@@ -51,14 +60,14 @@ def _time(ts: Any, present: bool) -> str:
 
 
 def _describe(run: Any) -> str:
-    return (f"run {run.run_id} ({PHASE_NAMES.get(run.phase, '?')}, Job {run.namespace}/{run.job_name}): "
-            f"{STATES.get(run.state, '?')}{' - ' + run.message if run.message else ''}")
+    return (f"run {run.run_id} ({_phase(run.phase)}, Job {run.namespace}/{run.job_name}): "
+            f"{_state(run.state)}{' - ' + run.message if run.message else ''}")
 
 
 def _table(runs: Any) -> None:
     t = Table("run id", "phase", "state", "created", "started", "finished", "job", "message")
     for r in runs:
-        t.add_row(r.run_id, PHASE_NAMES.get(r.phase, "?"), STATES.get(r.state, "?"),
+        t.add_row(r.run_id, _phase(r.phase), _state(r.state),
                   _time(r.create_time, r.HasField("create_time")), _time(r.start_time, r.HasField("start_time")),
                   _time(r.finish_time, r.HasField("finish_time")), r.job_name, r.message[:60])
     Console().print(t)
@@ -74,8 +83,6 @@ async def _wait(stub: Any, md: tuple, run: Any, poll_s: float) -> Any:
     """Poll GetRun every ``poll_s`` seconds until the run is finished; print each state change on stderr.
     UNAVAILABLE (the gateway or the Kubernetes API briefly down) is reported and polling goes on."""
     import grpc
-
-    from mascot.api.training.v1 import training_pb2 as pb
 
     last = None
     while True:
@@ -95,15 +102,13 @@ async def _wait(stub: Any, md: tuple, run: Any, poll_s: float) -> Any:
 
 
 def _trigger(phase: str, run_id: str, wait: bool, poll_s: float, target: str, token_file: Optional[Path]) -> None:
-    from mascot.api.training.v1 import training_pb2 as pb
-
     if poll_s <= 0:
         console.print("[red]--poll-s must be > 0[/red]")
         raise typer.Exit(2)
 
     async def body(stub: Any, md: tuple) -> Any:
-        r = await stub.TriggerRetraining(pb.TriggerRetrainingRequest(phase=PHASES[phase], run_id=run_id),
-                                         metadata=md, timeout=120)
+        req = pb.TriggerRetrainingRequest(phase=enum_value(pb.TrainingPhase, phase, sep="-"), run_id=run_id)
+        r = await stub.TriggerRetraining(req, metadata=md, timeout=120)
         console.print(("already triggered: " if r.already_existed else "triggered: ") + _describe(r.run))
         print(r.run.run_id, flush=True)
         return await _wait(stub, md, r.run, poll_s) if wait else r.run
@@ -139,8 +144,6 @@ def status(run_id: str = typer.Argument(..., help="The run id."), target: str = 
            token_file: Optional[Path] = TOKEN_FILE,
            as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a line.")) -> None:
     """Show a run's state (from its Job's status)."""
-    from mascot.api.training.v1 import training_pb2 as pb
-
     async def body(stub: Any, md: tuple) -> Any:
         return await stub.GetRun(pb.GetRunRequest(run_id=run_id), metadata=md, timeout=60)
 
@@ -157,15 +160,13 @@ def list_(phase: str = typer.Option("", "--phase", help="Only persona-alignment 
           target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE,
           as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the runs whose Jobs still exist, newest first."""
-    from mascot.api.training.v1 import training_pb2 as pb
-
     if phase and phase not in PHASES:
         console.print(f"[red]--phase must be one of {', '.join(PHASES)}[/red]")
         raise typer.Exit(2)
 
     async def body(stub: Any, md: tuple) -> Any:
-        return await stub.ListRuns(pb.ListRunsRequest(phase=PHASES.get(phase, 0), limit=limit), metadata=md,
-                                   timeout=60)
+        req = pb.ListRunsRequest(phase=enum_value(pb.TrainingPhase, phase, sep="-", default=0), limit=limit)
+        return await stub.ListRuns(req, metadata=md, timeout=60)
 
     r = _session(target, token_file, body)
     if as_json:
@@ -178,8 +179,6 @@ def list_(phase: str = typer.Option("", "--phase", help="Only persona-alignment 
 def cancel(run_id: str = typer.Argument(..., help="The run id."), target: str = TARGET,
            token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Cancel a pending or running run (its Job and pods are deleted)."""
-    from mascot.api.training.v1 import training_pb2 as pb
-
     async def body(stub: Any, md: tuple) -> Any:
         return await stub.CancelRun(pb.CancelRunRequest(run_id=run_id), metadata=md, timeout=60)
 

@@ -117,7 +117,7 @@ class DialogueConfig(_Section):
 
 
 class LimitsConfig(_Section):
-    """Admission control of the gateway (README "Limits and load"). A conversation runs one round at a time anyway
+    """Admission control of the gateway (docs/operations.md, "Limits"). A conversation runs one round at a time anyway
     (a second message while one is answered is FAILED_PRECONDITION); this bounds the rounds of all conversations."""
 
     #: Rounds (SendMessage and RunSelfPlay streams) the gateway runs at once over all conversations; one more is
@@ -196,7 +196,7 @@ class SpeakerConfig(_Section):
 
 
 class GuardConfig(_Section):
-    """Reply checks on every persona and simulated-user reply (:mod:`mascot.core.guard`, README "Reply checks").
+    """Reply checks on every persona and simulated-user reply (:mod:`mascot.core.guard`, docs/dialogue.md).
 
     Each streamed sentence is checked before it is sent; a rejected attempt is generated again with a new seed, a
     higher repetition penalty and (at temperature 0) ``retry_temperature``, up to ``max_attempts``; then the
@@ -256,7 +256,7 @@ class StoreConfig(_Section):
 
 class TLSConfig(_Section):
     """TLS and mutual TLS of every gRPC server of this process (gateway, director, speaker, judge, reward, the
-    model servers' gRPC port) and of the gateway's own channels to the model services (README "Security").
+    model servers' gRPC port) and of the gateway's own channels to the model services (docs/security.md).
 
     The key is a secret: it is read from the mounted file named here (the chart mounts its TLS Secret at
     ``/etc/mascot/tls``), never put in YAML. Files are read when a server or channel starts.
@@ -409,7 +409,8 @@ class PromoteGateConfig(_Section):
     the stable one with the judge on held-out situations and promoted only when not worse by more than ``max_drop``."""
 
     enabled: bool = False
-    #: Held-out situations, EmpatheticDialogues-style JSONL (``id``, ``situation``, ``first_utterance``).
+    #: Held-out support situations: JSONL (``id``, ``situation``, ``first_utterance``) or an EmpatheticDialogues CSV
+    #: (:func:`mascot.core.situations.load_situations`).
     situations: str = ""
     #: How many of them (the first ``limit``).
     limit: int = Field(16, ge=1, le=1000)
@@ -494,7 +495,7 @@ class AdaptersConfig(_Section):
 
 
 class SafetyConfig(_Section):
-    """The gateway's safety gate (README "Safety"). It is always on: every user message is checked before the
+    """The gateway's safety gate (docs/safety.md). It is always on: every user message is checked before the
     director runs, in live chat and in self-play, and replies of a flagged conversation are screened."""
 
     #: Locale of the fixed safety template: ``en`` ships; others come from ``templates_file``.
@@ -524,7 +525,7 @@ class SafetyConfig(_Section):
 
 
 class SecurityConfig(_Section):
-    """Caller authentication, rate limits and retention of the public API (ConversationService; README "Security").
+    """Caller authentication, rate limits and retention of the public API (ConversationService; docs/security.md).
     TLS is ``server.tls``; the admin plane's token is ``adapters.admin_token_*``.
 
     Secrets never live here: caller tokens come from the mounted file ``caller_tokens_file`` or the environment

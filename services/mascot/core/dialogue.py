@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.enums import enum_name, enum_value
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCard, PersonaCatalog
 
@@ -67,9 +68,26 @@ def directive_message(name: str, action: str, tone: str, source: str = "model", 
     return directive_lines(name, action, tone) if action else ""
 
 
-_SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_UNSPECIFIED: "", dpb.DIRECTIVE_SOURCE_MODEL: "model",
-                 dpb.DIRECTIVE_SOURCE_RETRY: "retry", dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback",
-                 dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
+def _source_name(source: int) -> str:
+    """The :func:`directive_message` source of a proto DirectiveSource: "" when unspecified (unknown), its name
+    otherwise, ``other`` for a value this build does not know."""
+    if source == dpb.DIRECTIVE_SOURCE_UNSPECIFIED:
+        return ""
+    return enum_name(dpb.DirectiveSource, source, default="other")
+
+
+def directive_source_name(source: int) -> str:
+    """A proto DirectiveSource as stored with a turn and written to transcripts (``model``, ``retry``, ``fallback``,
+    ``safety``, ``random``): ``model`` when unspecified or unknown to this build."""
+    if source == dpb.DIRECTIVE_SOURCE_UNSPECIFIED:
+        return "model"
+    return enum_name(dpb.DirectiveSource, source, default="model")
+
+
+def directive_source_value(name: str) -> int:
+    """:func:`directive_source_name`'s inverse: the proto DirectiveSource of a stored name, unspecified (0) for a
+    name it does not know."""
+    return enum_value(dpb.DirectiveSource, name, default=dpb.DIRECTIVE_SOURCE_UNSPECIFIED)
 
 
 #: Most history turns and context entries a model-service request may carry (the gateway sends its history window,
@@ -99,7 +117,7 @@ def history_from_proto(turns: Sequence[dpb.Turn], known_personas: Sequence[str] 
                 raise InvalidArgument(f"history[{i}]: agent turn with unknown persona_id {t.persona_id!r}")
             d = t.directive if t.HasField("directive") else None
             text = directive_message((names or {}).get(t.persona_id, t.persona_id), d.action, d.tone,
-                                     _SOURCE_NAMES.get(d.source, "other"), d.raw) if d is not None else ""
+                                     _source_name(d.source), d.raw) if d is not None else ""
             out.append(HistoryTurn("agent", t.text, t.persona_id, text))
         else:
             raise InvalidArgument(f"history[{i}]: role must be ROLE_USER or ROLE_AGENT")

@@ -43,7 +43,7 @@ def iter_jsonl_records(path: str | Path, need: tuple[str, ...], why: str) -> Ite
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line is not JSON, or lacks a key (``"FILE:LINE: record lacks K needed by WHY"``).
+        ValueError: a line is not a JSON object, or lacks a key (``"FILE:LINE: record lacks K needed by WHY"``).
     """
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -53,6 +53,8 @@ def iter_jsonl_records(path: str | Path, need: tuple[str, ...], why: str) -> Ite
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
             missing = [k for k in need if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)} needed by {why}")

@@ -56,6 +56,12 @@ def context_text(context: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{s}: {c}" for s, c in context)
 
 
+def meeting_transcript(context: Sequence[tuple[str, str]]) -> str:
+    """The seed context (a meeting excerpt) as the director, the speakers and the baselines show it in a prompt:
+    ``Meeting transcript:`` and then :func:`context_text`."""
+    return "Meeting transcript:\n" + context_text(context)
+
+
 def _reward_layout(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
                    reply: str, names: Mapping[str, str]) -> str:
     parts = [f"[Persona] {persona_card_text(card)}"]

@@ -13,6 +13,11 @@ from typing import Iterable, Iterator, Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.api.training.v1 import training_pb2 as tpb
+from mascot.core.enums import enum_names
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
@@ -21,9 +26,11 @@ SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 #: cancelled it or its deadline passed). A round a newer message closes later (``interrupted`` in the API) was
 #: counted when its stream ended; a replay of a stored round is not counted again.
 ROUND_OUTCOMES = ("completed", "empty_replies", "safety", "failed", "cancelled")
-MODES = ("support", "meeting")
-#: ``mascot_director_decisions_total{source}``: how the director reached its directive.
-DIRECTIVE_SOURCES = ("model", "retry", "fallback", "random")
+#: Conversation modes (the proto ``Mode`` names).
+MODES = enum_names(cpb.Mode)
+#: ``mascot_director_decisions_total{source}``: how the director reached its directive (the ``DirectiveSource``
+#: names but ``safety``: a safety turn is the gateway's, never a director decision).
+DIRECTIVE_SOURCES = tuple(s for s in enum_names(dpb.DirectiveSource) if s != "safety")
 #: ``mascot_adapter_load_failures_total{reason}``: ``fetch`` (the version's files could not be read from the store),
 #: ``digest`` (they do not match the registry's digest), ``engine`` (the engine refused them: corrupt or incompatible
 #: weights). The log line says which error.
@@ -32,7 +39,7 @@ ADAPTER_LOAD_FAILURES = ("fetch", "digest", "engine")
 #: reward call that timed out, returned nothing or NaN, or a rollout that filled the window (``window_full``).
 REWARD_FAILURES = ("too_long", "timeout", "none", "nan", "window_full")
 #: ``mascot_training_runs_total{phase, result}``.
-TRAINING_PHASES = ("persona-alignment", "collaborative")
+TRAINING_PHASES = enum_names(tpb.TrainingPhase, sep="-")
 TRAINING_RESULTS = ("succeeded", "failed", "cancelled")
 #: Status codes every RPC's ``mascot_rpc_requests_total`` series starts with at zero: OK and the codes the alerts and
 #: the dashboard read (server errors, and RESOURCE_EXHAUSTED for capacity).
@@ -126,7 +133,8 @@ class Metrics:
             "mascot_reply_rejections_total",
             "Replies and directives refused by the reply checks, by who produced them (a persona id, user or "
             "director), the check (empty, short, echo, loop, duplicate, unfinished, supporter, directive_name, "
-            "directive_voice, directive_copy, directive_invalid) and what followed (regenerate, exclude, cut, reprompt).",
+            "directive_voice, directive_copy, directive_invalid) and what followed (regenerate, exclude, cut, "
+            "reprompt).",
             ["component", "persona", "reason", "action"], registry=r)
         self.safety_events = Counter(
             "mascot_safety_events_total", "Safety gate actions.", ["category"], registry=r)

@@ -5,7 +5,7 @@ place, equal on servers and clients), a retry policy for UNAVAILABLE only, ``rou
 address of the target and keepalive pings; servers accept those pings and close connections at
 ``server.max_connection_age_s`` so clients re-resolve and reach new replicas (:class:`ConnectionSettings`).
 
-TLS (README "Security"): servers serve TLS, or mutual TLS, when ``server.tls`` names a certificate
+TLS (docs/security.md): servers serve TLS, or mutual TLS, when ``server.tls`` names a certificate
 (:func:`server_credentials`); channels use TLS per :class:`ClientTLS`, which a command line takes from its
 ``--tls-*`` options or the environment (``MASCOT_TLS_CA``, ``MASCOT_TLS_CERT``, ``MASCOT_TLS_KEY``,
 ``MASCOT_TLS_SERVER_NAME``, ``MASCOT_TLS=1`` for the system roots) and the gateway from ``server.tls``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from mascot.core.context import fit_history
+from mascot.core.formatting import meeting_transcript
 from mascot.core.personas import PersonaCard
 from mascot.core.dialogue import HistoryTurn
 
@@ -33,7 +34,7 @@ Tone: Gentle and calm
 Rules:
 - The Action names something from the conversation; it is never just a helper's name.
 - Never repeat an earlier Action; each one asks for something new.
-- Prefer a helper who has not spoken yet. No helper speaks more than {max_consecutive} turns in a row."""
+- Prefer a helper who has not spoken yet. No helper speaks more than {max_consecutive} turns in a row."""  # noqa: E501
 
 RETRY_TEMPLATE = ("Your answer was invalid: {error}. Answer again with exactly three lines: "
                   "'Agent: <name>', 'Action: <a new sentence about the conversation>', 'Tone: <words>'.")
@@ -106,7 +107,7 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
     def flush() -> None:
         parts = []
         if first and context:
-            parts.append("Meeting transcript:\n" + transcript(context))
+            parts.append(meeting_transcript(context))
         if chunk:
             parts.append(("Conversation so far:\n" if first else "Since then:\n") + transcript(chunk))
         elif first:

@@ -9,12 +9,12 @@ from mascot.api.director.v1 import director_pb2 as pb
 from mascot.api.director.v1 import director_pb2_grpc as pb_grpc
 from mascot.core.dialogue import context_from_proto, history_from_proto, roster_from_ids
 from mascot.core.engine import BASE_ADAPTER
+from mascot.core.enums import enum_value
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
 from mascot.director.decide import decide
 
-SOURCES = {"model": dpb.DIRECTIVE_SOURCE_MODEL, "retry": dpb.DIRECTIVE_SOURCE_RETRY,
-           "fallback": dpb.DIRECTIVE_SOURCE_FALLBACK, "random": dpb.DIRECTIVE_SOURCE_RANDOM}
+
 class DirectorServicer(pb_grpc.DirectorServiceServicer):
     """Serves NextDirective on a shared engine.
 
@@ -63,6 +63,6 @@ class DirectorServicer(pb_grpc.DirectorServiceServicer):
             d.generated_tokens - d.delivered_tokens)
         return pb.NextDirectiveResponse(
             directive=dpb.Directive(persona_id=d.directive.persona_id, action=d.directive.action,
-                                    tone=d.directive.tone, source=SOURCES[d.source], raw=d.raw),
+                                    tone=d.directive.tone, source=enum_value(dpb.DirectiveSource, d.source), raw=d.raw),
             retries=d.retries, raw_attempts=d.raw_attempts, parse_errors=d.parse_errors,
             model_choice=d.model_choice, adapter_version=version)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.files import atomic_write_text
+from mascot.core.situations import MEETING_SPLITS, SUPPORT_SPLITS
 from mascot.eval.aggregate import aggregate_split, combine_judges
-from mascot.eval.data import MEETING_SPLITS, SUPPORT_SPLITS
 
 
 def _nli_scorer(model: str) -> Any:
@@ -100,7 +100,8 @@ def judge_spread(judged: dict, names: list[str]) -> dict[str, dict]:
 
 
 def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any, agent_turns: int,
-                   progress: Callable[[str, int, int], None], extra_cards: list | None = None) -> tuple[dict, list[dict]]:
+                   progress: Callable[[str, int, int], None],
+                   extra_cards: list | None = None) -> tuple[dict, list[dict]]:
     """The judge-free measures (:mod:`mascot.eval.measures`): per system a mean with a 95% bootstrap interval for
     every measure and the identifiability breakdown, and the paired comparisons of ``mascot`` (or the first system)
     against every other system over the situations both ran. Also returns the per-dialogue values (one row per
@@ -108,9 +109,9 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
     prompts count as echo sources too. The few-shot examples of the prompting baselines are an echo source for every
     system (a copied example line is an echo whoever copies it). Differences are taken on unrounded values; only the
     rows written out are rounded."""
+    from mascot.core.embedding import IDENTITY_FIELDS
     from mascot.eval.defects import echo_sources
-    from mascot.eval.measures import (DEFINITIONS, IDENTITY_FIELDS, MEASURES, MeasureContext, dialogue_measures,
-                                      identification_summary)
+    from mascot.eval.measures import DEFINITIONS, MEASURES, MeasureContext, dialogue_measures, identification_summary
     from mascot.eval.stats import LEVEL, N_RESAMPLES, bootstrap_mean, paired_difference
 
     from mascot.eval.baselines import FEW_SHOT
@@ -214,8 +215,8 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
     trained = not is_tiny(backbone)
     report = {
         "seed": opts.seed, "mode": opts.mode, "situations": [s.id for s in situations], "judges": judges,
-        "models": {"backbone": model_name, "backbone_digest": identity["digest"], "trained": trained, "nli": nli.model_name,
-                   "nli_trained": nli.trained, "embedding": embedder.model_name,
+        "models": {"backbone": model_name, "backbone_digest": identity["digest"], "trained": trained,
+                   "nli": nli.model_name, "nli_trained": nli.trained, "embedding": embedder.model_name,
                    "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None},
         "agent_turns": opts.agent_turns or cfg.selfplay.agent_turns,
         "systems": systems_block(judges),

@@ -9,15 +9,16 @@ Metrics:
 
 * **Self-BLEU** (:func:`self_bleu`): sacrebleu sentence BLEU-4 of each agent turn against the other agent turns of the
   dialogue, 13a tokenisation, exp smoothing, divided by 100 and averaged over the turns. Lower = more diverse.
-* **Distinct-n** (:func:`distinct_n`): unique n-grams / total n-grams over the dialogue's agent turns (Li et al. 2016,
-  "A Diversity-Promoting Objective Function for Neural Conversation Models", section 4.3). Higher = more diverse.
+* **Distinct-n** (:func:`mascot.core.diversity.distinct_n`): unique n-grams / total n-grams over the dialogue's agent
+  turns (Li et al. 2016, "A Diversity-Promoting Objective Function for Neural Conversation Models", section 4.3).
+  Higher = more diverse.
 * **NLI rates** (:class:`NLIScorer`): each agent turn against the previous agent turn, labelled by the argmax of an
   MNLI cross-encoder. High entailment = redundancy; high contradiction = inconsistency.
 * **Embedding redundancy** (:class:`EmbeddingRedundancy`): mean pairwise cosine similarity of the agent turns'
   all-MiniLM-L6-v2 sentence embeddings. Higher = more redundant.
 
-Nothing is downloaded: models load from local directories with ``HF_HUB_OFFLINE=1`` and ``local_files_only=True``. Tests and CPU-only runs use :func:`build_tiny_nli_model`, a random cross-encoder whose report
-entry says "untrained".
+Nothing is downloaded: models load from local directories with ``HF_HUB_OFFLINE=1`` and ``local_files_only=True``.
+Tests and CPU-only runs use :func:`build_tiny_nli_model`, a random cross-encoder whose report entry says "untrained".
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from mascot.core.embedding import MINILM_DIM, SentenceEncoder, check_texts  # noqa: F401 - MINILM_DIM re-exported
+from mascot.core.diversity import distinct_n
+from mascot.core.embedding import SentenceEncoder, check_texts
 from mascot.eval.stats import mean_std
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -98,51 +100,6 @@ def self_bleu(turns: Sequence[str]) -> float | None:
     # sacrebleu's exp/log round trip can give 100.00000000000004 for a verbatim repeat: clip to the documented 1.
     scores = [min(1.0, bleu.sentence_score(t, turns[:i] + turns[i + 1:]).score / 100.0) for i, t in enumerate(turns)]
     return sum(scores) / len(scores)
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-case ``text`` and split it with sacrebleu's 13a tokeniser (the one :func:`self_bleu` uses).
-
-    13a (mteval-v13a.pl) splits most punctuation off words but keeps in-word apostrophes:
-    ``"Don't stop."`` -> ``["don't", "stop", "."]``.
-
-    Returns:
-        The tokens; empty for a blank text.
-    """
-    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
-
-    return Tokenizer13a()(text.lower()).split()
-
-
-def distinct_n(turns: Sequence[str], n: int) -> float | None:
-    """Distinct-n of one dialogue: unique n-grams / total n-grams over all its agent turns.
-
-    Li et al. 2016 ("A Diversity-Promoting Objective Function for Neural Conversation Models", section 4.3), pooled
-    over the dialogue: each turn is tokenised by :func:`tokenize` (lower-cased, 13a); n-grams are taken inside each
-    turn (never across a turn boundary); the unique count is over the whole dialogue.
-
-    Args:
-        turns: The dialogue's agent-turn texts.
-        n: n-gram order, >= 1.
-
-    Returns:
-        A value in (0, 1] (1 = no n-gram repeats); ``None`` when the turns hold no n-gram (no turns, or every turn
-        shorter than ``n`` tokens).
-
-    Raises:
-        ValueError: ``n`` < 1.
-        TypeError: a turn is not a str.
-    """
-    if n < 1:
-        raise ValueError(f"distinct-n needs n >= 1, got {n}")
-    turns = check_texts(turns)
-    grams: list[tuple[str, ...]] = []
-    for t in turns:
-        toks = tokenize(t)
-        grams.extend(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
-    if not grams:
-        return None
-    return len(set(grams)) / len(grams)
 
 
 # --------------------------------------------------------------------------------------------------------------------

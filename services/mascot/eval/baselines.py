@@ -38,7 +38,7 @@ from mascot.core.engine import (
     regex_escape,
 )
 from mascot.core.personas import PersonaCard
-from mascot.eval.data import Situation
+from mascot.core.situations import Situation
 
 PROMPTING = ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "sft")
 BASELINES = (*PROMPTING, "self-consistency", "multiagentesc")
@@ -153,8 +153,9 @@ async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], con
     return res.text
 
 
-def _conversation_text(history: Sequence[HistoryTurn], names: dict[str, str], context: Sequence[tuple[str, str]]) -> str:
-    head = f"Meeting transcript:\n{formatting.context_text(context)}\n\n" if context else ""
+def _conversation_text(history: Sequence[HistoryTurn], names: dict[str, str],
+                       context: Sequence[tuple[str, str]]) -> str:
+    head = formatting.meeting_transcript(context) + "\n\n" if context else ""
     return head + "Conversation so far:\n" + formatting.transcript_text(history, names)
 
 
@@ -197,7 +198,8 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
     Lines without a known name continue the previous reply; replies that end up empty are dropped.
     """
     by_name = {c.name: c.id for c in roster}
-    pat = re.compile(r"^\s*(" + "|".join(re.escape(n) for n in sorted(by_name, key=len, reverse=True)) + r")\s*:\s*(.*)$")
+    names = "|".join(re.escape(n) for n in sorted(by_name, key=len, reverse=True))
+    pat = re.compile(r"^\s*(" + names + r")\s*:\s*(.*)$")
     out: list[list[str]] = []
     for line in text.splitlines():
         m = pat.match(line)
@@ -209,7 +211,8 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
 
 
 async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
-                          temperature: float | None = None, lines: int | None = None) -> tuple[list[tuple[str, str]], str]:
+                          temperature: float | None = None,
+                          lines: int | None = None) -> tuple[list[tuple[str, str]], str]:
     temperature = ctx.temperature if temperature is None else temperature
     cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
     few = system in ("few-shot", "few-shot-cot")
@@ -284,7 +287,8 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
         listing = "\n".join(f"Response {i + 1}: {r}" for i, r in enumerate(responses))
         votes = []
         for v in range(3):
-            prompt = f"You are judge {v + 1} of 3. Which response supports the user best?\n{listing}\nAnswer 'Response N'."
+            prompt = (f"You are judge {v + 1} of 3. Which response supports the user best?\n{listing}\n"
+                      "Answer 'Response N'.")
             out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context, 8,
                                   0.0, seed + 30 + v, regex="Response [1-%d]" % len(responses))
             m = re.search(r"(\d+)", out)

@@ -13,7 +13,7 @@ that a looser guard shows up as defects here instead of moving the yardstick wit
 - degenerate directive: a ``fallback`` directive, an empty Action or Tone, an Action of fewer than 4 words besides
   persona names, a Tone that is only a persona name, or an Action with Jaccard >= 0.8 to the previous directive's.
 
-Input: ``transcripts.jsonl`` lines as ``mascot run`` writes them (see the README).
+Input: ``transcripts.jsonl`` lines as ``mascot run`` writes them (see docs/commands.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Judge evaluation dialogues through JudgeService over gRPC.
 
 Support mode: every non-empty agent turn on the agent-specific rubric (context = the turns before it) and the
-dialogue's block after the opening message on the collective rubric. Meeting mode: the collective rubric only. One request per item.
+dialogue's block after the opening message on the collective rubric. Meeting mode: the collective rubric only. One
+request per item.
 
 Resumption without counting twice: every answered request is appended (and fsynced) to a
 :class:`JudgeResults` file keyed by the SHA-256 of the judge's identity and the serialized request; a rerun reads
@@ -9,8 +10,8 @@ it and sends only the requests not answered yet, so an item is never asked again
 count enter the report exactly once. Each call has a deadline, and UNAVAILABLE / DEADLINE_EXCEEDED are retried
 with backoff within a budget (:mod:`mascot.core.retry`), so a judge service that restarts is ridden out.
 
-The request builders (:func:`agent_request`, :func:`collective_request`) are shared with the training ``judge``
-stage, so both send JudgeService the same shape.
+The request builders (:func:`mascot.judge.requests.agent_request`, :func:`mascot.judge.requests.collective_request`)
+are shared with the training ``judge`` stage, so both send JudgeService the same shape.
 """
 
 from __future__ import annotations
@@ -18,47 +19,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.judge.v1 import judge_pb2 as jpb
 from mascot.api.judge.v1 import judge_pb2_grpc as jpb_grpc
-from mascot.core.dialogue import history_from_dicts, history_to_proto
 from mascot.core.files import append_jsonl, read_jsonl
 from mascot.core.retry import RetryPolicy, call_with_retry
+from mascot.judge.requests import agent_request, collective_request
 
 RESULTS_FILE = "judge-results.jsonl"
-
-
-def _proto_turns(turns: Sequence[dict]) -> list[dpb.Turn]:
-    return history_to_proto(history_from_dicts(turns))
-
-
-def _proto_context(context: Sequence[Sequence[str]]) -> list[dpb.ContextUtterance]:
-    return [dpb.ContextUtterance(speaker=a, content=b) for a, b in context]
-
-
-def agent_request(judge: str, history: Sequence[dict], context: Sequence[Sequence[str]],
-                  candidates: Sequence[tuple[str, str, str]]) -> jpb.JudgeCandidatesRequest:
-    """A RUBRIC_AGENT request.
-
-    Args:
-        judge: Name of the judge configured on the service.
-        history: Turns before the candidates, oldest first, as dicts with ``role``, ``text``, ``persona_id``.
-        context: Seed context as ``(speaker, content)`` pairs.
-        candidates: ``(candidate_id, persona_id, text)`` per reply (non-empty text).
-    """
-    return jpb.JudgeCandidatesRequest(
-        rubric=jpb.RUBRIC_AGENT, judge=judge, history=_proto_turns(history), context=_proto_context(context),
-        candidates=[jpb.Candidate(candidate_id=cid, persona_id=pid, text=text) for cid, pid, text in candidates])
-
-
-def collective_request(judge: str, history: Sequence[dict], context: Sequence[Sequence[str]], block: Sequence[dict],
-                       roster: Sequence[str]) -> jpb.JudgeCandidatesRequest:
-    """A RUBRIC_COLLECTIVE request for one block of turns (dicts as in :func:`agent_request`'s history)."""
-    return jpb.JudgeCandidatesRequest(
-        rubric=jpb.RUBRIC_COLLECTIVE, judge=judge, history=_proto_turns(history), context=_proto_context(context),
-        roster_persona_ids=list(roster), candidates=[jpb.Candidate(candidate_id="block", block=_proto_turns(block))])
 
 
 def request_key(identity: str, request: jpb.JudgeCandidatesRequest) -> str:
@@ -200,7 +169,7 @@ async def judge_dialogues(target: str, dialogues: list[dict], situations: list, 
     async with channel(target, max_message_bytes) as ch:
         stub = jpb_grpc.JudgeServiceStub(ch)
 
-        async def one(key, name, kind, k, req, rkey) -> None:  # noqa: ANN001
+        async def one(key, name, kind, k, req, rkey) -> None:
             async with sem:
                 if stopped.is_set():
                     return

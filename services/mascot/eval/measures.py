@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mascot.core.guard import words
 # the identity text, nearest-card identification and margin are shared with the metrics judge
-from mascot.core.embedding import IDENTITY_FIELDS, identify, identity_text, margin  # noqa: F401 - re-exported
+from mascot.core.embedding import identify, identity_text, margin
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import numpy as np
@@ -77,7 +77,8 @@ class MeasureContext:
         cards: The roster's persona cards (identifiability is over these; N = ``len(cards)``).
         embed: ``embed(texts) -> [len(texts), d]`` L2-normalised embeddings (e.g.
             :meth:`mascot.eval.automatic.EmbeddingRedundancy.embed`).
-        echo_sources: ``{persona_id: [texts]}`` a reply must not copy 8 words of (:func:`mascot.eval.defects.echo_sources`).
+        echo_sources: ``{persona_id: [texts]}`` a reply must not copy 8 words of
+            (:func:`mascot.eval.defects.echo_sources`).
 
     Raises:
         ValueError: no cards, or two cards with the same id.
@@ -127,7 +128,8 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         measure of :data:`MEASURES`, and one entry per reply that has an identifiability (for the confusion matrix
         and the per-persona figures).
     """
-    from mascot.eval.automatic import distinct_n, mean_pairwise_cosine, self_bleu
+    from mascot.core.diversity import distinct_n
+    from mascot.eval.automatic import mean_pairwise_cosine, self_bleu
     from mascot.eval.defects import is_echo, is_loop, is_near_duplicate
 
     turns = list(dialogue["turns"])

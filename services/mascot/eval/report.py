@@ -4,8 +4,9 @@ Input: the report dict built by the evaluation runner (the ``report.json`` schem
 (``"support"`` | ``"meeting"``), ``situations``, ``judges``, ``generated_at``, ``models`` (``backbone``,
 ``trained``, free-form extras), ``systems`` ``{system: {split: stats}}`` and, with more than one judge,
 ``by_judge`` ``{judge: {system: {split: stats}}}``. ``stats`` holds ``n``, ``criteria`` / ``collective``
-``{key: {"mean", "std"}}``, ``overall`` / ``collective_overall`` ``{"mean", "std"}`` (judge scores on 0-100), ``automatic`` (NLI rates, Self-BLEU, distinct-1/2 in [0, 1]; embedding redundancy,
-a mean cosine similarity in [-1, 1]), ``safety_turns``, ``unparseable`` and
+``{key: {"mean", "std"}}``, ``overall`` / ``collective_overall`` ``{"mean", "std"}`` (judge scores on 0-100),
+``automatic`` (NLI rates, Self-BLEU, distinct-1/2 in [0, 1]; embedding redundancy, a mean cosine similarity in
+[-1, 1]), ``safety_turns``, ``unparseable`` and
 ``personas`` ``{persona: {key: mean}}``. Any mean or std may be ``None`` (no data) and is rendered as "–".
 
 The paper's numbers beside ours come from :mod:`mascot.eval.paper`; a value
@@ -23,6 +24,8 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
+from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.core.enums import enum_names
 from mascot.core.files import atomic_write
 from mascot.eval import paper
 from mascot.eval.paper import AGENT_COLUMNS, AGENT_KEYS, COLLECTIVE_COLUMNS, COLLECTIVE_KEYS, system_label
@@ -34,7 +37,7 @@ UNTRAINED_WARNING = "tiny random models: numbers exercise the pipeline, they are
 #: Warning printed when only the NLI model is untrained (a real backbone).
 NLI_WARNING = ("the NLI columns come from an untrained cross-encoder, so they are not measurements "
                "(--nli-model DIR for a real one)")
-MODES = ("support", "meeting")
+MODES = enum_names(cpb.Mode)
 _SPLIT_ORDER = {"support": paper.SUPPORT_SPLITS + ("all",), "meeting": paper.MEETING_SPLITS + ("all",)}
 _AUTOMATIC = (("entailment", "NLI entailment"), ("neutral", "NLI neutral"), ("contradiction", "NLI contradiction"),
               ("self_bleu", "Self-BLEU"), ("distinct_1", "Distinct-1"), ("distinct_2", "Distinct-2"),
@@ -609,8 +612,9 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     grouped bars (systems × splits) with the std as error bars on a 0–100 axis; ``radar_<system>.png`` per
     system, with the agent criteria (support mode) or the collective criteria (meeting mode), one polygon per
     split; ``confusion_<system>.png`` per system of the ``measures`` block (speaker × nearest persona card, counts,
-    shaded by the share of the speaker's replies). A chart without data (every mean ``None``; for a radar, no split with all criteria) is skipped. Each
-    file is saved under a temporary name in ``out_dir`` and moved into place with ``os.replace``.
+    shaded by the share of the speaker's replies). A chart without data (every mean ``None``; for a radar, no split
+    with all criteria) is skipped. Each file is saved under a temporary name in ``out_dir`` and moved into place with
+    ``os.replace``.
 
     Args:
         report: The ``report.json`` dict.

@@ -34,8 +34,9 @@ from typing import Any, Callable
 
 from mascot.core.config import MascotConfig, deep_merge
 from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
+from mascot.core.situations import Situation, load_situations
 from mascot.eval.baselines import BaselineContext, run_baseline
-from mascot.eval.data import Situation, check_no_overlap, load_situations
+from mascot.eval.data import check_no_overlap
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class EvalOptions:
     """Options of one evaluation run (``mascot eval`` flags).
 
     Attributes:
-        situations: JSONL file of situation records.
+        situations: Situation file or QMSum folder (:func:`mascot.core.situations.load_situations`).
         out_dir: Output directory (resumable).
         mode: ``support`` or ``meeting``.
         limit: First N records; None for all.
@@ -186,16 +187,10 @@ def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
 
 
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
-    from mascot.api.conversation.v1 import conversation_pb2 as cpb
-    from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-    from mascot.app.runjob import MODES, admitted, read_conversation, transcript_line
+    from mascot.app.runjob import admitted, read_conversation, selfplay_request, start_request, transcript_line
 
-    conv = (await stub.StartConversation(cpb.StartConversationRequest(
-        mode=MODES[mode], source_id=sit.id[:256],
-        context=[dpb.ContextUtterance(speaker=s, content=c) for s, c in sit.context]))).conversation
-    async for _ in admitted(lambda: stub.RunSelfPlay(cpb.RunSelfPlayRequest(
-            conversation_id=conv.id, opening_text=sit.opening, agent_turns=agent_turns, seed=seed,
-            user=dpb.UserSimulation(situation=sit.situation, emotion=sit.emotion)))):
+    conv = (await stub.StartConversation(start_request(sit, mode))).conversation
+    async for _ in admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed))):
         pass
     resp = await read_conversation(stub, conv.id, include_think=True)
     line = transcript_line(resp, mode)

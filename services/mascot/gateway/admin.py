@@ -7,7 +7,7 @@ environment variable or mounted file named in ``adapters``); the token is compar
 logged. Writes go through :meth:`mascot.core.adapters.store.AdapterStore.update` (lock + compare-and-swap on the
 registry), so two writers never lose an update and a refused transition writes nothing. Store trouble (unreadable
 registry, lock held too long, a registry that kept changing, I/O or S3 errors) is UNAVAILABLE with the reason.
-PublishAdapter reads only absolute local directories inside ``adapters.allowed_source_prefixes`` (README "Security").
+PublishAdapter reads only absolute local directories inside ``adapters.allowed_source_prefixes`` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from mascot.api.adapter.v1 import adapter_pb2 as pb
 from mascot.api.adapter.v1 import adapter_pb2_grpc as pb_grpc
 from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
+from mascot.core.enums import enum_value
 from mascot.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
 
 log = logging.getLogger(__name__)
-STATE_VALUES = {"staged": pb.ADAPTER_STATE_STAGED, "canary": pb.ADAPTER_STATE_CANARY,
-                "stable": pb.ADAPTER_STATE_STABLE, "retired": pb.ADAPTER_STATE_RETIRED}
 
 
 def read_admin_token(env_name: str, file_path: str) -> str:
@@ -99,8 +98,13 @@ def check_source_path(source: str, prefixes: list[str]) -> Path:
 
 def persona_to_proto(persona_id: str, entry: dict) -> pb.PersonaAdapters:
     """A registry entry as :class:`PersonaAdapters` (versions oldest first)."""
-    versions = [pb.AdapterVersion(version=int(n), name=v.get("name", f"{persona_id}--v{n}"),
-                                  state=STATE_VALUES.get(v.get("state"), pb.ADAPTER_STATE_UNSPECIFIED),
+    def name(n: str, v: dict) -> str:
+        return v["name"] if "name" in v else rg.version_name(persona_id, int(n))
+
+    def state(v: dict) -> int:
+        return enum_value(pb.AdapterState, v.get("state"), default=pb.ADAPTER_STATE_UNSPECIFIED)
+
+    versions = [pb.AdapterVersion(version=int(n), name=name(n, v), state=state(v),
                                   digest=v.get("digest", ""), create_time=v.get("created", ""))
                 for n, v in sorted(entry.get("versions", {}).items(), key=lambda kv: int(kv[0]))]
     return pb.PersonaAdapters(persona_id=persona_id, versions=versions, stable=entry.get("stable") or 0,
@@ -240,8 +244,8 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         trial = copy.deepcopy(reg)
         rg.promote(trial, pid, version, canary_weight)
         stable = reg["adapters"][pid].get("stable")
-        baseline = f"{pid}--v{stable}" if stable else "base"
-        r = await self.gate(pid, f"{pid}--v{version}", baseline)
+        baseline = rg.version_name(pid, stable) if stable else "base"
+        r = await self.gate(pid, rg.version_name(pid, version), baseline)
         result = pb.EvalGateResult(ran=True, candidate=r.candidate, baseline=r.baseline,
                                    candidate_score=r.candidate_score, baseline_score=r.baseline_score,
                                    situations=r.situations, passed=r.passed)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mascot.core.dialogue import FALLBACK_ACTION
 from mascot.core.errors import FailedPrecondition, Unavailable
+from mascot.core.situations import Situation, load_situations
 
 #: The score of an empty reply: the rubric's minimum on every criterion (nothing to judge, nothing said).
 EMPTY_REPLY_SCORE = 1.0
@@ -46,23 +48,20 @@ class GateResult:
     max_drop: float = 0.0
 
 
-def read_gate_situations(path: str | Path, limit: int) -> list[dict]:
-    """Held-out situations for the gate: EmpatheticDialogues-style JSONL (``id``, ``situation``,
-    ``first_utterance``), the first ``limit``.
+def read_gate_situations(path: str | Path, limit: int) -> list[Situation]:
+    """Held-out situations for the gate, the first ``limit``: support situations (our JSONL with ``id``,
+    ``situation``, ``first_utterance``, or an EmpatheticDialogues CSV), texts as written.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`mascot.app.runjob.read_records`.
+        FileNotFoundError / ValueError: as :func:`mascot.core.situations.load_situations`.
     """
-    from mascot.app.runjob import read_records
-
-    return read_records(path, "support", limit)
+    return load_situations(path, "support", limit, require_labels=False, verbatim=True)
 
 
 async def _reply(speaker: Any, persona: Any, roster: list[str], opening: str, version: str, seed: int,
                  max_tokens: int) -> str:
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
     from mascot.api.speaker.v1 import speaker_pb2 as spb
-    from mascot.director.directive import FALLBACK_ACTION
 
     req = spb.GenerateReplyRequest(
         persona_id=persona.id, directive=dpb.Directive(persona_id=persona.id, action=FALLBACK_ACTION,
@@ -78,7 +77,7 @@ async def _reply(speaker: Any, persona: Any, roster: list[str], opening: str, ve
 
 
 async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id: str, candidate: str,
-                             baseline: str, situations: list[dict], *, max_drop: float, judge_name: str = "",
+                             baseline: str, situations: list[Situation], *, max_drop: float, judge_name: str = "",
                              max_tokens: int = 96, timeout_s: float = 120.0) -> GateResult:
     """Score ``candidate`` against ``baseline`` on ``situations`` (see the module docstring).
 
@@ -98,8 +97,8 @@ async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id:
     persona = catalog.get(persona_id)
     roster = [c.id for c in catalog.in_set(persona.persona_set)]
     cand, base = [], []
-    for i, rec in enumerate(situations):
-        opening = rec["first_utterance"]
+    for i, sit in enumerate(situations):
+        opening = sit.opening
         try:
             a, b = await asyncio.wait_for(asyncio.gather(
                 _reply(speaker, persona, roster, opening, candidate, 1000 + i, max_tokens),

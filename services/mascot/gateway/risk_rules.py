@@ -1,4 +1,4 @@
-"""Rule-based risk detection and reply screening (the safety gate's default detector; README "Safety").
+"""Rule-based risk detection and reply screening (the safety gate's default detector; docs/safety.md).
 
 Categories: ``suicide``, ``self_harm``, ``harm_to_others``, ``eating_disorder``, ``abuse``.
 
@@ -23,7 +23,7 @@ denial from a disclosure needs more than rules can do; a needless safety turn co
 Third-person framings ("my friend wants to kill herself") are flagged with the friend's category: the user may need
 help to help them, and the same resources apply.
 
-Known limits (README "Safety"): hyperbole with a person as object ("I'll kill him if he spoils the ending") is
+Known limits (docs/safety.md): hyperbole with a person as object ("I'll kill him if he spoils the ending") is
 flagged; mentions in news or fiction ("a documentary about suicide") are flagged; risk expressed without any of the
 listed phrasings, sarcasm, other languages and heavy misspelling are missed. Text in Cyrillic or Greek is read through
 its Latin look-alikes, so a rule could fire on a word of another language that happens to look like an English
@@ -166,7 +166,7 @@ _NUM = r"(?:\d+|two|three|four|five|six|seven|eight|nine|ten|several|a\s+few|man
 _MANY = r"(?:all|a\s+(?:whole|full)\s+bottle\s+of|a\s+handful\s+of|\d{2,}|twenty|thirty|forty|fifty|a\s+hundred)"
 
 # ---------------------------------------------------------------------------------------------- idioms
-#: Harmless idioms blanked before the risk rules run (README "Safety": idioms are not flagged).
+#: Harmless idioms blanked before the risk rules run (docs/safety.md: idioms are not flagged).
 IDIOMS = [re.compile(p) for p in (
     r"\b(?:is|are|was|were|'s|'re|been|be)\s+(?:[\w']+\s+)?killing\s+me\b",
     r"\b(?:it|that|this|you|he|she|they|the\s+\w+)\s+(?:[\w']+\s+)?killed\s+me\b(?!\s+(?:with|when))",

@@ -154,7 +154,7 @@ class MiniLMRiskClassifier:
 
     A text is flagged with category ``c`` when its cosine similarity to the closest prototype of ``c`` is at least
     ``threshold`` and higher than its similarity to every neutral prototype. Not a trained risk classifier: a
-    similarity heuristic with measured recall and precision (README "Safety").
+    similarity heuristic with measured recall and precision (docs/safety.md).
 
     Args:
         threshold: Cosine similarity in (0, 1].

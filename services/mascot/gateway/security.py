@@ -1,4 +1,4 @@
-"""Security of the public API (README "Security"): caller tokens, per-caller rate limits and the retention sweep.
+"""Security of the public API (docs/security.md): caller tokens, per-caller rate limits and the retention sweep.
 
 - :class:`CallerAuth` maps ``authorization: Bearer <token>`` to a caller id (``security.caller_auth``); the tokens
   come from a mounted file or an environment variable, never from the YAML. Tokens are kept only as SHA-256

@@ -15,6 +15,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import CONTROL_CHARS, roster_from_ids
+from mascot.core.enums import enum_name
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.round import SELF_PLAY_KEY, RoundRunner
@@ -22,7 +23,7 @@ from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
 from mascot.gateway.store import Store, text_digest
 from mascot.gateway.turn_loop import TurnLoop, turn_to_proto
 
-MODES = {cpb.MODE_SUPPORT: "support", cpb.MODE_MEETING: "meeting"}
+MODES = {n: enum_name(cpb.Mode, n) for n in cpb.Mode.values() if n != cpb.MODE_UNSPECIFIED}
 MODE_VALUES = {v: k for k, v in MODES.items()}
 MAX_KEY_CHARS = 128
 MAX_PERSONA_ID_CHARS = 64
@@ -37,7 +38,7 @@ def _check_user_simulation(user: Any, max_chars: int) -> None:
     emotion over 64 characters, an MBTI type that is not four letters from E/I, S/N, T/F, J/P, or a Big Five level
     outside the TraitLevel enum."""
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb_
-    from mascot.speaker.prompts import personality_text
+    from mascot.core.personas.personality import personality_text
 
     if len(user.situation) > max_chars:
         raise InvalidArgument(f"user.situation is longer than {max_chars} characters (dialogue.max_message_chars)")

@@ -3,9 +3,9 @@
 Any SQLAlchemy URL works (SQLite file by default, PostgreSQL by URL). A turn is committed before its
 event is sent, so an acknowledged turn survives SIGKILL of the gateway. Rounds are keyed by
 (conversation, idempotency key) so that a retried message is answered from what was stored.
-Safety events (README "Safety") are stored in the same transaction as the turn they concern, and the
+Safety events (docs/safety.md) are stored in the same transaction as the turn they concern, and the
 conversation's safety flag with them; they hold rule names and categories, never user text.
-Deleting a conversation (DeleteConversation, the retention sweep; README "Security") removes every row that names
+Deleting a conversation (DeleteConversation, the retention sweep; docs/security.md) removes every row that names
 it, in every table, in one transaction; on SQLite deleted content is overwritten (``secure_delete``) and the
 write-ahead log truncated after the delete.
 

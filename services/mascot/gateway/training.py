@@ -27,17 +27,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from mascot.api.training.v1 import training_pb2 as pb
 from mascot.api.training.v1 import training_pb2_grpc as pb_grpc
 from mascot.gateway import jobs
+from mascot.core.enums import enum_names, enum_value
 from mascot.core.errors import InvalidArgument
 from mascot.gateway.admin import check_admin_token
 
 log = logging.getLogger(__name__)
 
-PHASE_VALUES = {"persona-alignment": pb.TRAINING_PHASE_PERSONA_ALIGNMENT,
-                "collaborative": pb.TRAINING_PHASE_COLLABORATIVE}
+PHASE_VALUES = {n: enum_value(pb.TrainingPhase, n, sep="-") for n in enum_names(pb.TrainingPhase, sep="-")}
 PHASE_NAMES = {v: k for k, v in PHASE_VALUES.items()}
-STATE_VALUES = {"pending": pb.RUN_STATE_PENDING, "running": pb.RUN_STATE_RUNNING,
-                "succeeded": pb.RUN_STATE_SUCCEEDED, "failed": pb.RUN_STATE_FAILED,
-                "cancelled": pb.RUN_STATE_CANCELLED}
+STATE_VALUES = {n: enum_value(pb.RunState, n) for n in enum_names(pb.RunState)}
 MAX_LIST = 1000
 _SEEN_KEPT = 10000
 

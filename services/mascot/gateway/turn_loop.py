@@ -30,7 +30,9 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.director.v1 import director_pb2 as dirpb
 from mascot.api.speaker.v1 import speaker_pb2 as spb
-from mascot.core.dialogue import HistoryTurn, directive_message, history_to_proto
+from mascot.core.dialogue import (HistoryTurn, directive_message, directive_source_name, directive_source_value,
+                                  history_to_proto)
+from mascot.core.enums import enum_names, enum_value
 from mascot.core.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, ServiceError,
                                  Unavailable)
 from mascot.core.personas import PersonaCatalog
@@ -38,12 +40,7 @@ from mascot.gateway.risk_rules import CATEGORIES, SCREEN_CATEGORIES
 from mascot.gateway.safety import Detection, SafetyGate
 from mascot.gateway.store import NewTurn, SafetyEvent, Store, TurnRow
 
-SOURCE_NAMES = {dpb.DIRECTIVE_SOURCE_MODEL: "model", dpb.DIRECTIVE_SOURCE_RETRY: "retry",
-                dpb.DIRECTIVE_SOURCE_FALLBACK: "fallback", dpb.DIRECTIVE_SOURCE_SAFETY: "safety",
-                dpb.DIRECTIVE_SOURCE_RANDOM: "random"}
-SOURCE_VALUES = {v: k for k, v in SOURCE_NAMES.items()}
-REASONS = {"completed": cpb.ROUND_END_REASON_COMPLETED, "empty_replies": cpb.ROUND_END_REASON_EMPTY_REPLIES,
-           "safety": cpb.ROUND_END_REASON_SAFETY, "interrupted": cpb.ROUND_END_REASON_INTERRUPTED}
+REASONS = {name: enum_value(cpb.RoundEndReason, name) for name in enum_names(cpb.RoundEndReason)}
 
 
 def duration(seconds: float) -> Any:
@@ -65,7 +62,7 @@ def turn_to_proto(row: TurnRow, include_think: bool = False) -> dpb.Turn:
     if row.directive:
         d = row.directive
         directive = dpb.Directive(persona_id=d["persona_id"], action=d["action"], tone=d["tone"],
-                                  source=SOURCE_VALUES.get(d["source"], 0), raw=d.get("raw", ""))
+                                  source=directive_source_value(d["source"]), raw=d.get("raw", ""))
     g = row.guard or {}
     rejections = [dpb.ReplyRejection(persona_id=r.get("persona_id", ""), attempt=r.get("attempt", 0),
                                      reason=r.get("reason", ""), text=r.get("text", ""))
@@ -305,7 +302,7 @@ class TurnLoop:
             latency = time.perf_counter() - t0
             first = final.first_token.ToTimedelta().total_seconds()
             d = {"persona_id": pid, "action": directive.action, "tone": directive.tone,
-                 "source": SOURCE_NAMES.get(directive.source, "model"), "raw": directive.raw}
+                 "source": directive_source_name(directive.source), "raw": directive.raw}
             text, screened = final.text, None
             if screening:
                 screened = self.safety.screen(text, st.safety_categories)

@@ -10,7 +10,10 @@ from mascot.core.dialogue import context_from_proto, history_from_proto, roster_
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
-from mascot.judge.judging import OK, Judge, JudgeItem, agent_item, collective_item
+from mascot.judge.judging import OK, Judge, JudgeItem, agent_item, build_judges, collective_item
+
+#: ``build_judges`` is re-exported: the composition root builds the service's judges from here.
+__all__ = ["JudgeServicer", "build_judges", "parse_judge_spec"]
 
 RUBRICS = {pb.RUBRIC_AGENT: rb.AGENT, pb.RUBRIC_COLLECTIVE: rb.COLLECTIVE}
 
@@ -105,54 +108,6 @@ class JudgeServicer(pb_grpc.JudgeServiceServicer):
                 error=v.error, content_hash=v.content_hash))
         return pb.JudgeCandidatesResponse(judgements=out, judge=judge.name, model=judge.model,
                                           rubric_version=judge.version)
-
-
-def build_judges(cfg: Any, engine: Any, model_name: str, metrics: Any = None) -> dict[str, Judge]:
-    """Judges from a :class:`~mascot.core.config.JudgeConfig`, sharing one cache.
-
-    Args:
-        cfg: The judge config section.
-        engine: The local engine (needed when any judge is ``local``), or None.
-        model_name: Name reported for local judges.
-        metrics: Optional metrics.
-
-    A metrics judge loads the MiniLM encoder here (one for all metrics judges), so a missing encoder package
-    fails at start rather than at the first request.
-
-    Raises:
-        ValueError: a local judge without an engine, an openai judge without endpoint or model, or two judges
-            with one name.
-    """
-    from mascot.judge.backends import LocalJudgeBackend, OpenAIJudgeBackend, read_api_key
-    from mascot.judge.cache import JudgeCache
-
-    cache = JudgeCache(cfg.cache_url) if cfg.cache_url else None
-    judges: dict[str, Judge] = {}
-    encoder = None
-    for spec in cfg.judges:
-        if spec.name in judges:
-            raise ValueError(f"two judges are named {spec.name!r}; judge names must be unique")
-        if spec.kind == "metrics":
-            from mascot.judge.metrics import MetricsJudgeBackend
-
-            backend = MetricsJudgeBackend(encoder)  # one encoder for every metrics judge
-            encoder = backend.encoder
-        elif spec.kind == "local":
-            if engine is None:
-                raise ValueError(f"judge {spec.name!r} is local but no engine runs in this process")
-            backend = LocalJudgeBackend(engine, model_name + (f"+{spec.adapter}" if spec.adapter else ""),
-                                        spec.adapter or None, spec.max_tokens)
-        else:
-            if not spec.endpoint or not spec.model:
-                raise ValueError(f"judge {spec.name!r} is openai: set both endpoint and model")
-            backend = OpenAIJudgeBackend(spec.model, spec.endpoint, read_api_key(spec.api_key_env, spec.api_key_file),
-                                         spec.response_format, spec.max_tokens, spec.timeout_s, spec.max_concurrency)
-        judges[spec.name] = Judge(spec.name, backend, cfg.max_retries, cache, metrics)
-    if metrics is not None:
-        from mascot.judge.rubric import CRITERIA
-
-        metrics.declare(judges=list(judges), judge_criteria=[k for c in CRITERIA.values() for k in c])
-    return judges
 
 
 def parse_judge_spec(spec: str) -> dict:

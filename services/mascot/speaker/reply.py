@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from mascot.core.adapters.registry import parse_version_name
 from mascot.core.context import fit_history
 from mascot.core.dialogue import HistoryTurn, strip_control_chars
 from mascot.core.engine import BASE_ADAPTER, GenerationRequest, GenerationResult, SamplingParams, StreamDelta
@@ -21,8 +21,6 @@ from mascot.speaker.prompts import (
     directive_text,
     stop_strings,
 )
-
-_VERSION_RE = re.compile(r"^(?P<persona>[a-z][a-z0-9_]*)--v(?P<n>\d+)$")
 
 
 @dataclass
@@ -88,9 +86,12 @@ def choose_adapter(loaded: Sequence[str], persona_id: str, mode: str, shared: st
         return None
     best = None
     for name in loaded:
-        m = _VERSION_RE.match(name)
-        if m and m["persona"] == persona_id and (best is None or int(m["n"]) > best[0]):
-            best = (int(m["n"]), name)
+        try:
+            persona, n = parse_version_name(name)
+        except ValueError:  # another kind of adapter (the shared one, a base-model name)
+            continue
+        if persona == persona_id and (best is None or n > best[0]):
+            best = (n, name)
     return best[1] if best else None
 
 

@@ -10,13 +10,15 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.speaker.v1 import speaker_pb2 as pb
 from mascot.api.speaker.v1 import speaker_pb2_grpc as pb_grpc
 from mascot.core.dialogue import context_from_proto, history_from_proto, roster_from_ids
+from mascot.core.enums import enum_name
 from mascot.core.errors import InvalidArgument
 from mascot.core.personas import PersonaCatalog
-from mascot.speaker.prompts import personality_text
+from mascot.core.personas.personality import personality_text
 from mascot.speaker.reply import ReplyOutcome, choose_adapter, coalesced, persona_reply, user_reply
 
 MAX_TOKENS_LIMIT = 4096
-_LEVELS = {dpb.TRAIT_LEVEL_HIGH: "high", dpb.TRAIT_LEVEL_LOW: "low"}
+#: TraitLevel values other than unspecified by their names (``low``, ``high``), as personality_text takes them.
+_LEVELS = {n: enum_name(dpb.TraitLevel, n) for n in dpb.TraitLevel.values() if n != dpb.TRAIT_LEVEL_UNSPECIFIED}
 
 
 def _duration(seconds: float) -> Duration:
@@ -69,7 +71,8 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
         if item.cut_reason:
             m.labels(component="speaker", persona=label, reason=item.cut_reason, action="cut").inc()
 
-    async def GenerateReply(self, request: pb.GenerateReplyRequest, context: Any) -> AsyncIterator[pb.GenerateReplyResponse]:
+    async def GenerateReply(self, request: pb.GenerateReplyRequest,
+                            context: Any) -> AsyncIterator[pb.GenerateReplyResponse]:
         if not 0 <= request.max_tokens <= MAX_TOKENS_LIMIT:
             raise InvalidArgument(f"max_tokens must be in 0..{MAX_TOKENS_LIMIT}, got {request.max_tokens}")
         history = history_from_proto(request.history, known_personas=list(self.catalog.cards))

@@ -166,7 +166,7 @@ def load(path: str | Path) -> CollaborativeConfig:
 
 def validate(cfg: CollaborativeConfig) -> list[str]:
     """Every problem that would stop the run, as messages (empty when the config can run)."""
-    from mascot.speaker.prompts import personality_text
+    from mascot.core.personas.personality import personality_text
 
     out = []
     p2, g = cfg.phase2, cfg.director_grpo

@@ -362,7 +362,7 @@ class RolloutRunner:
         return {"guard": g, "policy": RetryPolicy(max_attempts=3 if g.enabled else 1)}
 
     def _personality(self) -> str:
-        from mascot.speaker.prompts import personality_text
+        from mascot.core.personas.personality import personality_text
 
         return personality_text(mbti=self.s.personality) if self.s.personality else ""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from mascot.eval.data import Situation, load_situations
+from mascot.core.situations import Situation, load_situations
 
 
 def in_train_split(item_id: str, train_fraction: float, salt: str) -> bool:

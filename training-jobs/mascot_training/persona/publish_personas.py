@@ -54,7 +54,7 @@ def gate(base_model: str, adapter_dir: str | Path, card: Any, cfg: GateConfig, *
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mascot.eval.automatic import distinct_n
+    from mascot.core.diversity import distinct_n
     from mascot.speaker.prompts import persona_system_prompt
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -34,7 +33,6 @@ from mascot.core.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 BASE = "base"
-NAME_RE = re.compile(r"^(?P<persona>[a-z][a-z0-9_]{0,62})--v(?P<n>[1-9][0-9]*)$")
 SERVING_STATES = ("stable", "canary")
 #: Default of ``adapters.retired_unload_s``.
 RETIRED_UNLOAD_S = 600.0
@@ -84,7 +82,7 @@ def _pins(reg: dict, persona_ids: Iterable[str], conversation_key: str) -> dict[
     for pid in persona_ids:
         entry = reg.get("adapters", {}).get(pid)
         n = rg.choose_version(entry, conversation_key) if entry else None
-        out[pid] = f"{pid}--v{n}" if n is not None else BASE
+        out[pid] = rg.version_name(pid, n) if n is not None else BASE
     return out
 
 
@@ -140,7 +138,7 @@ class AdapterResolver:
                 path = await asyncio.to_thread(self.store.local_version, persona, version, digest, self.cache_dir)
                 stage = "engine"
                 await self.engine.load_adapter(name, str(path))
-            except Exception as e:  # noqa: BLE001 - any load failure is counted and reported, others still load
+            except Exception as e:  # any load failure is counted and reported (and re-raised); others still load
                 self.failures[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
                 log.warning("adapter %s failed to load from %s: %s", name, self.store.display(persona, f"v{version}"),
                             self.failures[name])
@@ -185,8 +183,11 @@ class AdapterResolver:
         """
         if name == BASE:
             return None
-        m = NAME_RE.match(name)
-        if not m or m["persona"] != persona_id:
+        try:
+            persona, n = rg.parse_version_name(name)
+        except ValueError:
+            persona, n = "", 0
+        if persona != persona_id:
             raise InvalidArgument(f"adapter_version {name[:80]!r} is not a version of {persona_id} "
                                   f"('{persona_id}--v<N>' or 'base')")
         if name in self.engine.adapters():
@@ -199,12 +200,12 @@ class AdapterResolver:
         except (RuntimeError, *st.backend_errors()) as e:
             raise Unavailable(f"adapter {name} is not loaded and the adapter registry is unreadable ({e}); "
                               "retry later") from None
-        v = (reg.get("adapters", {}).get(persona_id) or {}).get("versions", {}).get(m["n"])
+        v = (reg.get("adapters", {}).get(persona_id) or {}).get("versions", {}).get(str(n))
         if v is None:
             raise InvalidArgument(f"adapter_version {name} is not in the registry")
         self.last_used[name] = self.clock()
         try:
-            await self._load(name, persona_id, m["n"], v.get("digest", ""))
+            await self._load(name, persona_id, str(n), v.get("digest", ""))
         except Exception:  # noqa: BLE001
             raise Unavailable(f"adapter {name} could not be loaded ({self.failures.get(name, 'error')}); "
                               "retry later") from None
@@ -235,7 +236,7 @@ class AdapterResolver:
         failed = {}
         for pid, entry in sorted(reg.get("adapters", {}).items()):
             for n, v in sorted(entry.get("versions", {}).items(), key=lambda kv: int(kv[0])):
-                name, state = v.get("name") or f"{pid}--v{n}", v.get("state", "")
+                name, state = v.get("name") or rg.version_name(pid, int(n)), v.get("state", "")
                 loaded = name in self.engine.adapters()
                 if state in SERVING_STATES and not loaded:
                     try:
@@ -261,7 +262,7 @@ class AdapterResolver:
             raise LookupError("no adapter store")
         entry = (self.registry or {}).get("adapters", {}).get(persona_id) or {}
         n = entry.get("stable")
-        name = f"{persona_id}--v{n}" if n else None
+        name = rg.version_name(persona_id, n) if n else None
         if name is not None and name in self.engine.adapters():
             self.last_used[name] = self.clock()
             return name
@@ -289,6 +290,6 @@ class AdapterResolver:
                     log.warning("adapter loads failed: %s", failed)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - keep following the registry
+            except Exception:  # logged with its traceback; keep following the registry
                 log.exception("adapter reconcile failed")
             await asyncio.sleep(poll_s)

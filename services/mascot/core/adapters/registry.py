@@ -10,10 +10,42 @@ them a copy and writes it with a compare-and-swap) and raise the service error a
 from __future__ import annotations
 
 import hashlib
+import re
 
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from mascot.core.personas import ID_PATTERN, ID_RE
 
+#: The registry's version states (the proto ``AdapterState`` names, tests/unit/test_enums.py).
 STATES = ("staged", "canary", "stable", "retired")
+#: A version's name, ``<persona>--v<N>``: a persona id (:data:`mascot.core.personas.ID_RE`) and N >= 1 in decimal
+#: without leading zeros. It names the engine adapter, the registry entry and ``adapter_version`` on the wire.
+VERSION_NAME_RE = re.compile(rf"^(?P<persona>{ID_PATTERN})--v(?P<n>[1-9][0-9]*)\Z")
+
+
+def version_name(persona_id: str, n: int) -> str:
+    """``<persona_id>--v<n>``, the name of version ``n`` of a persona's adapter (``version_name("anchor", 3)``).
+
+    Raises:
+        ValueError: ``persona_id`` is not a persona id (snake_case, 1-63 characters) or ``n`` is not an int >= 1.
+    """
+    if not isinstance(persona_id, str) or not ID_RE.match(persona_id):
+        raise ValueError(f"{str(persona_id)[:80]!r} is not a persona id (snake_case, 1-63 characters)")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"an adapter version number is an int >= 1, got {n!r}")
+    return f"{persona_id}--v{n}"
+
+
+def parse_version_name(name: str) -> tuple[str, int]:
+    """``(persona_id, n)`` of a version name ``<persona_id>--v<n>`` (:func:`version_name`'s inverse).
+
+    Raises:
+        ValueError: ``name`` is not of that form: ``v0``, leading zeros, a persona id that is not snake_case or is
+            over 63 characters, anything else.
+    """
+    m = VERSION_NAME_RE.match(name) if isinstance(name, str) else None
+    if not m:
+        raise ValueError(f"{str(name)[:80]!r} is not an adapter version name ('<persona>--v<N>', N >= 1)")
+    return m["persona"], int(m["n"])
 
 
 def entry_of(reg: dict, persona_id: str) -> dict:

@@ -72,6 +72,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from mascot.core.adapters.registry import version_name
 from mascot.core.files import atomic_write_text
 from mascot.core.personas import ID_RE  # one rule for persona ids (snake_case)
 
@@ -703,7 +704,7 @@ class AdapterStore:
                 self._clean_leftovers(persona_id, entry)
                 rev = reg.get("revision", 0)
                 n = max(self._existing_versions(persona_id, entry), default=0) + 1
-                name, final = f"{persona_id}--v{n}", self.path(persona_id, f"v{n}")
+                name, final = version_name(persona_id, n), self.path(persona_id, f"v{n}")
                 tmp = self.path(persona_id, f"v{n}.tmp-{uuid.uuid4().hex[:8]}")
                 created, moving = _now(), False
                 try:

@@ -24,7 +24,9 @@ EVALUATION_SETS = frozenset({"baselines"})
 #: (``personas.extra_files``) may join conversations of either mode.
 MODE_SETS = {"support": "support", "meeting": "meeting"}
 Level = Literal["low", "mid", "high"]
-ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+#: A persona id: snake_case, 1-63 characters, starting with a letter (``\Z``: no trailing newline either).
+ID_PATTERN = "[a-z][a-z0-9_]{0,62}"
+ID_RE = re.compile(rf"^{ID_PATTERN}\Z")
 
 
 class Disposition(BaseModel):
