@@ -34,7 +34,7 @@ MESSAGES = ["I failed my driving test again and I feel stupid.", "My best friend
 
 
 @contextlib.contextmanager
-def quiet_stdout():  # noqa: ANN201
+def quiet_stdout():
     """Silence file descriptor 1 (the BPE trainer's progress lines, the trainers' per-step log dicts)."""
     sys.stdout.flush()
     saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
@@ -98,13 +98,13 @@ def main() -> None:
         def __init__(self) -> None:
             self.times: list[float] = []
 
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN201
+        def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001, ANN201
+        def on_step_end(self, args, state, control, **kw):
             self.times.append(time.perf_counter() - self.t0)
 
-    def fmt(prompts, completions, **_):  # noqa: ANN001, ANN202
+    def fmt(prompts, completions, **_):
         return [format_reward(completion_text(c), l_max=g.format.l_max, lam=g.format.lam) for c in completions]
 
     def ours() -> list[float]:

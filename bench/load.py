@@ -53,7 +53,7 @@ MESSAGES = ["I failed my driving test again and I feel stupid.", "My best friend
 class Tally:
     """What the clients saw: acknowledged turns per conversation, round latencies, errors by status."""
 
-    acked: dict[str, dict[int, tuple[int, str, str]]] = field(default_factory=dict)  # conv -> idx -> role, persona, text
+    acked: dict[str, dict[int, tuple[int, str, str]]] = field(default_factory=dict)  # conv -> idx -> ...
     latencies: list[float] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
     delta_mismatches: int = 0

@@ -1,6 +1,7 @@
 """Per-turn wall time through the gRPC services vs the same engine calls made in-process.
 
-Same tiny model, same inputs, the same per-turn sampling seeds so both paths generate the same tokens, measured side by side
+Same tiny model, same inputs, the same per-turn sampling seeds so both paths generate the same tokens, measured side
+by side
 in one run (interleaved round by round, the order alternating), each path on its own engine instance so neither finds
 its prompts in the other's prefix cache. Prints the ratio; goal <= 1.05.
 
@@ -71,7 +72,8 @@ async def main() -> None:
     async def grpc_round(conv_id: str, text: str, key: str) -> tuple[float, int, list[str]]:
         t0 = time.perf_counter()
         texts = []
-        async for r in stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text=text, idempotency_key=key)):
+        request = cpb.SendMessageRequest(conversation_id=conv_id, text=text, idempotency_key=key)
+        async for r in stub.SendMessage(request):
             if r.event.HasField("turn_completed"):
                 texts.append(r.event.turn_completed.turn.text)
         return time.perf_counter() - t0, len(texts), texts

@@ -212,7 +212,7 @@ class ModelHost:
         if self.engine is not None and self._own_engine:
             try:
                 await self.engine.close()
-            except Exception:  # noqa: BLE001 - an engine whose start was cancelled may not close cleanly
+            except Exception:  # an engine whose start was cancelled may not close cleanly
                 log.exception("closing the %s engine failed", self.label)
 
 

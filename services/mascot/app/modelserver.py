@@ -7,8 +7,8 @@ The runtime behind it (bring-up, readiness gating, the OIP model and codec) is :
 every upgrade):
 
 - gRPC port (TLS or mutual TLS when ``server.tls`` names a certificate): our services (the servicers
-  :func:`mascot.app.stack.component_service` builds, the same code as ``mascot serve``), KServe's Open Inference Protocol
-  ``inference.GRPCInferenceService``, ``grpc.health.v1.Health`` (SERVING only when ready) and reflection. Our
+  :func:`mascot.app.stack.component_service` builds, the same code as ``mascot serve``), KServe's Open Inference
+  Protocol ``inference.GRPCInferenceService``, ``grpc.health.v1.Health`` (SERVING only when ready) and reflection. Our
   services and ModelInfer pass the boundary interceptor (status codes,
   ``mascot_rpc_*`` metrics, access log).
 - HTTP port: KServe's REST (``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/<component>/ready``,
@@ -316,7 +316,7 @@ class OnePortModelServer(ModelServer):
             await self.host_runtime.bring_up(lambda: self._set_serving(True))
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - a component that cannot start stops the server (liveness restarts)
+        except Exception as e:  # a component that cannot start stops the server (liveness restarts)
             log.exception("%s could not start", self.label)
             self.failure = e
             await self.host_runtime.set_all(False, f"start-up failed ({type(e).__name__})")

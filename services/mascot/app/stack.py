@@ -99,8 +99,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
 
     Args:
         cfg: Effective configuration. ``server.gateway_port`` 0 picks a free port (tests).
-        components: Any of ``gateway``, ``director``, ``speaker``, ``judge``, ``reward``. A gateway without the other two uses
-            ``server.director_target`` / ``server.speaker_target``.
+        components: Any of ``gateway``, ``director``, ``speaker``, ``judge``, ``reward``. A gateway without the
+            other two uses ``server.director_target`` / ``server.speaker_target``.
         engine: An already started engine to share (tests inject a scripted engine); else one is built from
             ``cfg.engine`` when a model component runs.
         metrics: Metrics to register on; a fresh registry by default.

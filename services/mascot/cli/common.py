@@ -37,7 +37,7 @@ def quiet() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - best effort: a command without transformers has nothing to quiet
         pass
 
 

@@ -17,7 +17,7 @@ train_app = typer.Typer(help="Training phases (run locally or as Kubernetes Jobs
 STAGE_NAMES = ("sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", "publish")
 
 
-def _load(config: Path, phase: int = 1):  # noqa: ANN202
+def _load(config: Path, phase: int = 1):
     from mascot_training.common.config import ConfigError
 
     if phase == 2:

@@ -3,7 +3,8 @@
 Environment variables use the prefix ``MASCOT_`` and ``__`` for nesting, e.g.
 ``MASCOT_DIRECTOR__MAX_RETRIES=1``. Unknown keys are rejected everywhere. The YAML file is named by
 ``MASCOT_CONFIG`` or the ``--config`` flag. Defaults follow the docs (sections 1-2: turn loop,
-director retries and cap). Secrets never live here: a judge's API key is read from an environment variable or a mounted file.
+director retries and cap). Secrets never live here: a judge's API key is read from an environment variable or a
+mounted file.
 """
 
 from __future__ import annotations
@@ -620,8 +621,10 @@ class MascotConfig(BaseSettings):
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         yaml_file = os.environ.get("MASCOT_CONFIG_FILE_OVERRIDE") or os.environ.get("MASCOT_CONFIG")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if yaml_file:

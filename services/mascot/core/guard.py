@@ -14,8 +14,8 @@ Definitions (all on lower-cased text):
 
 - words: runs of letters, digits and apostrophes;
 - echo: a sentence (or an n-gram spanning it and the text before it) shares a word n-gram (``echo_ngram``, 8)
-  with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words) in one; or it opens with a prompt label
-  (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
+  with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words)
+  in one; or it opens with a prompt label (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
 - loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, or a sentence repeats
   an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
@@ -38,8 +38,8 @@ _LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|ins
                        r"\b\s*[:'’]", re.IGNORECASE)
 
 #: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
-REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name", "directive_voice",
-           "directive_copy", "directive_invalid")
+REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name",
+           "directive_voice", "directive_copy", "directive_invalid")
 
 
 def words(text: str) -> list[str]:
@@ -220,10 +220,12 @@ SUPPORTER_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"^\W*dear\b", r"hope (this|my) (message|letter|email) finds you", r"\b(best|kind|warm) regards\b",
     r"\bsincerely\b", r"\byours truly\b", r"\[(name|your name)\]",
     r"\bi'?m (so |very |really )?sorry (to hear|that you|for your|you're|you are)",
-    r"\bit sounds like you\b", r"\b(it'?s|that'?s) (completely |totally )?(understandable|normal|okay|ok) (that you|to feel)",
+    r"\bit sounds like you\b",
+    r"\b(it'?s|that'?s) (completely |totally )?(understandable|normal|okay|ok) (that you|to feel)",
     r"\byou'?re not alone\b", r"\bi'?m (always )?here (for you|to (help|support|listen))",
     r"\bremember (that )?you\b", r"\bas an ai\b", r"\bhow (can|may) i (help|assist)",
-    r"\bthank you for (sharing|opening up|reaching out)", r"\byou should\b", r"\byou (could|might|can) (try|consider)\b",
+    r"\bthank you for (sharing|opening up|reaching out)", r"\byou should\b",
+    r"\byou (could|might|can) (try|consider)\b",
     r"\bfeel free to\b", r"\bi (understand|hear) (how|that) you\b", r"\byour feelings are (valid|normal)\b",
     # praise of the helpers, seen from SmolLM2-135M as the simulated user: "I'm so proud of you for being kind",
     # "It's wonderful to know that you're doing something positive"

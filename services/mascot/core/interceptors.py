@@ -1,9 +1,10 @@
 """The boundary interceptor: request id, ServiceError -> status, RPC metrics, access log (no user text).
 
-Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes. A request whose bytes do not parse as the method's message (e.g. a proto3 string field that is not
-UTF-8) is INVALID_ARGUMENT before the handler runs; a database that cannot be reached (connection refused or lost,
-e.g. while PostgreSQL restarts) is UNAVAILABLE; a database whose disk is full is RESOURCE_EXHAUSTED (gRPC's code for
-"the entire file system is out of space"); any other exception becomes INTERNAL with a generic message; the
+Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes. A request whose bytes do
+not parse as the method's message (e.g. a proto3 string field that is not UTF-8) is INVALID_ARGUMENT before the
+handler runs; a database that cannot be reached (connection refused or lost, e.g. while PostgreSQL restarts) is
+UNAVAILABLE; a database whose disk is full is RESOURCE_EXHAUSTED (gRPC's code for "the entire file system is out of
+space"); any other exception becomes INTERNAL with a generic message; the
 trace goes to the log. A call the client cancelled, or whose deadline passed, is counted and logged with CANCELLED or
 DEADLINE_EXCEEDED, never OK.
 """
@@ -216,7 +217,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except asyncio.CancelledError:
                 code = _ended_code(context)
                 raise
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any handler error becomes a status here
                 code = _exception_code(e)
                 await self._fail(context, e)
             finally:
@@ -265,7 +266,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             except asyncio.CancelledError:
                 code = _ended_code(context)
                 raise
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - any handler error becomes a status here
                 code = _exception_code(e)
                 await self._fail(context, e)
             finally:

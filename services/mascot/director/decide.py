@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import random
 
-from mascot.core.dialogue import HistoryTurn, consecutive_turns, strip_control_chars
+from mascot.core.dialogue import HistoryTurn, consecutive_turns, fallback_persona, strip_control_chars
 from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
 from mascot.core.personas import PersonaCard
 from mascot.director.directive import (
@@ -18,9 +18,9 @@ from mascot.director.directive import (
     check_content,
     directive_regex,
     fallback_directive,
-    fallback_persona,
     parse_directive,
 )
+
 from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
 
 MODEL, RETRY, FALLBACK, RANDOM = "model", "retry", "fallback", "random"

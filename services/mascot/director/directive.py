@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, consecutive_turns, fallback_persona  # noqa: F401
+from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, consecutive_turns
 from mascot.core.engine.base import regex_escape
 from mascot.core.personas import PersonaCard
 
@@ -207,7 +207,8 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
     if verbs:  # one sentence: no sentence end inside, an optional one at the end
         opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
-        action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{{ACTION_MIN_CHARS - 1},{max(ACTION_MIN_CHARS, max_action_chars - 12)}}}[.!?]?"
+        longest = max(ACTION_MIN_CHARS, max_action_chars - 12)
+        action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{{ACTION_MIN_CHARS - 1},{longest}}}[.!?]?"
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
     return (rf"{head}Agent: ({names})\nAction: {action}\n"

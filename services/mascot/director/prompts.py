@@ -34,7 +34,7 @@ Tone: Gentle and calm
 Rules:
 - The Action names something from the conversation; it is never just a helper's name.
 - Never repeat an earlier Action; each one asks for something new.
-- Prefer a helper who has not spoken yet. No helper speaks more than {max_consecutive} turns in a row."""  # noqa: E501
+- Prefer a helper who has not spoken yet. No helper speaks more than {max_consecutive} turns in a row."""  # noqa: E501 - prompt lines are not wrapped
 
 RETRY_TEMPLATE = ("Your answer was invalid: {error}. Answer again with exactly three lines: "
                   "'Agent: <name>', 'Action: <a new sentence about the conversation>', 'Tone: <words>'.")

@@ -88,8 +88,12 @@ def bootstrap_mean(xs: Iterable[float], seed: int = 0) -> dict[str, float | int 
     if not vals:
         return {"n": 0, "mean": None, "lo": None, "hi": None}
     lo, hi = _bootstrap_mean_ci(vals, seed)
-    r = (lambda v: None if v is None else round(v, ROUND))
+    r = _rounded
     return {"n": len(vals), "mean": r(sum(vals) / len(vals)), "lo": r(lo), "hi": r(hi)}
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, ROUND)
 
 
 def paired_difference(a: Iterable[float], b: Iterable[float], seed: int = 0) -> dict[str, float | int | None]:
@@ -101,8 +105,8 @@ def paired_difference(a: Iterable[float], b: Iterable[float], seed: int = 0) -> 
     difference is zero there is no evidence of a difference: ``p`` = 1.
 
     Returns:
-        ``{"n", "mean_diff", "lo", "hi", "p"}`` (rounded to 6 decimals, ``p`` to 4 significant digits; None where undefined: no pairs, or fewer than
-        two for the interval).
+        ``{"n", "mean_diff", "lo", "hi", "p"}`` (rounded to 6 decimals, ``p`` to 4 significant digits; None where
+        undefined: no pairs, or fewer than two for the interval).
 
     Raises:
         ValueError: ``a`` and ``b`` differ in length, or a NaN or infinite value.
@@ -126,6 +130,6 @@ def paired_difference(a: Iterable[float], b: Iterable[float], seed: int = 0) -> 
             p = float(wilcoxon(d).pvalue)
         if not math.isfinite(p):
             p = None
-    r = (lambda v: None if v is None else round(v, ROUND))
+    r = _rounded
     return {"n": len(d), "mean_diff": r(sum(d) / len(d)), "lo": r(lo), "hi": r(hi),
             "p": None if p is None else float(f"{p:.4g}")}

@@ -234,7 +234,8 @@ _RISK: dict[str, list[tuple[str, str]]] = {
                         r"(?:me|him|her|them|i|he|she)\b"),
         ("giving_away", r"\bgiv(?:e|ing|en)\s+away\s+(?:all\s+)?(?:my|his|her)\s+(?:things|stuff|belongings|"
                         r"possessions|pets?)\b"),
-        ("never_wake", r"\b(?:sleep|asleep)\b.{0,30}\b(?:never|not)\s+wak(?:e|ing)\s+up\b|\bnever\s+wake\s+up\s+again\b|"
+        ("never_wake", r"\b(?:sleep|asleep)\b.{0,30}\b(?:never|not)\s+wak(?:e|ing)\s+up\b|"
+                       r"\bnever\s+wake\s+up\s+again\b|"
                        r"\b(?:hope|wish|want)\s+(?:i|to)\s+(?:[\w']+\s+)?(?:never|not|don't)\s+wak(?:e|ing)\s+up\b"),
         ("sleep_forever", r"\bsleep\s+forever\b"),
         ("overdose", r"\b(?:overdos(?:e|ed|ing)|od)\s+on\s+(?:my\s+|his\s+|her\s+|the\s+|some\s+|sleeping\s+)?"
@@ -335,14 +336,15 @@ _RISK: dict[str, list[tuple[str, str]]] = {
                            rf"my\s+(?:[\w']+\s+)?{_REL})\b"),
         ("threat_to_me", r"\b(?:threaten\w*|said\s+(?:he|she|they)(?:'d|\s+would|'ll|\s+will)|says\s+(?:he|she|they)"
                          r"(?:'ll|\s+will|'d|\s+would))\s+(?:to\s+)?(?:kill|hurt|beat|stab|shoot)\s+(?:me|her|him|us)\b"),
-        ("leave_threat", r"\bif\s+i\s+(?:ever\s+)?(?:leave|left|tell|told|go\s+to\s+the\s+police)\b.{0,40}\b(?:kill|hurt|"
-                         r"beat)\s+me\b"),
+        ("leave_threat", r"\bif\s+i\s+(?:ever\s+)?(?:leave|left|tell|told|go\s+to\s+the\s+police)\b"
+                         r".{0,40}\b(?:kill|hurt|beat)\s+me\b"),
         ("touch_me", r"\btouch(?:es|ed|ing)?\s+(?:me|her|him)\s+(?:when\s+(?:nobody|no\s+one|i|we|she|he)|where|"
                      r"inappropriately|down\s+there|at\s+night|in\s+my\s+sleep)"),
         ("dont_tell", r"\b(?:told|tells|telling|made)\s+(?:me|her|him)\s+(?:not\s+to|never\s+to|promise\s+not\s+to)\s+"
                       r"tell\b"),
         ("afraid_home", r"\b(?:afraid|scared|terrified)\s+(?:to\s+go|of\s+going)\s+(?:back\s+)?home\b"),
-        ("control", r"\b(?:he|she|husband|wife|partner|boyfriend|girlfriend|fiance|fiancee)\s+(?:[\w']+\s+)?won't\s+let\s+"
+        ("control", r"\b(?:he|she|husband|wife|partner|boyfriend|girlfriend|fiance|fiancee)\s+"
+                    r"(?:[\w']+\s+)?won't\s+let\s+"
                     r"me\s+(?:leave|see\s+my\s+(?:friends|family)|have\s+(?:my\s+own\s+)?money)|"
                     r"\btakes?\s+(?:all\s+)?my\s+(?:paycheck|paycheque|wages)\b"),
     ],

@@ -167,7 +167,7 @@ class _NoRowsLogger(logging.LoggerAdapter):
     def __init__(self, logger: Any) -> None:
         super().__init__(getattr(logger, "logger", logger), {})
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's name)
+    def isEnabledFor(self, level: int) -> bool:  # logging's name
         return level >= logging.WARNING and self.logger.isEnabledFor(level)
 
 
@@ -308,7 +308,7 @@ class Store:
         try:
             with self.engine.connect() as c:
                 c.exec_driver_sql("SELECT 1")
-        except Exception as e:  # noqa: BLE001 - any failure means the store is not usable
+        except Exception as e:  # any failure means the store is not usable
             raise StoreUnavailable(f"the conversation store does not answer: {type(e).__name__}") from e
 
     def close(self) -> None:

@@ -121,7 +121,8 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
             return ""
         if value not in PHASE_NAMES:
             raise InvalidArgument(f"phase must be TRAINING_PHASE_PERSONA_ALIGNMENT or TRAINING_PHASE_COLLABORATIVE, "
-                                  f"got {pb.TrainingPhase.Name(value) if value in pb.TrainingPhase.values() else value}")
+                                  f"got {pb.TrainingPhase.Name(value) if value in pb.TrainingPhase.values() else value}"
+                                  )
         return PHASE_NAMES[value]
 
     async def TriggerRetraining(self, request: pb.TriggerRetrainingRequest,

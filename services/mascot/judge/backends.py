@@ -48,7 +48,8 @@ class LocalJudgeBackend:
         Raises:
             InvalidArgument: the prompt does not fit the engine's context window.
         """
-        structured = StructuredOutput(json_schema=json.dumps(schema)) if self.engine.supports_structured_output else None
+        structured = (StructuredOutput(json_schema=json.dumps(schema)) if self.engine.supports_structured_output
+                      else None)
         prompt = self.engine.render_chat(messages)
         try:
             res = await self.engine.generate(GenerationRequest(

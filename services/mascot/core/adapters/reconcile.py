@@ -206,7 +206,7 @@ class AdapterResolver:
         self.last_used[name] = self.clock()
         try:
             await self._load(name, persona_id, str(n), v.get("digest", ""))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - _load recorded the reason in self.failures
             raise Unavailable(f"adapter {name} could not be loaded ({self.failures.get(name, 'error')}); "
                               "retry later") from None
         self.last_used[name] = self.clock()

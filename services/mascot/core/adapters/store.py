@@ -450,7 +450,7 @@ class AdapterStore:
             return self._read_bytes(name)[1]
         try:
             return self._s3_call("head_object", **self._key(name))["ETag"]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - botocore errors, classified below
             if self._missing(e):
                 return None
             raise self._os_error(e, f"HeadObject {name}") from None
@@ -471,7 +471,7 @@ class AdapterStore:
         try:
             self._s3_call("put_object", **self._key(REGISTRY), Body=text.encode("utf-8"),
                           ContentType="application/json", **cond)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - botocore errors, classified below
             if self._precondition_failed(e) or (token and self._missing(e)):
                 raise RegistryConflict(f"{self.display(REGISTRY)} changed since it was read") from None
             raise self._os_error(e, "PutObject registry.json") from None
@@ -500,12 +500,12 @@ class AdapterStore:
         while True:
             try:
                 return self._s3_call("put_object", **self._key(LOCK), Body=body, IfNoneMatch="*")["ETag"]
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - botocore errors, classified below
                 if not self._precondition_failed(e):
                     raise self._os_error(e, "PutObject registry.lock") from None
             try:
                 head = self._s3_call("head_object", **self._key(LOCK))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - botocore errors, classified below
                 if self._missing(e):
                     continue  # released meanwhile
                 raise self._os_error(e, "HeadObject registry.lock") from None
@@ -523,7 +523,7 @@ class AdapterStore:
         """Delete ``name`` only while its ETag is ``etag`` (so a lock taken over meanwhile is not removed)."""
         try:
             self._s3_call("delete_object", **self._key(name), IfMatch=etag)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - botocore errors, classified below
             if self._precondition_failed(e) or self._missing(e):
                 return
             # a server without conditional deletes: compare, then delete (a narrow race, logged)
@@ -815,7 +815,9 @@ class AdapterStore:
             got = file_digest(Path(self.path(persona_id, vdir, WEIGHTS)))
             if got != want:
                 raise DigestMismatch(f"{self.display(persona_id, vdir, WEIGHTS)} has digest {got[:12]}…, not the "
-                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to another version, retire this one, and publish the adapter again (it gets a new version)")
+                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to "
+                                     "another version, retire this one, and publish the adapter again (it gets a new "
+                                     "version)")
             return Path(self.path(persona_id, vdir))
         base = Path(cache_dir) / hashlib.sha256(self.uri.encode()).hexdigest()[:12]
         target = base / f"{persona_id}--{vdir}-{want[:16]}"
@@ -835,7 +837,9 @@ class AdapterStore:
             got = file_digest(tmp / WEIGHTS) if (tmp / WEIGHTS).is_file() else "(missing)"
             if got != want:
                 raise DigestMismatch(f"{self.display(persona_id, vdir, WEIGHTS)} has digest {got[:12]}…, not the "
-                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to another version, retire this one, and publish the adapter again (it gets a new version)")
+                                     f"registered {want[:12]}…: the store copy is corrupt; promote or roll back to "
+                                     "another version, retire this one, and publish the adapter again (it gets a new "
+                                     "version)")
             try:
                 os.rename(tmp, target)
             except OSError:  # another process put a copy there meanwhile

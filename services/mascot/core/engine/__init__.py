@@ -77,8 +77,9 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
     if cfg.kind == "vllm":
         from mascot.core.engine.vllm import VllmEngine
 
-        return VllmEngine(resolve_model(cfg.model, cfg.tiny_dir, cfg.cache_dir), dtype=dtype, max_model_len=cfg.max_model_len,
-                          max_batch_size=cfg.max_batch_size, adapters=cfg.adapters, max_loras=cfg.max_loras,
+        return VllmEngine(resolve_model(cfg.model, cfg.tiny_dir, cfg.cache_dir), dtype=dtype,
+                          max_model_len=cfg.max_model_len, max_batch_size=cfg.max_batch_size, adapters=cfg.adapters,
+                          max_loras=cfg.max_loras,
                           max_lora_rank=cfg.max_lora_rank, gpu_memory_utilization=cfg.gpu_memory_utilization,
                           enforce_eager=cfg.enforce_eager, prefix_caching=cfg.prefix_caching,
                           block_size=cfg.block_size, tensor_parallel_size=cfg.tensor_parallel_size,

@@ -280,7 +280,7 @@ class VllmEngine(HFTokenizerMixin):
 
             try:
                 asyncio.run_coroutine_threadsafe(shut(), self._loop).result(60)
-            except Exception:  # noqa: BLE001 - best effort at teardown; the child processes die with us anyway
+            except Exception:  # best effort at teardown; the child processes die with us anyway
                 log.exception("vLLM shutdown failed")
         self._stop_loop()
         if self._identity_dir is not None:
@@ -316,7 +316,7 @@ class VllmEngine(HFTokenizerMixin):
         request = LoRARequest(name, next(self._lora_ids), str(Path(path).resolve()))
         try:
             await self._on_engine_loop(self._llm.add_lora(request))
-        except Exception as e:  # noqa: BLE001 - vLLM wraps worker errors; give the caller one clear type
+        except Exception as e:  # vLLM wraps worker errors; give the caller one clear type
             raise ValueError(f"vLLM could not load adapter {name} from {path}: {e}") from e
         self._adapters[name] = request
 
@@ -345,7 +345,8 @@ class VllmEngine(HFTokenizerMixin):
                 structured = StructuredOutputsParams(json=request.structured.json_schema)
         return SamplingParams(n=1, max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p,
                               seed=sp.seed, stop=list(sp.stop) or None,
-                              repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty, structured_outputs=structured,
+                              repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
+                              structured_outputs=structured,
                               output_kind=RequestOutputKind.DELTA, skip_special_tokens=True)
 
     # ---------------------------------------------------------------- public API
