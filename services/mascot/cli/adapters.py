@@ -38,7 +38,7 @@ def _call(target: str, token_file: Optional[Path], method: str, request: Any) ->
     from mascot.api.adapter.v1 import adapter_pb2_grpc
 
     return admin_session(target, token_file, adapter_pb2_grpc.AdapterServiceStub, "AdapterService",
-                         "start it with adapters.store set (README: Adapters)",
+                         "start it with adapters.store set (docs/serving.md)",
                          lambda stub, md: getattr(stub, method)(request, metadata=md, timeout=120))
 
 

@@ -52,7 +52,7 @@ def _session(target: str, token_file: Optional[Path], body: Callable[[Any, tuple
     from mascot.api.training.v1 import training_pb2_grpc
 
     return admin_session(target, token_file, training_pb2_grpc.TrainingServiceStub, "TrainingService",
-                         "start it with training.templates_dir set (README: Retraining)", body)
+                         "start it with training.templates_dir set (docs/training.md)", body)
 
 
 def _time(ts: Any, present: bool) -> str:
