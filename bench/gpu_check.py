@@ -186,7 +186,7 @@ def grpo_vllm_step(phase: str, model_dir: Path, work: Path) -> dict:
         from mascot_training.collaborative.config import CollaborativeConfig
         from mascot_training.collaborative.director_grpo import LoopThread, RolloutStats, VllmDirector, build_trainer
         from mascot_training.collaborative.simulate import PolicyDirector, Prefix, RolloutRunner, RolloutSettings
-        from tests.helpers import ScriptedEngine
+        from tests.helpers.engine import ScriptedEngine
 
         tok = AutoTokenizer.from_pretrained(model_dir)
         roster = [cat.get(i) for i in ("anchor", "catalyst", "beacon")]

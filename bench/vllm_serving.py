@@ -87,7 +87,7 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
     from mascot.core.server import channel
     from mascot.app.runjob import admitted
     from mascot.app.stack import start_stack
-    from tests.integration.test_adapters import make_lora
+    from tests.helpers.lora import make_lora
 
     os.environ["MASCOT_ADMIN_TOKEN"] = "bench-token"
     auth = (("authorization", "Bearer bench-token"),)

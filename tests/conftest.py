@@ -1,17 +1,16 @@
-"""Shared fixtures: the tiny model (built once), one shared engine, a real stack on 127.0.0.1:0."""
+"""Session settings (the tiny model, checks off, no tqdm monitor thread) and the shared fixtures: the tiny and the
+real model, the engines built on them once per session, the shared data, a throwaway PostgreSQL server."""
 
 from __future__ import annotations
 
 import asyncio
-import glob
 import os
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.paths import ROOT, SHARED, need
+from tests.helpers.postgres import PostgresServer
 
 # Tests run on the tiny random Qwen3 unless they name a model: it is fast, and what most tests check (structure,
 # streaming, persistence, errors) does not need language. Tests about language use the ``real_model_dir`` fixture.
@@ -34,18 +33,6 @@ try:
     _tqdm.tqdm.monitor_interval = 0
 except ImportError:  # pragma: no cover - tqdm comes with transformers
     pass
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("MASCOT_SHARED_DIR", ROOT.parent / "shared"))
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def need(condition: bool, why: str) -> None:
-    """Skip (outside CI) or fail (under CI=true) when a dependency is missing."""
-    if not condition:
-        if IN_CI:
-            pytest.fail(f"missing dependency under CI=true: {why}")
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
@@ -131,68 +118,9 @@ async def vllm_engine(vllm_session_engine):
         await vllm_session_engine.unload_adapter(name)
 
 
-def make_config(tmp_path: Path, **sections):
-    """A MascotConfig for tests: ports 0, a SQLite file in ``tmp_path``, section overrides merged in."""
-    from mascot.core.config import MascotConfig
-
-    base = {"server": {"gateway_port": 0, "metrics_port": 0}, "store": {"url": f"sqlite:///{tmp_path}/store.db"}}
-    for k, v in sections.items():
-        base[k] = {**base.get(k, {}), **v}
-    return MascotConfig(**base)
-
-
-# ------------------------------------------------------------------ a throwaway PostgreSQL server (module scope)
-def _bin(name):
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))), None)
-    need(found is not None, f"PostgreSQL server binary {name} not found (apt-get install postgresql)")
-    return found
-
-
-class PostgresServer:
-    """A throwaway PostgreSQL server (initdb into a temp dir, pg_ctl, trust auth on 127.0.0.1:<free port>), run as an
-    unprivileged user when the tests run as root. :meth:`restart` stops it (fast mode: sessions are cut) and starts
-    it again on the same port and data, as a database restart in production would."""
-
-    def __init__(self, base):
-        self.initdb, self.pg_ctl = _bin("initdb"), _bin("pg_ctl")
-        self.base, self.data = base, base / "data"
-        self.as_user = []
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            os.chmod(base, 0o777)
-            for p in [base, *base.parents][:-1]:
-                os.chmod(p, os.stat(p).st_mode | 0o111)
-            self.as_user = ["runuser", "-u", "nobody", "--"]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        subprocess.run([*self.as_user, self.initdb, "-D", str(self.data), "-U", "mascot", "--auth=trust"],
-                       check=True, capture_output=True, timeout=120)
-        self.url = f"postgresql+psycopg://mascot@127.0.0.1:{self.port}/postgres"
-
-    def _ctl(self, *args, check=True):
-        r = subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), *args], capture_output=True,
-                           timeout=180)
-        if check and r.returncode:
-            log = (self.base / "log").read_text(errors="replace")[-2000:] if (self.base / "log").is_file() else ""
-            raise AssertionError(f"pg_ctl {' '.join(args)} exited {r.returncode}: {r.stdout!r} {r.stderr!r}\n{log}")
-        return r
-
-    def start(self):
-        self._ctl("-l", str(self.base / "log"), "-w", "-o",
-                  f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1", "start")
-
-    def stop(self, check=True):
-        self._ctl("-m", "fast", "-w", "-t", "150", "stop", check=check)
-
-    def restart(self, down_s: float = 0.0):
-        """Stop (every session cut), stay down ``down_s`` seconds, start again."""
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-
-
 @pytest.fixture(scope="module")
 def postgres_server(tmp_path_factory):
+    """A started :class:`~tests.helpers.postgres.PostgresServer` for the module; stopped afterwards."""
     server = PostgresServer(tmp_path_factory.mktemp("pg"))
     server.start()
     yield server
@@ -201,4 +129,5 @@ def postgres_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def postgres_url(postgres_server):
+    """The SQLAlchemy URL of the module's PostgreSQL server."""
     return postgres_server.url

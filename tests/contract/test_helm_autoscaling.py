@@ -17,11 +17,11 @@ import subprocess
 import pytest
 import yaml
 
-from tests.contract.conftest import CHART, CI_IDS, CLUSTER_APIS, KUBE_VERSION, NAMESPACE, RELEASE, render
-from tests.contract.test_helm_chart import (  # noqa: F401 - crd_validators is a fixture
-    CRD_KINDS, LABELS, MODEL_COMPONENTS, _config, _rejected, crd_errors, crd_validators,
+from tests.helpers.chart import (
+    CHART, CI_IDS, CLUSTER_APIS, CRD_KINDS, KUBE_VERSION, LABELS, MODEL_COMPONENTS, NAMESPACE, RELEASE, crd_errors,
+    rejected, render,
 )
-from tests.contract.test_helm_monitoring import _promtool, catalog_series, metric_names
+from tests.helpers.promql import catalog_series, metric_names, promtool_path
 
 FULLNAME = f"{RELEASE}-mascot"
 METRIC = "mascot_rpc_in_flight"
@@ -290,14 +290,14 @@ def test_replica_ranges_load_cannot_scale_are_refused(replicas, kind, message, s
 
 
 def test_schema_refuses_malformed_autoscaling_values():
-    _rejected({"speaker": {"autoscaling": {"kind": "hpa"}}}, "/speaker/autoscaling", "kind")
-    _rejected({"generation": {"autoscaling": {"kind": "hpa"}}}, "/generation/autoscaling", "kind")
-    _rejected({"generation": {"autoscaling": {"targetInFlight": -1}}}, "/generation/autoscaling/targetInFlight", "0")
-    _rejected({"speaker": {"autoscaling": {"targetInFlight": 0}}}, "/speaker/autoscaling/targetInFlight", "0")
-    _rejected({"models": {"autoscaling": {"keda": {"window": "2 minutes"}}}}, "/models/autoscaling/keda/window",
-              "pattern")
-    _rejected({"models": {"autoscaling": {"keda": {"serverAddress": "prometheus:9090"}}}},
-              "/models/autoscaling/keda/serverAddress", "pattern")
+    rejected({"speaker": {"autoscaling": {"kind": "hpa"}}}, "/speaker/autoscaling", "kind")
+    rejected({"generation": {"autoscaling": {"kind": "hpa"}}}, "/generation/autoscaling", "kind")
+    rejected({"generation": {"autoscaling": {"targetInFlight": -1}}}, "/generation/autoscaling/targetInFlight", "0")
+    rejected({"speaker": {"autoscaling": {"targetInFlight": 0}}}, "/speaker/autoscaling/targetInFlight", "0")
+    rejected({"models": {"autoscaling": {"keda": {"window": "2 minutes"}}}}, "/models/autoscaling/keda/window",
+             "pattern")
+    rejected({"models": {"autoscaling": {"keda": {"serverAddress": "prometheus:9090"}}}},
+             "/models/autoscaling/keda/serverAddress", "pattern")
 
 
 # ----------------------------------------------------------------------------------------------- the documented rule
@@ -321,7 +321,7 @@ def test_the_documented_adapter_rule_serves_the_metric_the_hpa_reads():
 
 
 def test_the_load_queries_parse_as_promql(tmp_path):
-    promtool = _promtool()
+    promtool = promtool_path()
     r = render(_scaled(True, service="generation", keda={"enabled": True}), KEDA_APIS)
     keda_query = r.one("ScaledObject", "-generation")["spec"]["triggers"][0]["metadata"]["query"]
     rule = _adapter_rule()

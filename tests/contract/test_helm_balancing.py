@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from tests.contract.conftest import CHART, CI_IDS, KUBE_VERSION, NAMESPACE, RELEASE, render
+from tests.helpers.chart import CHART, CI_IDS, KUBE_VERSION, NAMESPACE, RELEASE, render
 
 MODEL_COMPONENTS = ("director", "speaker", "judge", "reward")
 GRPC_PORTS = {"generation": 50060, "director": 50061, "speaker": 50062, "judge": 50063, "reward": 50064}

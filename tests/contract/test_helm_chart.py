@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import need
-from tests.contract.conftest import (
-    CHART, CI_IDS, CLUSTER_APIS, KUBE_VERSION, MODEL_COMPONENTS, NAMESPACE, RELEASE, load_ci, model_services,
-    pod_specs, render, shared_path, training_templates,
+from tests.helpers import chart as chart_helpers
+from tests.helpers.chart import (
+    CHART, CI_IDS, CLUSTER_APIS, CRD_KINDS, KUBE_VERSION, LABELS, MODEL_COMPONENTS, NAMESPACE, RELEASE, cli_accepts,
+    component_config, crd_errors, load_ci, model_services, pod_specs, rejected, render, training_templates,
 )
+from tests.helpers.paths import need
 
 # The objects each ci file renders, hooks and test hooks included (a template change that adds or drops an object
 # must update this table on purpose). full.yaml runs one service per component (generation.enabled false); the others
@@ -60,68 +61,6 @@ EXPECTED_SERVICES = {
     "external-postgresql.yaml": ["generation", "reward"],
     "cpu-without-kserve.yaml": ["generation", "reward"],
 }
-CRD_KINDS = {  # kind -> (CRD file under the shared CRD directory, served version)
-    "InferenceService": ("kserve/serving.kserve.io_inferenceservices.yaml", "v1beta1"),
-    "ServiceMonitor": ("prometheus-operator/crd-servicemonitors.yaml", "v1"),
-    "PrometheusRule": ("prometheus-operator/crd-prometheusrules.yaml", "v1"),
-}
-LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-          "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "helm.sh/chart")
-
-
-# ----------------------------------------------------------------------------------------------- CRD schemas
-def crd_to_jsonschema(node, strict: bool = True):
-    """A CRD openAPIV3Schema as JSON Schema draft 7: ``nullable`` -> a null type,
-    ``x-kubernetes-int-or-string`` -> integer or string, and in strict mode objects with ``properties`` accept no
-    other key unless ``x-kubernetes-preserve-unknown-fields`` (the API server would prune it silently)."""
-    if isinstance(node, list):
-        return [crd_to_jsonschema(n, strict) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key == "properties":
-            out[key] = {name: crd_to_jsonschema(s, strict) for name, s in value.items()}
-        elif key in ("items", "additionalProperties", "not"):
-            out[key] = crd_to_jsonschema(value, strict) if isinstance(value, dict) else value
-        elif key in ("allOf", "anyOf", "oneOf"):
-            out[key] = [crd_to_jsonschema(s, strict) for s in value]
-        elif key == "nullable" or key.startswith("x-kubernetes-"):
-            continue
-        else:
-            out[key] = value
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    if (strict and "properties" in node and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
-        out["additionalProperties"] = False
-    return out
-
-
-@pytest.fixture(scope="session")
-def crd_validators() -> dict:
-    """kind -> a strict Draft7Validator of its CRD (read from the shared CRD directory once per session, never
-    copied)."""
-    import jsonschema
-
-    crds = shared_path() / "crds"
-    need(crds.is_dir(), f"{crds} not found: the shared CRD schemas must sit beside the checkout")
-    validators = {}
-    for kind, (rel, version) in CRD_KINDS.items():
-        with open(crds / rel, encoding="utf-8") as f:
-            crd = yaml.load(f, Loader=yaml.CSafeLoader)
-        assert crd["spec"]["names"]["kind"] == kind
-        (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
-        validators[kind] = jsonschema.Draft7Validator(crd_to_jsonschema(served["schema"]["openAPIV3Schema"]))
-    return validators
-
-
-def crd_errors(validators: dict, obj: dict) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
-            for e in validators[obj["kind"]].iter_errors(obj)]
 
 
 # ----------------------------------------------------------------------------------------------- render, lint, validate
@@ -202,36 +141,25 @@ def test_crd_validation_catches_what_the_api_server_would_reject_or_prune(render
 
 
 # ----------------------------------------------------------------------------------------------- values.schema.json
-def _rejected(values: dict, pointer: str, want: str) -> None:
-    """``values`` fails the schema at ``pointer`` in render (which enforces it) and in lint (an error message)."""
-    import helm_python as helm
-
-    with pytest.raises(helm.HelmValuesError) as e:
-        render(values)
-    assert pointer in str(e.value) and want in str(e.value), str(e.value)
-    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
-    assert any(m["severity"] == 3 and pointer in m["error"] for m in report["messages"]), report
-
-
 def test_schema_rejects_sqlite_with_more_than_one_gateway_replica():
-    _rejected({"gateway": {"replicaCount": 2}}, "/gateway/replicaCount", "maximum")
+    rejected({"gateway": {"replicaCount": 2}}, "/gateway/replicaCount", "maximum")
 
 
 def test_schema_rejects_sqlite_with_gateway_autoscaling():
-    _rejected({"gateway": {"autoscaling": {"enabled": True}}}, "/gateway/autoscaling/enabled", "false")
+    rejected({"gateway": {"autoscaling": {"enabled": True}}}, "/gateway/autoscaling/enabled", "false")
 
 
 def test_schema_rejects_a_port_out_of_range():
-    _rejected({"director": {"grpcPort": 70000}}, "/director/grpcPort", "65,535")
+    rejected({"director": {"grpcPort": 70000}}, "/director/grpcPort", "65,535")
 
 
 def test_schema_rejects_postgresql_without_its_url_secret():
-    _rejected({"store": {"type": "postgresql"}}, "/store/postgresql/existingSecret", "minLength")
+    rejected({"store": {"type": "postgresql"}}, "/store/postgresql/existingSecret", "minLength")
 
 
 def test_schema_rejects_unknown_keys_and_root_containers():
-    _rejected({"gateway": {"replicas": 2}}, "/gateway", "replicas")
-    _rejected({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot", "true")
+    rejected({"gateway": {"replicas": 2}}, "/gateway", "replicas")
+    rejected({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot", "true")
 
 
 def test_schema_accepts_what_postgresql_allows():
@@ -322,7 +250,7 @@ def test_sqlite_gateway_is_one_replica_recreated_on_its_own_volume(rendered):
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert _config(r, "gateway")["store"]["url"] == "sqlite:////var/lib/mascot/mascot.db"
+    assert component_config(r, "gateway")["store"]["url"] == "sqlite:////var/lib/mascot/mascot.db"
     assert r.one("PodDisruptionBudget", "-gateway")["spec"]["maxUnavailable"] == 1
     assert not r.of_kind("Job")  # SQLite: the gateway migrates its own file
 
@@ -334,7 +262,7 @@ def test_postgresql_gateway_scales_and_reads_its_url_from_the_secret(rendered):
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in c["env"]}
     assert env["MASCOT_STORE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "mascot-postgresql", "key": "url"}
-    assert "store" not in _config(r, "gateway")  # no URL (no password) in the ConfigMap
+    assert "store" not in component_config(r, "gateway")  # no URL (no password) in the ConfigMap
     assert not [p for p in r.of_kind("PersistentVolumeClaim") if p["metadata"]["name"].endswith("-gateway-data")]
     assert c["command"] + c["args"] == ["mascot", "serve", "--component", "gateway"]
     probes = [c[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
@@ -350,7 +278,7 @@ def test_admin_token_and_tls_are_secrets_referenced_by_name(rendered):
     assert volumes["admin-token"]["secret"]["secretName"] == "mascot-admin-token"
     assert volumes["tls"]["secret"]["secretName"] == "mascot-tls"
     mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    assert _config(r, "gateway")["adapters"]["admin_token_file"] == mounts["admin-token"] + "/token"
+    assert component_config(r, "gateway")["adapters"]["admin_token_file"] == mounts["admin-token"] + "/token"
     for isvc in r.of_kind("InferenceService"):
         assert {v["name"] for v in isvc["spec"]["predictor"]["volumes"]} >= {"tls"}
     ingress = r.one("Ingress", "-gateway")
@@ -386,7 +314,7 @@ def test_model_services_are_raw_kserve_inference_services_on_a100s(rendered):
         assert c["readinessProbe"]["exec"]["command"][:4] == ["mascot", "health", "--port", str(port)]
         assert p["automountServiceAccountToken"] is False
         assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/dev/shm", "/etc/mascot/config"}
-        cfg = _config(r, comp)
+        cfg = component_config(r, comp)
         if comp == "reward":
             assert cfg["reward"]["model"] == "/mnt/models"
         else:
@@ -396,8 +324,8 @@ def test_model_services_are_raw_kserve_inference_services_on_a100s(rendered):
     assert speaker["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "hpa"
     assert (speaker["spec"]["predictor"]["minReplicas"], speaker["spec"]["predictor"]["maxReplicas"]) == (2, 4)
     assert isvcs["director"]["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "none"
-    assert _config(r, "director")["director"] == {"max_retries": 1}  # a component's own config
-    assert "director" not in _config(r, "speaker")
+    assert component_config(r, "director")["director"] == {"max_retries": 1}  # a component's own config
+    assert "director" not in component_config(r, "speaker")
 
 
 def test_without_kserve_model_services_are_deployments_with_services_on_cpu(rendered):
@@ -411,13 +339,14 @@ def test_without_kserve_model_services_are_deployments_with_services_on_cpu(rend
         assert c["image"].endswith("-cpu") and "nvidia.com/gpu" not in c["resources"]["limits"]
         assert "nodeSelector" not in dep["spec"]["template"]["spec"]
         assert "STORAGE_URI" not in {e["name"] for e in c["env"]}
-        assert "engine" not in _config(r, comp) or "model" not in _config(r, comp)["engine"]  # the tiny model
-    gw = _config(r, "gateway")["server"]
+        assert ("engine" not in component_config(r, comp)
+                or "model" not in component_config(r, comp)["engine"])  # the tiny model
+    gw = component_config(r, "gateway")["server"]
     generation = f"dns:///{RELEASE}-mascot-generation-headless.{NAMESPACE}.svc.cluster.local:50060"
     assert gw["director_target"] == gw["speaker_target"] == generation
     per_component = render({**load_ci("cpu-without-kserve.yaml"), "generation": {"enabled": False}})
     assert not per_component.of_kind("InferenceService")
-    gw = _config(per_component, "gateway")["server"]
+    gw = component_config(per_component, "gateway")["server"]
     assert gw["director_target"] == f"dns:///{RELEASE}-mascot-director-headless.{NAMESPACE}.svc.cluster.local:50061"
     assert gw["speaker_target"] == f"dns:///{RELEASE}-mascot-speaker-headless.{NAMESPACE}.svc.cluster.local:50062"
     # the model storage of the service that serves the speaker, mounted from its PVC
@@ -435,7 +364,7 @@ def test_without_kserve_model_services_are_deployments_with_services_on_cpu(rend
 @pytest.mark.parametrize("ci", CI_IDS)
 def test_gateway_targets_the_model_services_the_chart_renders(rendered, ci):
     r = rendered[ci]
-    server = _config(r, "gateway")["server"]
+    server = component_config(r, "gateway")["server"]
     for comp in ("director", "speaker"):
         # the headless Service of the model service that serves the component (the generation service when it hosts
         # it; tests/contract/test_helm_balancing.py: its selector and port)
@@ -456,10 +385,6 @@ def test_gateway_targets_the_model_services_the_chart_renders(rendered, ci):
 
 
 # ---------------------------------------------------------------------------------------------- contracts with the code
-def _config(r, component: str) -> dict:
-    return yaml.safe_load(r.one("ConfigMap", "-config")["data"][f"{component}.yaml"]) or {}
-
-
 @pytest.mark.parametrize("ci", CI_IDS)
 def test_every_component_config_is_a_valid_mascot_config(rendered, ci):
     from mascot.core.config import MascotConfig
@@ -490,32 +415,17 @@ def test_personas_configmap_holds_valid_cards_the_config_names(rendered, tmp_pat
     for name, text in cm["data"].items():
         (tmp_path / name).write_text(text)
         assert [c.id for c in load_persona_file(tmp_path / name)] == ["night_owl"]
-    assert _config(r, "speaker")["personas"] == {"extra_files": ["/etc/mascot/personas/night-owl.yaml"],
+    assert component_config(r, "speaker")["personas"] == {"extra_files": ["/etc/mascot/personas/night-owl.yaml"],
                                                   "active_support": ["anchor", "catalyst", "beacon"]}
     assert rendered["minimal.yaml"].one("ConfigMap", "-personas")["data"] == {}
 
 
-def _cli_accepts(argv: list[str]) -> None:
-    """Parse ``mascot ARGV`` with the real CLI (typer/click) without running it: the command exists and takes these
-    options and values."""
-    import typer
-
-    from mascot.cli import app
-
-    cmd, args = typer.main.get_command(app), list(argv)
-    while hasattr(cmd, "commands"):  # a group (typer vendors its own click: no isinstance on click.Group)
-        assert args and args[0] in cmd.commands, f"mascot has no command {args[:1]} ({argv})"
-        cmd = cmd.commands[args.pop(0)]
-    assert not hasattr(cmd, "commands")
-    cmd.make_context(cmd.name, args, resilient_parsing=False)  # raises a UsageError on a bad option or value
-
-
 def test_cli_check_rejects_what_the_cli_rejects():
     with pytest.raises(Exception, match="No such option"):
-        _cli_accepts(["serve", "--component", "gateway", "--no-such-flag"])
+        cli_accepts(["serve", "--component", "gateway", "--no-such-flag"])
     with pytest.raises(AssertionError, match="no command"):
-        _cli_accepts(["serve-models", "director"])
-    _cli_accepts(["train", "collaborative", "--config", "x.yaml", "--out", "runs/x"])
+        cli_accepts(["serve-models", "director"])
+    cli_accepts(["train", "collaborative", "--config", "x.yaml", "--out", "runs/x"])
 
 
 @pytest.mark.parametrize("ci", CI_IDS)
@@ -531,7 +441,7 @@ def test_the_chart_runs_commands_the_cli_has(rendered, ci):
                     argv = argv[argv.index("mascot.cli") + 1:]
                 else:
                     continue
-                _cli_accepts([a.replace("$(MASCOT_RUN_ID)", "run-1") for a in argv])
+                cli_accepts([a.replace("$(MASCOT_RUN_ID)", "run-1") for a in argv])
                 seen.add(argv[0])
     assert {"serve", "serve-model"} <= seen
 
@@ -589,7 +499,7 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["mascot", "health"]
-    _cli_accepts(c["command"][1:] + c["args"])
+    cli_accepts(c["command"][1:] + c["args"])
     assert c["args"][:2] == ["--timeout", str(r.values.get("tests", {}).get("timeoutSeconds", 10))]
     flags, targets = c["args"][2::2], c["args"][3::2]
     assert set(flags) == {"--target"}
@@ -601,7 +511,7 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
         expected.append(f"dns:///{host}.{NAMESPACE}.svc.cluster.local:{port}")
     assert targets == expected
     assert len(targets) == len(set(targets))
-    server = _config(r, "gateway")["server"]
+    server = component_config(r, "gateway")["server"]
     for comp in ("director", "speaker"):  # the gateway's clients are among the checked targets
         assert server[f"{comp}_target"] == expected[1 + r.services.index(r.service_of(comp))]
 
@@ -728,9 +638,10 @@ def test_a_components_config_change_restarts_only_that_component(rendered, ci, c
     if changed == "director":
         assert restarted == ("director" if ci == "full.yaml" else "generation")
     after_r = render(_merged(load_ci(ci), {changed: {"config": {"server": {"call_timeout_s": 42}}}}))
-    assert _config(after_r, restarted)["server"]["call_timeout_s"] == 42
+    assert component_config(after_r, restarted)["server"]["call_timeout_s"] == 42
     others = [f for f in after_r.one("ConfigMap", "-config")["data"] if f != f"{restarted}.yaml"]
-    assert others and all(_config(after_r, f.removesuffix(".yaml")) == _config(before_r, f.removesuffix(".yaml"))
+    assert others and all(component_config(after_r, f.removesuffix(".yaml"))
+                          == component_config(before_r, f.removesuffix(".yaml"))
                           for f in others), "only the file of the restarted workload changes"
     before, after = _pod_templates(before_r), _pod_templates(after_r)
     assert set(before) == set(after) == {"gateway", *before_r.services}
@@ -896,8 +807,8 @@ def test_image_pull_secrets_accept_kubernetes_objects_and_plain_names(rendered):
         assert {where.split("/")[0] for where, _ in specs} >= {"Deployment", "Job", "Pod", "ConfigMap", "CronJob"}
         for where, spec in specs:
             assert spec["imagePullSecrets"] == [{"name": "ghcr-pull"}, {"name": "mirror-pull"}], where
-    _rejected({"imagePullSecrets": [{"nam": "ghcr-pull"}]}, "/imagePullSecrets/0", "name")
-    _rejected({"imagePullSecrets": [""]}, "/imagePullSecrets/0", "")
+    rejected({"imagePullSecrets": [{"nam": "ghcr-pull"}]}, "/imagePullSecrets/0", "name")
+    rejected({"imagePullSecrets": [""]}, "/imagePullSecrets/0", "")
 
 
 # ----------------------------------------------------------------------------------------------- disruption budgets
@@ -974,7 +885,7 @@ def test_min_available_replaces_max_unavailable_and_may_not_block_drains():
     ]:
         with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
             render(values)
-    _rejected({"speaker": {"pdb": {"enabled": "yes"}}}, "/speaker/pdb/enabled", "")
+    rejected({"speaker": {"pdb": {"enabled": "yes"}}}, "/speaker/pdb/enabled", "")
 
 
 def test_min_available_is_checked_against_the_fewest_pods_a_service_runs():
@@ -1014,12 +925,10 @@ def test_min_available_is_checked_against_the_fewest_pods_a_service_runs():
 
 
 def test_an_explicit_zero_min_available_is_kept_not_taken_for_unset(tmp_path, monkeypatch):
-    from tests.contract import conftest
-
     # the schema refuses an integer 0 (pdb.enabled false is the way to have no budget); "0%" is a percentage it takes
-    _rejected({"speaker": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/speaker/pdb/minAvailable", "minimum")
-    _rejected({"generation": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/generation/pdb/minAvailable",
-              "minimum")
+    rejected({"speaker": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/speaker/pdb/minAvailable", "minimum")
+    rejected({"generation": {"maxReplicas": 3, "pdb": {"minAvailable": 0}}}, "/generation/pdb/minAvailable",
+             "minimum")
     budget = _budgets(render({"generation": {"enabled": False},
                               "speaker": {"maxReplicas": 3, "pdb": {"minAvailable": "0%"}}}))["speaker"]
     assert budget["minAvailable"] == "0%" and "maxUnavailable" not in budget
@@ -1030,7 +939,7 @@ def test_an_explicit_zero_min_available_is_kept_not_taken_for_unset(tmp_path, mo
     chart = tmp_path / "mascot"
     shutil.copytree(CHART, chart)
     (chart / "values.schema.json").unlink()
-    monkeypatch.setattr(conftest, "CHART", chart)
+    monkeypatch.setattr(chart_helpers, "CHART", chart)
     budgets = _budgets(render({"generation": {"enabled": False},
                                "speaker": {"maxReplicas": 3, "pdb": {"minAvailable": 0}},
                                "gateway": {"pdb": {"minAvailable": 0}}}))
@@ -1128,12 +1037,12 @@ def test_the_config_schema_generator_rewrites_a_stale_schema(tmp_path, capsys):
 
 
 def test_config_overrides_with_a_typo_or_out_of_range_are_refused_at_install():
-    _rejected({"config": {"engine": {"max_model_lenn": 4096}}}, "/config/engine", "max_model_lenn")
-    _rejected({"speaker": {"config": {"speaker": {"temperatur": 0.5}}}}, "/speaker/config/speaker", "temperatur")
-    _rejected({"config": {"engine": {"max_model_len": 16}}}, "/config/engine/max_model_len", "minimum")
-    _rejected({"gateway": {"config": {"servers": {}}}}, "/gateway/config", "servers")
-    _rejected({"config": {"judge": {"judges": [{"name": "gpt", "kind": "open-ai"}]}}},
-              "/config/judge/judges/0/kind", "")
+    rejected({"config": {"engine": {"max_model_lenn": 4096}}}, "/config/engine", "max_model_lenn")
+    rejected({"speaker": {"config": {"speaker": {"temperatur": 0.5}}}}, "/speaker/config/speaker", "temperatur")
+    rejected({"config": {"engine": {"max_model_len": 16}}}, "/config/engine/max_model_len", "minimum")
+    rejected({"gateway": {"config": {"servers": {}}}}, "/gateway/config", "servers")
+    rejected({"config": {"judge": {"judges": [{"name": "gpt", "kind": "open-ai"}]}}},
+             "/config/judge/judges/0/kind", "")
 
 
 def test_valid_config_overrides_render_into_each_components_file():
@@ -1147,14 +1056,14 @@ def test_valid_config_overrides_render_into_each_components_file():
                     "director": {"config": {"director": {"max_retries": 2}}}, "generation": {"enabled": generation}})
         assert sorted(r.one("ConfigMap", "-config")["data"]) == sorted(f"{c}.yaml" for c in ("gateway", *r.services))
         for comp in ("gateway", *r.services):
-            cfg = _config(r, comp)
+            cfg = component_config(r, comp)
             assert cfg["engine"]["max_model_len"] == 4096, comp
             MascotConfig.model_validate(cfg)
         # the director's own config reaches the file of the service that serves it, and no other
         director = r.service_of("director")
         assert director == ("generation" if generation else "director")
-        assert _config(r, director)["director"] == {"max_retries": 2}
-        assert all("director" not in _config(r, c) for c in ("gateway", *r.services) if c != director)
+        assert component_config(r, director)["director"] == {"max_retries": 2}
+        assert all("director" not in component_config(r, c) for c in ("gateway", *r.services) if c != director)
 
 
 # ----------------------------------------------------------------------------------------------- monitoring APIs

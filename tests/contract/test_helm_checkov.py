@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, need
-from tests.contract.conftest import training_templates
+from tests.helpers.chart import training_templates
+from tests.helpers.paths import ROOT, need
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 SKIPS = Path(__file__).parent / "checkov_skips.yaml"

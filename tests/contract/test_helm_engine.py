@@ -11,35 +11,19 @@ from __future__ import annotations
 import re
 
 import pytest
-import yaml
 
-from tests.contract.conftest import KUBE_VERSION, render
-from tests.contract.test_helm_chart import CRD_KINDS, crd_errors, crd_validators  # noqa: F401  (fixture)
+from tests.helpers.chart import all_valid, component_config, render
 
 ENGINE_COMPONENTS = ("director", "speaker", "judge")
 #: generation.enabled false: one service per component.
 PER_COMPONENT = {"generation": {"enabled": False}}
 
 
-def _config(r, component: str) -> dict:
-    return yaml.safe_load(r.one("ConfigMap", "-config")["data"][f"{component}.yaml"]) or {}
-
-
 def _engine_config(r, component: str):
     """The component's rendered file read by MascotConfig itself (the pod's view)."""
     from mascot.core.config import MascotConfig
 
-    return MascotConfig.model_validate(_config(r, component)).engine
-
-
-def _all_valid(r, validators) -> None:
-    import kubernetes_validate
-
-    for _, obj in r.objects:
-        if obj["kind"] in CRD_KINDS:
-            assert crd_errors(validators, obj) == [], f"{obj['kind']}/{obj['metadata']['name']}"
-        else:
-            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    return MascotConfig.model_validate(component_config(r, component)).engine
 
 
 @pytest.mark.parametrize("service", ["speaker", "generation"])
@@ -48,15 +32,15 @@ def test_speaker_on_four_gpus_gets_tensor_parallel_size_four(crd_validators, ser
     form = {"generation": {"enabled": service == "generation"}}
     r = render({**form, service: {**form.get(service, {}), "gpu": {"enabled": True, "count": 4}}})
     assert r.service_of("speaker") == service
-    _all_valid(r, crd_validators)
-    assert _config(r, service)["engine"] == {"kind": "vllm", "dtype": "bfloat16", "model": "/mnt/models",
+    all_valid(r, crd_validators)
+    assert component_config(r, service)["engine"] == {"kind": "vllm", "dtype": "bfloat16", "model": "/mnt/models",
                                              "tensor_parallel_size": 4}
     engine = _engine_config(r, service)
     assert (engine.kind, engine.tensor_parallel_size) == ("vllm", 4)
     for comp in r.services:  # one GPU each by default
         if comp not in (service, "reward"):
             assert _engine_config(r, comp).tensor_parallel_size == 1, comp
-    assert "engine" not in _config(r, "reward")  # the reward model is no vLLM engine
+    assert "engine" not in component_config(r, "reward")  # the reward model is no vLLM engine
     # the pod requests the four GPUs the engine shards over, with the shared memory vLLM's workers exchange through
     pod = r.one("InferenceService", f"-{service}")["spec"]["predictor"]
     (c,) = pod["containers"]
@@ -103,17 +87,17 @@ def test_an_explicit_tensor_parallel_size_wins_over_the_gpu_count():
 def test_services_without_gpus_or_on_the_transformers_engine_get_no_tensor_parallelism():
     r = render({**PER_COMPONENT, "speaker": {"gpu": {"enabled": False, "count": 4}},
                 "director": {"gpu": {"count": 2}, "config": {"engine": {"kind": "transformers"}}}})
-    assert "tensor_parallel_size" not in _config(r, "speaker").get("engine", {})
-    assert _config(r, "director")["engine"]["kind"] == "transformers"
-    assert "tensor_parallel_size" not in _config(r, "director")["engine"]
+    assert "tensor_parallel_size" not in component_config(r, "speaker").get("engine", {})
+    assert component_config(r, "director")["engine"]["kind"] == "transformers"
+    assert "tensor_parallel_size" not in component_config(r, "director")["engine"]
     for comp in ("speaker", "director"):
         assert _engine_config(r, comp).tensor_parallel_size == 1  # valid: the transformers engine refuses > 1
     # the generation service: without GPUs, or on the transformers engine a hosted component's config names
     r = render({"generation": {"gpu": {"enabled": False, "count": 4}}})
-    assert "tensor_parallel_size" not in _config(r, "generation").get("engine", {})
+    assert "tensor_parallel_size" not in component_config(r, "generation").get("engine", {})
     r = render({"generation": {"gpu": {"count": 2}}, "director": {"config": {"engine": {"kind": "transformers"}}}})
-    assert _config(r, "generation")["engine"]["kind"] == "transformers"
-    assert "tensor_parallel_size" not in _config(r, "generation")["engine"]
+    assert component_config(r, "generation")["engine"]["kind"] == "transformers"
+    assert "tensor_parallel_size" not in component_config(r, "generation")["engine"]
     assert _engine_config(r, "generation").tensor_parallel_size == 1
 
 

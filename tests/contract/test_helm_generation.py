@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.contract.conftest import MODEL_COMPONENTS, NAMESPACE, RELEASE, render
-from tests.contract.test_helm_chart import (  # noqa: F401 - crd_validators is a fixture
-    _cli_accepts, _config, _rejected, crd_validators,
+from tests.helpers.chart import (
+    MODEL_COMPONENTS, NAMESPACE, RELEASE, all_valid, cli_accepts, component_config, rejected, render,
 )
-from tests.contract.test_helm_engine import _all_valid
 
 FULLNAME = f"{RELEASE}-mascot"
 PORTS = {"generation": 50060, "director": 50061, "speaker": 50062, "judge": 50063, "reward": 50064}
@@ -39,14 +37,14 @@ def _containers(r) -> dict[str, dict]:
 
 
 def _gateway(r) -> dict:
-    return _config(r, "gateway")["server"]
+    return component_config(r, "gateway")["server"]
 
 
 def _valid_config(r, service: str) -> dict:
     """The rendered file of a model service, checked by MascotConfig itself (the pod's view)."""
     from mascot.core.config import MascotConfig
 
-    raw = _config(r, service)
+    raw = component_config(r, service)
     MascotConfig.model_validate(raw)
     return raw
 
@@ -54,7 +52,7 @@ def _valid_config(r, service: str) -> dict:
 # ----------------------------------------------------------------------------------------------- (a) the default
 def test_by_default_one_generation_service_serves_director_speaker_and_judge(crd_validators):
     r = render({})
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     assert r.hosted == ["director", "speaker", "judge"] and r.services == ["generation", "reward"]
     isvcs = sorted(o["metadata"]["name"] for o in r.of_kind("InferenceService"))
     assert isvcs == [f"{FULLNAME}-generation", f"{FULLNAME}-reward"]  # no director, speaker or judge service
@@ -62,7 +60,7 @@ def test_by_default_one_generation_service_serves_director_speaker_and_judge(crd
     c = containers["generation"]
     assert c["command"] == ["mascot", "serve-model"]
     assert c["args"] == ["director,speaker,judge", "--port", "50060", "--rest-port", "8080", "--host", "0.0.0.0"]
-    _cli_accepts(c["command"][1:] + c["args"])
+    cli_accepts(c["command"][1:] + c["args"])
     assert ("grpc", 50060) in [(p["name"], p["containerPort"]) for p in c["ports"]]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MASCOT_CONFIG"] == "/etc/mascot/config/generation.yaml"
@@ -95,7 +93,7 @@ def test_by_default_one_generation_service_serves_director_speaker_and_judge(crd
 
 def test_the_generation_engine_is_sharded_over_generation_gpu_count(crd_validators):
     r = render({"generation": {"gpu": {"enabled": True, "count": 2}}})
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     engine = _valid_config(r, "generation")["engine"]
     assert (engine["kind"], engine["tensor_parallel_size"]) == ("vllm", 2)
     c = _containers(r)["generation"]
@@ -116,7 +114,7 @@ MERGE_VALUES = {
 def test_generation_config_merges_shared_then_each_hosted_component_then_its_own(crd_validators):
     """config < director.config < speaker.config (generation.components order) < generation.config."""
     r = render(MERGE_VALUES)
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     cfg = _valid_config(r, "generation")
     assert cfg["director"]["max_tokens"] == 11
     assert cfg["speaker"]["max_tokens"] == 22  # the speaker's over the shared 5
@@ -129,12 +127,12 @@ def test_generation_config_merges_shared_then_each_hosted_component_then_its_own
     # the list's order decides between two hosted components (and orders the served components)
     swapped = render({**MERGE_VALUES, "generation": {**MERGE_VALUES["generation"],
                                                      "components": ["speaker", "director", "judge"]}})
-    _all_valid(swapped, crd_validators)
+    all_valid(swapped, crd_validators)
     assert _valid_config(swapped, "generation")["engine"]["max_num_seqs"] == 64
     assert _containers(swapped)["generation"]["args"][0] == "speaker,director,judge"
     # one service per component: each file merges its own component's config only
     per = render({**MERGE_VALUES, "generation": {**MERGE_VALUES["generation"], "enabled": False}})
-    _all_valid(per, crd_validators)
+    all_valid(per, crd_validators)
     director, speaker = _valid_config(per, "director"), _valid_config(per, "speaker")
     assert director["director"] == {"max_tokens": 11} and director["engine"]["max_num_seqs"] == 64
     assert director["speaker"] == {"max_tokens": 5, "temperature": 0.1}
@@ -145,7 +143,7 @@ def test_generation_config_merges_shared_then_each_hosted_component_then_its_own
 # ----------------------------------------------------------------------------------------------- (c), (d) who joins
 def test_a_disabled_component_does_not_join_the_generation_service(crd_validators):
     r = render({"judge": {"enabled": False}})
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     assert r.hosted == ["director", "speaker"] and r.services == ["generation", "reward"]
     assert _containers(r)["generation"]["args"][0] == "director,speaker"
     assert sorted(o["metadata"]["name"] for o in r.of_kind("InferenceService")) == [
@@ -155,7 +153,7 @@ def test_a_disabled_component_does_not_join_the_generation_service(crd_validator
 
 def test_a_component_left_out_of_generation_components_gets_its_own_service(crd_validators):
     r = render({"generation": {"components": ["speaker"]}})
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     assert r.hosted == ["speaker"] and r.services == ["generation", "director", "judge", "reward"]
     containers = _containers(r)
     assert sorted(containers) == ["director", "generation", "judge", "reward"]
@@ -177,7 +175,7 @@ def test_a_component_left_out_of_generation_components_gets_its_own_service(crd_
                          ids=["disabled", "empty-list"])
 def test_without_the_generation_service_each_component_has_its_own(crd_validators, values):
     r = render(values)
-    _all_valid(r, crd_validators)
+    all_valid(r, crd_validators)
     assert r.hosted == [] and r.services == list(MODEL_COMPONENTS)
     containers = _containers(r)
     assert sorted(containers) == sorted(MODEL_COMPONENTS)
@@ -218,11 +216,11 @@ def test_a_hosted_component_with_a_model_of_its_own_is_refused():
 
 def test_the_schema_refuses_what_cannot_join_the_generation_service():
     # the reward model is another model: it cannot share the base model's engine
-    _rejected({"generation": {"components": ["reward"]}}, "/generation/components/0",
-              "must be one of 'director', 'speaker', 'judge'")
-    _rejected({"generation": {"components": ["director", "director"]}}, "/generation/components", "are equal")
-    _rejected({"generation": {"replicas": 2}}, "/generation", "replicas")
-    _rejected({"generation": {"grpcPort": 70000}}, "/generation/grpcPort", "65,535")
+    rejected({"generation": {"components": ["reward"]}}, "/generation/components/0",
+             "must be one of 'director', 'speaker', 'judge'")
+    rejected({"generation": {"components": ["director", "director"]}}, "/generation/components", "are equal")
+    rejected({"generation": {"replicas": 2}}, "/generation", "replicas")
+    rejected({"generation": {"grpcPort": 70000}}, "/generation/grpcPort", "65,535")
 
 
 # ----------------------------------------------------------------------------------------------- unused keys
@@ -235,10 +233,10 @@ def test_a_hosted_components_deployment_keys_change_nothing(crd_validators):
             "extraEnv": [{"name": "EXTRA", "value": "1"}], "pdb": {"enabled": True}}
     base = render({})
     changed = render({comp: keys for comp in ("director", "speaker", "judge")})
-    _all_valid(changed, crd_validators)
+    all_valid(changed, crd_validators)
     assert changed.objects == base.objects
     # and not once generation.enabled is false: then they are the components' own
     per = render({"generation": {"enabled": False}, "director": keys})
-    _all_valid(per, crd_validators)
+    all_valid(per, crd_validators)
     assert _containers(per)["director"]["args"][:3] == ["director", "--port", "50070"]
     assert per.one("PodDisruptionBudget", "-director")

@@ -6,7 +6,6 @@ _bucket/_sum/_count), the rules pass `promtool check rules` and the unit tests o
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import need
-from tests.contract.conftest import CHART, NAMESPACE, RELEASE, render
+from tests.helpers.chart import CHART, NAMESPACE, RELEASE, render
+from tests.helpers.promql import catalog_series, metric_names, promtool_path
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
@@ -30,38 +29,10 @@ ALERTS = {  # alert -> the metrics its expression must read (the catalog's, or P
     "MascotTurnLatencyP95High": {"mascot_turn_duration_seconds_bucket"},
     "MascotSafetyEventsHigh": {"mascot_safety_events_total"},
 }
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
-            "Inf", "NaN", "inf", "nan"}
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1d", "$__interval": "1m", "$namespace": ".*", "$release": ".*",
                 "$component": ".*", "$persona": ".*"}
 #: Series that are not in the catalog but every scrape has: Prometheus' own `up`, and the process collector's.
 STANDARD_SERIES = {"up", "process_resident_memory_bytes", "process_cpu_seconds_total"}
-
-
-def catalog_series() -> dict[str, str]:
-    """Series name -> family of every metric of :class:`mascot.core.metrics.Metrics`, as Prometheus stores them."""
-    from mascot.core.metrics import Metrics
-
-    out = {}
-    for fam in Metrics().registry.collect():
-        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}[fam.type]
-        out.update({fam.name + s: fam.name for s in suffixes})
-    return out
-
-
-def metric_names(expr: str) -> list[str]:
-    """The metric names a PromQL expression selects: identifiers that are not functions, keywords, label names
-    (in matchers or grouping clauses), strings or durations."""
-    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    e = re.sub(r"\{[^}]*\}", "", e)
-    e = re.sub(r"\[[^\]]*\]", "", e)
-    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
-    names = []
-    for m in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", e):
-        if e[m.end():].lstrip().startswith("(") or m.group(0) in KEYWORDS:
-            continue
-        names.append(m.group(0))
-    return names
 
 
 def test_metric_name_parser():
@@ -182,14 +153,8 @@ def test_service_monitors_scrape_the_ports_that_serve_metrics(full):
     assert gw_sm["metadata"]["namespace"] == NAMESPACE and RELEASE in gw_sm["metadata"]["name"]
 
 
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    need(path is not None, "promtool not found: apt-get install prometheus (.ci/run installs it)")
-    return path
-
-
 def test_promtool_check_rules_passes(full, tmp_path):
-    promtool = _promtool()
+    promtool = promtool_path()
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rules(full), sort_keys=False))
     p = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True,
                        timeout=60)
@@ -197,7 +162,7 @@ def test_promtool_check_rules_passes(full, tmp_path):
 
 
 def test_dashboard_queries_parse_as_promql(full, tmp_path):
-    promtool = _promtool()
+    promtool = promtool_path()
     rules = []
     for i, expr in enumerate(_dashboard_exprs(_dashboard(full))):
         for var, value in GRAFANA_VARS.items():
@@ -211,7 +176,7 @@ def test_dashboard_queries_parse_as_promql(full, tmp_path):
 
 
 def test_promtool_unit_tests_fire_and_stay_silent_as_expected(full, tmp_path):
-    promtool = _promtool()
+    promtool = promtool_path()
     test_file = PROMTOOL_TESTS / "mascot_alerts_test.yaml"
     spec = yaml.safe_load(test_file.read_text())
     assert spec["rule_files"] == ["mascot-rules.yaml"]

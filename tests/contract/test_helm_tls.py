@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.contract.conftest import CI_IDS, RELEASE, load_ci, pod_specs, render
-from tests.contract.test_helm_chart import MODEL_COMPONENTS, _cli_accepts, _config, _rejected
+from tests.helpers.chart import (
+    CI_IDS, MODEL_COMPONENTS, RELEASE, cli_accepts, component_config, load_ci, pod_specs, rejected, render,
+)
+from tests.helpers.paths import ROOT
 
 DEFAULT_MOUNT = "/etc/mascot/tls"
 TLS_ON = {ci: bool((load_ci(ci).get("tls") or {}).get("existingSecret")) for ci in CI_IDS}
@@ -114,19 +115,19 @@ def test_user_config_keys_still_win_over_the_chart_tls_settings():
                     "config": {"server": {"tls": {"server_name": "shared.internal"}}},
                     "gateway": {"config": {"server": {"tls": {"client_cert_file": "/etc/client/tls.crt",
                                                               "client_key_file": "/etc/client/tls.key"}}}}})
-        gw = MascotConfig.model_validate(_config(r, "gateway")).server.tls
+        gw = MascotConfig.model_validate(component_config(r, "gateway")).server.tls
         assert (gw.cert_file, gw.key_file, gw.ca_file) == ("/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt")
         assert gw.server_name == "shared.internal" and gw.client_cert_file == "/etc/client/tls.crt"
-        speaker = MascotConfig.model_validate(_config(r, r.service_of("speaker"))).server.tls
+        speaker = MascotConfig.model_validate(component_config(r, r.service_of("speaker"))).server.tls
         assert speaker.server_name == "shared.internal" and speaker.client_cert_file == ""
         # false and "" win too
         r = render({**form, "tls": {"existingSecret": "s", "mutual": True},
                     "director": {"config": {"server": {"tls": {"client_auth": False, "ca_file": ""}}}}})
         assert r.service_of("director") == ("generation" if generation else "director")
-        director = MascotConfig.model_validate(_config(r, r.service_of("director"))).server.tls
+        director = MascotConfig.model_validate(component_config(r, r.service_of("director"))).server.tls
         assert director.enabled and director.client_auth is False and director.ca_file == ""
         unchanged = "reward" if generation else "speaker"  # a service that does not serve the director
-        assert MascotConfig.model_validate(_config(r, unchanged)).server.tls.client_auth is True
+        assert MascotConfig.model_validate(component_config(r, unchanged)).server.tls.client_auth is True
 
 
 def test_a_secret_without_ca_verifies_with_the_system_roots():
@@ -135,7 +136,7 @@ def test_a_secret_without_ca_verifies_with_the_system_roots():
     r = render({"tls": {"existingSecret": "public-cert", "hasCA": False}})
     assert r.services == ["generation", "reward"]
     for comp in ("gateway", *r.services):
-        tls = MascotConfig.model_validate(_config(r, comp)).server.tls
+        tls = MascotConfig.model_validate(component_config(r, comp)).server.tls
         assert tls.enabled and tls.ca_file == "" and not tls.client_auth
     spec = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
     (vol,) = [v for v in spec["volumes"] if v["name"] == "tls"]
@@ -158,7 +159,7 @@ def test_grpc_probes_are_mascot_health_exec_probes_under_tls_and_grpc_probes_oth
                 assert "grpc" not in probe, (comp, name)
                 cmd = probe["exec"]["command"]
                 assert cmd[:4] == ["mascot", "health", "--port", str(port)], (comp, name)
-                _cli_accepts(cmd[1:])  # the real CLI takes these options
+                cli_accepts(cmd[1:])  # the real CLI takes these options
                 timeout = float(cmd[cmd.index("--timeout") + 1])
                 assert timeout < probe["timeoutSeconds"] or timeout == 1, "the Check ends before the kubelet kills"
                 # what `mascot health` reads: the pod's MASCOT_CONFIG and the mounted Secret
@@ -189,8 +190,7 @@ def test_model_deployments_without_kserve_get_exec_probes_under_tls(generation):
 def _pki(d: Path, names: list[str]) -> Path:
     """The TLS Secret as the pod sees it: <d>/tls.crt, tls.key (valid for ``names`` only, server and client
     authentication) and ca.crt. Returns ``d``."""
-    from tests.integration.test_health_cli import make_cluster_leaf
-    from tests.reliability.test_security_tls import make_ca
+    from tests.helpers.pki import make_ca, make_cluster_leaf
 
     ca_key, ca = make_ca(d / "ca", "chart test CA")
     leaf = make_cluster_leaf(d / "leaf", names, ca_key, ca)
@@ -292,7 +292,7 @@ def test_caller_token_secret_is_mounted_in_the_gateway_and_named_by_its_config(r
     assert vol["secret"]["secretName"] == ca["existingSecret"] and mount["readOnly"] is True
     (item,) = vol["secret"]["items"]
     assert item["key"] == ca.get("key", "tokens") and vol["secret"]["defaultMode"] == 0o440
-    cfg = MascotConfig.model_validate(_config(r, "gateway"))
+    cfg = MascotConfig.model_validate(component_config(r, "gateway"))
     assert cfg.security.caller_auth is True
     assert cfg.security.caller_tokens_file == f"{mount['mountPath']}/{item['path']}"
     # the gateway reads that file as the Secret's key lays it out
@@ -306,7 +306,7 @@ def test_caller_token_secret_is_mounted_in_the_gateway_and_named_by_its_config(r
             assert "security" not in config_of(r, c)[1] or comp == "test", comp
     for ci in CI_IDS:
         if not (rendered[ci].values.get("security") or {}).get("callerAuth", {}).get("enabled"):
-            assert "security" not in _config(rendered[ci], "gateway"), ci
+            assert "security" not in component_config(rendered[ci], "gateway"), ci
             gw = rendered[ci].one("Deployment", "-gateway")["spec"]["template"]["spec"]
             assert "caller-tokens" not in {v["name"] for v in gw["volumes"]}, ci
 
@@ -316,7 +316,7 @@ def test_caller_token_values_never_reach_a_configmap_or_env(rendered):
     spec = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
     (vol,) = [v for v in spec["volumes"] if v["name"] == "caller-tokens"]
     assert vol["secret"]["items"] == [{"key": "callers.txt", "path": "tokens"}]
-    assert _config(r, "gateway")["security"] == {"caller_auth": True,
+    assert component_config(r, "gateway")["security"] == {"caller_auth": True,
                                                  "caller_tokens_file": "/etc/mascot/caller-tokens/tokens"}
     for _, obj in r.objects:
         for _, pod in pod_specs(obj):
@@ -327,33 +327,33 @@ def test_caller_token_values_never_reach_a_configmap_or_env(rendered):
 
 # ----------------------------------------------------------------------------------------------- values.schema.json
 def test_schema_rejects_mutual_tls_without_the_tls_secret():
-    _rejected({"tls": {"mutual": True}}, "/tls/existingSecret", "minLength")
+    rejected({"tls": {"mutual": True}}, "/tls/existingSecret", "minLength")
 
 
 def test_schema_rejects_mutual_tls_without_a_ca():
-    _rejected({"tls": {"existingSecret": "mascot-tls", "mutual": True, "hasCA": False}}, "/tls/hasCA", "true")
+    rejected({"tls": {"existingSecret": "mascot-tls", "mutual": True, "hasCA": False}}, "/tls/hasCA", "true")
 
 
 def test_schema_rejects_a_server_name_without_tls():
-    _rejected({"tls": {"serverName": "mascot-internal"}}, "/tls/existingSecret", "minLength")
+    rejected({"tls": {"serverName": "mascot-internal"}}, "/tls/existingSecret", "minLength")
 
 
 def test_schema_rejects_a_server_name_that_is_not_a_dns_name():
-    _rejected({"tls": {"existingSecret": "mascot-tls", "serverName": "https://mascot"}}, "/tls/serverName",
-              "pattern")
+    rejected({"tls": {"existingSecret": "mascot-tls", "serverName": "https://mascot"}}, "/tls/serverName",
+             "pattern")
 
 
 def test_schema_rejects_tls_enabled_which_existing_secret_implies():
-    _rejected({"tls": {"enabled": True}}, "/tls", "enabled")
+    rejected({"tls": {"enabled": True}}, "/tls", "enabled")
 
 
 def test_schema_rejects_caller_auth_without_its_secret():
-    _rejected({"security": {"callerAuth": {"enabled": True}}}, "/security/callerAuth/existingSecret", "minLength")
+    rejected({"security": {"callerAuth": {"enabled": True}}}, "/security/callerAuth/existingSecret", "minLength")
 
 
 def test_schema_rejects_a_caller_token_value_in_values():
-    _rejected({"security": {"callerAuth": {"enabled": True, "existingSecret": "t", "tokens": "alice=secret"}}},
-              "/security/callerAuth", "tokens")
+    rejected({"security": {"callerAuth": {"enabled": True, "existingSecret": "t", "tokens": "alice=secret"}}},
+             "/security/callerAuth", "tokens")
 
 
 @pytest.mark.parametrize("values, where", [
@@ -362,11 +362,11 @@ def test_schema_rejects_a_caller_token_value_in_values():
      "/security/callerAuth/existingSecret"),
 ], ids=["tls-secret", "caller-token-secret"])
 def test_schema_rejects_a_secret_name_kubernetes_would_refuse(values, where):
-    _rejected(values, where, "pattern")
+    rejected(values, where, "pattern")
 
 
 def test_schema_accepts_tls_and_caller_auth_with_their_secrets():
     r = render({"tls": {"existingSecret": "mascot-tls", "mutual": True, "serverName": "mascot-internal.mascot.svc"},
                 "security": {"callerAuth": {"enabled": True, "existingSecret": "callers"}}})
-    assert _config(r, "gateway")["server"]["tls"]["client_auth"] is True
+    assert component_config(r, "gateway")["server"]["tls"]["client_auth"] is True
     assert r.one("Deployment", "-gateway")["metadata"]["name"] == f"{RELEASE}-mascot-gateway"

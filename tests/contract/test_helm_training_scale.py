@@ -1,5 +1,5 @@
 """The chart's training runs on several nodes (training.nodes, phases.<phase>.nodes, training.multiNode), rendered
-offline like every chart test (tests/contract/conftest.py): the Indexed Job template with its torchrun rendezvous,
+offline like every chart test (tests/helpers/chart.py): the Indexed Job template with its torchrun rendezvous,
 validated strictly as Kubernetes 1.33 objects; the PyTorchJob when the cluster serves kubeflow.org/v1 PyTorchJob
 (checked by structure, each replica's pod strictly as a Pod); the CronJob's Indexed Job with its own headless
 Service; the Role and NetworkPolicy they need; the install-time refusals; the values schema."""
@@ -11,8 +11,9 @@ import copy
 import pytest
 import yaml
 
-from tests.contract.conftest import CHART, CLUSTER_APIS, KUBE_VERSION, NAMESPACE, RELEASE, render, training_templates
-from tests.contract.test_helm_chart import _rejected
+from tests.helpers.chart import (
+    CHART, CLUSTER_APIS, KUBE_VERSION, NAMESPACE, RELEASE, rejected, render, training_templates,
+)
 
 PYTORCH_API = ("kubeflow.org/v1/PyTorchJob",)
 MULTI = {"training": {"enabled": True, "launcher": "torchrun", "nodes": 3, "gpu": {"enabled": True, "count": 8}}}
@@ -159,7 +160,8 @@ def test_a_multi_node_cronjob_runs_an_indexed_job_with_a_headless_service_of_its
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 3, 3)
     pod = spec["template"]
     assert pod["spec"]["subdomain"] == name
-    assert f"--rdzv-endpoint=$(MASCOT_RUN_ID)-0.{name}.mascot.svc.cluster.local:29500" in _container(pod["spec"])["args"]
+    assert (f"--rdzv-endpoint=$(MASCOT_RUN_ID)-0.{name}.mascot.svc.cluster.local:29500"
+            in _container(pod["spec"])["args"])
     svc = r.one("Service", "-collaborative")
     assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
@@ -205,13 +207,13 @@ def test_what_cannot_run_on_several_nodes_is_refused_at_install(values, apis, me
 
 
 def test_schema_rejects_bad_multi_node_values():
-    _rejected(_values(nodes=0), "/training/nodes", "minimum")
-    _rejected(_values(multiNode={"kind": "mpi"}), "/training/multiNode/kind", "must be one of")
-    _rejected(_values(multiNode={"ports": 1}), "/training/multiNode", "ports")
-    _rejected(_values(multiNode={"port": 70000}), "/training/multiNode/port", "65,535")
+    rejected(_values(nodes=0), "/training/nodes", "minimum")
+    rejected(_values(multiNode={"kind": "mpi"}), "/training/multiNode/kind", "must be one of")
+    rejected(_values(multiNode={"ports": 1}), "/training/multiNode", "ports")
+    rejected(_values(multiNode={"port": 70000}), "/training/multiNode/port", "65,535")
     v = _values()
     v["training"]["phases"] = {"personaAlignment": {"config": {}, "nodes": 0}, "collaborative": {"config": {}}}
-    _rejected(v, "/training/phases/personaAlignment/nodes", "minimum")
+    rejected(v, "/training/phases/personaAlignment/nodes", "minimum")
 
 
 def test_the_values_file_documents_the_multi_node_settings():

@@ -4,7 +4,7 @@ import shutil
 import subprocess
 
 from mascot.core.protogen import DEFAULT_OUT, generate
-from tests.conftest import ROOT, need
+from tests.helpers.paths import ROOT, need
 
 
 def test_regenerated_stubs_match_checked_in(tmp_path):

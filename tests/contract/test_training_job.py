@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 DOCKERFILE = ROOT / "training-jobs" / "Dockerfile"
 JOBS = sorted((ROOT / "training-jobs" / "k8s").glob("*-job.yaml"))

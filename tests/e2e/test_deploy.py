@@ -20,7 +20,7 @@ import pytest
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.server import channel
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.e2e
 

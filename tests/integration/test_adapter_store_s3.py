@@ -26,9 +26,11 @@ from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config, need
-from tests.helpers import ScriptedEngine
-from tests.integration.test_adapters import code_of, make_lora
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.lora import make_lora
+from tests.helpers.paths import need
+from tests.helpers.rpc import code_of
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3-admin-token"

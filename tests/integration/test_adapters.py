@@ -18,33 +18,17 @@ from mascot.api.adapter.v1 import adapter_pb2 as pb
 from mascot.api.adapter.v1 import adapter_pb2_grpc
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import ROOT, make_config
-from tests.helpers import ScriptedEngine
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.lora import make_lora
+from tests.helpers.paths import ROOT
+from tests.helpers.rpc import code_of
 
 pytestmark = pytest.mark.integration
 TOKEN = "s3cret-admin-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 STABLE, CANARY, STAGED, RETIRED = (pb.ADAPTER_STATE_STABLE, pb.ADAPTER_STATE_CANARY, pb.ADAPTER_STATE_STAGED,
                                    pb.ADAPTER_STATE_RETIRED)
-
-
-def make_lora(base: Path, out: Path, r: int = 4, seed: int = 0, scale: float = 1.0, **kw) -> Path:
-    """A random (non-zero) LoRA on ``base``; ``scale`` shrinks its B matrices (a small change of the base's output
-    instead of the degenerate repetition a full-size random LoRA causes)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                           LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "v_proj"],
-                                      init_lora_weights=False, **kw))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.mul_(scale)
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +62,6 @@ async def admin(tmp_path, tiny_model_dir, monkeypatch):
     yield adapter_pb2_grpc.AdapterServiceStub(ch), store, stack
     await ch.close()
     await stack.stop(0)
-
-
-async def code_of(coro):
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await coro
-    return e.value.code(), e.value.details()
 
 
 async def test_admin_token_is_required(admin):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -91,7 +91,8 @@ def test_dialogue_quality_bench_small_size_delivers_no_defect(real_model_dir, sh
     assert fig["degenerate_directives"] <= 0.5 and fig["max_persona_share"] <= 0.5
     assert float(re.search(r"tokens_per_second: ([\d.]+)", text).group(1)) == fig["tokens_per_second"] > 0
     assert re.search(r"target echoes == 0: 0 PASS", text)
-    assert fig["turn_latency_p50_alone"] is None and "turn_latency_p50_alone <= 4.0: not measured at concurrency 2" in text
+    assert (fig["turn_latency_p50_alone"] is None
+            and "turn_latency_p50_alone <= 4.0: not measured at concurrency 2" in text)
 
 
 def test_engine_cpu_bench_fast_paths_are_faster_and_exact(real_model_dir, tmp_path):

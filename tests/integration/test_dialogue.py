@@ -6,31 +6,15 @@ import grpc
 import pytest
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
-from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.dialogue import Client
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = pytest.mark.integration
-
-
-class Client:
-    def __init__(self, stack):
-        self.stack = stack
-        self.ch = channel(stack.target("gateway"))
-        self.stub = cpb_grpc.ConversationServiceStub(self.ch)
-
-    async def start(self, mode=cpb.MODE_SUPPORT, **kw):
-        return (await self.stub.StartConversation(cpb.StartConversationRequest(mode=mode, **kw))).conversation
-
-    async def send(self, conv_id, text, key="k1"):
-        return await collect(self.stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text=text,
-                                                                          idempotency_key=key)))
-
-    async def get(self, conv_id, think=False):
-        return await self.stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv_id, include_think=think))
 
 
 @pytest.fixture
@@ -64,7 +48,8 @@ async def test_round_streams_turns_and_stores_them(live):
     stored = (await live.get(conv.id)).conversation.turns
     assert [t.role for t in stored] == [dpb.ROLE_USER] + [dpb.ROLE_AGENT] * 3
     for t in completed:
-        deltas = "".join(e.turn_delta.text for e in events if e.HasField("turn_delta") and e.turn_delta.index == t.index)
+        deltas = "".join(e.turn_delta.text for e in events
+                         if e.HasField("turn_delta") and e.turn_delta.index == t.index)
         assert deltas == t.text == stored[t.index].text  # deltas join to the stored text
         assert t.directive.persona_id == t.persona_id and t.directive.raw
         assert t.directive.source in (dpb.DIRECTIVE_SOURCE_MODEL, dpb.DIRECTIVE_SOURCE_RETRY,
@@ -217,7 +202,9 @@ async def test_idempotent_retry_replays_without_new_turns(live):
     first = await live.send(conv.id, "hello there", key="same")
     again = await live.send(conv.id, "hello there", key="same")
     assert again[0].round_started.replayed
-    done = lambda evs: [e.turn_completed.turn for e in evs if e.HasField("turn_completed")]
+    def done(evs):
+        return [e.turn_completed.turn for e in evs if e.HasField("turn_completed")]
+
     assert [t.text for t in done(again)] == [t.text for t in done(first)]
     assert len((await live.get(conv.id)).conversation.turns) == 4
     with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -245,7 +232,8 @@ async def test_bad_messages_are_refused_and_nothing_stored(live, text, key, code
 async def test_unknown_ids_and_unspecified_enums(live):
     stub = live.stub
     cases = [
-        (stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_UNSPECIFIED)), grpc.StatusCode.INVALID_ARGUMENT),
+        (stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_UNSPECIFIED)),
+         grpc.StatusCode.INVALID_ARGUMENT),
         (stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT, persona_ids=["nobody"])),
          grpc.StatusCode.INVALID_ARGUMENT),
         (stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT, persona_ids=["anchor", "anchor"])),
@@ -326,7 +314,8 @@ async def test_self_play_runs_agent_turns_with_simulated_user(live):
         await collect(live.stub.RunSelfPlay(cpb.RunSelfPlayRequest(
             conversation_id=conv.id, opening_text="x", user=dpb.UserSimulation(situation="s"))))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    for bad in (cpb.RunSelfPlayRequest(conversation_id=conv.id, opening_text=" ", user=dpb.UserSimulation(situation="s")),
+    for bad in (cpb.RunSelfPlayRequest(conversation_id=conv.id, opening_text=" ",
+                                       user=dpb.UserSimulation(situation="s")),
                 cpb.RunSelfPlayRequest(conversation_id=conv.id, opening_text="x"),
                 cpb.RunSelfPlayRequest(conversation_id=conv.id, opening_text="x", user_speak_prob=1.5,
                                        user=dpb.UserSimulation(situation="s")),
@@ -353,7 +342,7 @@ async def test_chat_cli_streams_replies(tmp_path):
     import asyncio
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers.paths import ROOT
 
     stack, client, _ = await scripted_stack(tmp_path, lambda p: "Agent: The Beacon\nAction: Cheer.\nTone: Warm",
                                             lambda p: "You did something brave today.")

@@ -14,7 +14,7 @@ from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.director.prompts import build_messages
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
+from tests.helpers.config import make_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CAT = PersonaCatalog.load()

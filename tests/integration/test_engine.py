@@ -193,7 +193,8 @@ async def test_structured_output_regex_and_json_schema(engine):
         r = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=80, temperature=1.0, seed=seed),
                                                     structured=StructuredOutput(regex=rx)))
         assert re.fullmatch(rx, r.text), r.text
-    schema = '{"type":"object","properties":{"score":{"type":"integer","minimum":1,"maximum":5}},"required":["score"],"additionalProperties":false}'
+    schema = ('{"type":"object","properties":{"score":{"type":"integer","minimum":1,"maximum":5}},'
+              '"required":["score"],"additionalProperties":false}')
     r = await engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=40),
                                                 structured=StructuredOutput(json_schema=schema)))
     import json

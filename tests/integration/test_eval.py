@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.openai_judge import (
+from tests.helpers.config import make_config
+from tests.helpers.openai_judge import (
     AGENT_KEYS,
     COLLECTIVE_KEYS,
     ScriptedOpenAIJudge,
@@ -23,6 +23,7 @@ from tests.openai_judge import (
     scripted_fault,
     scripted_scores,
 )
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,6 @@ def _sft_adapter(base_dir: Path, out: Path) -> Path:
 @pytest.mark.slow
 async def test_every_system_on_32_support_situations(engine, tiny_model_dir, shared_data, tmp_path, monkeypatch):
     from mascot.eval.runner import SYSTEMS, EvalOptions, run_eval
-    from tests.conftest import make_config
 
     monkeypatch.chdir(tmp_path)
     adapter = _sft_adapter(tiny_model_dir, tmp_path / "sft")
@@ -106,7 +106,6 @@ async def test_every_system_on_32_support_situations(engine, tiny_model_dir, sha
 
 async def test_eval_refuses_training_ids_and_bad_options(engine, tiny_model_dir, shared_data, tmp_path):
     from mascot.eval.runner import EvalOptions, run_eval
-    from tests.conftest import make_config
 
     situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
     first = json.loads(situations.read_text().splitlines()[1])["id"]
@@ -129,7 +128,6 @@ async def test_eval_refuses_training_ids_and_bad_options(engine, tiny_model_dir,
 
 def test_resume_refuses_other_model_or_settings(tmp_path, tiny_model_dir):
     from mascot.eval.runner import EvalOptions, _check_run_file
-    from tests.conftest import make_config
 
     opts = EvalOptions(situations=tmp_path / "s.jsonl", out_dir=tmp_path)
     _check_run_file(tmp_path, opts, make_config(tmp_path))
@@ -156,7 +154,9 @@ def check_stat(stat: dict, vals: list[float]) -> None:
 
 def _expected(transcripts: list[dict]) -> dict:
     """Recompute report means/stds by hand from the transcripts and the scripted judge's rule."""
-    pct = lambda s: (s - 1) / 4 * 100  # noqa: E731
+    def pct(s):
+        return (s - 1) / 4 * 100
+
     out: dict = {}
     for d in transcripts:
         agent = [t for t in d["turns"] if t["role"] == "agent"]
@@ -252,7 +252,6 @@ def test_scripted_judge_hand_computed_and_sigkill_resume(tiny_model_dir, shared_
 
 async def test_meeting_mode_per_domain_with_two_judges(engine, tiny_model_dir, shared_data, tmp_path, monkeypatch):
     from mascot.eval.runner import EvalOptions, run_eval
-    from tests.conftest import make_config
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "meeting"
@@ -288,7 +287,6 @@ async def test_judge_free_run_reports_measures_with_paired_statistics(engine, ti
     comparisons against mascot (the ablations among them), one measure row per dialogue and a confusion matrix per
     system."""
     from mascot.eval.runner import EvalOptions, run_eval
-    from tests.conftest import make_config
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "free"
@@ -375,7 +373,6 @@ async def test_a_baseline_whose_replies_are_all_refused_ends_early(engine, tiny_
     from mascot.core.config import GuardConfig
     from mascot.core.guard import GuardSettings
     from mascot.eval.runner import EvalOptions, run_eval
-    from tests.conftest import make_config
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(GuardConfig, "settings", lambda self: GuardSettings(loop_ngram=1, loop_count=1))
@@ -395,7 +392,6 @@ async def test_a_dialogue_that_misses_its_deadline_is_started_again(engine, shar
     import json
 
     from mascot.eval.runner import EvalOptions, run_eval
-    from tests.conftest import make_config
 
     class SlowFirstDirector:
         def __init__(self, inner):
@@ -423,8 +419,8 @@ async def test_a_dialogue_that_misses_its_deadline_is_started_again(engine, shar
 
     monkeypatch.chdir(tmp_path)
     slow = SlowFirstDirector(engine)
-    opts = EvalOptions(situations=shared_data / "empathetic_dialogues" / "test_situations.jsonl", out_dir=tmp_path / "o",
-                       limit=2, systems=["mascot"], agent_turns=1, judges=[], concurrency=1)
+    opts = EvalOptions(situations=shared_data / "empathetic_dialogues" / "test_situations.jsonl",
+                       out_dir=tmp_path / "o", limit=2, systems=["mascot"], agent_turns=1, judges=[], concurrency=1)
     report = await run_eval(opts, make_config(tmp_path, server={"call_timeout_s": 2.0}), engine=slow)
     assert slow.delayed == 1
     assert report["timings"]["dialogues_retried"] == 1

@@ -24,8 +24,9 @@ from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.server import ClientTLS, ConnectionSettings, channel
 from mascot.app.stack import Stack, start_stack
-from tests.conftest import make_config, need
-from tests.helpers import ScriptedEngine
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.paths import need
 
 pytestmark = pytest.mark.integration
 REQUEST = spb.GenerateReplyRequest(
@@ -122,33 +123,46 @@ async def test_calls_alternate_between_replicas_and_survive_one_stopping(tmp_pat
         await b.stop(0)
 
 
+async def _named_server(name: bytes, options: list, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server on ``127.0.0.1:port`` (0: a free one) whose one method ``/test.Who/Who`` answers ``name``."""
+    async def who(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return name
+
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Who", {"Who": grpc.unary_unary_rpc_method_handler(who)}),))
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
+
+
 @pytest.mark.parametrize("max_age_s", [1.0, 0.0], ids=["max-connection-age-1s", "no-max-connection-age"])
-async def test_max_connection_age_brings_clients_to_a_replica_started_later(tmp_path, port, max_age_s):
-    """B binds the same address as A (SO_REUSEPORT, which gRPC servers set): like a pod joining a Service, it is
-    only reached by a new connection. With ``max_connection_age`` A sends GOAWAY, the client reconnects (and
-    re-resolves), and new connections land on A or B; without it the client's connection stays on A forever."""
-    server = {"max_connection_age_s": max_age_s, "max_connection_age_grace_s": 1.0, "call_timeout_s": 1.0}
-    a = await _replica(tmp_path, "a", "127.0.0.1", port, **server)
+async def test_max_connection_age_brings_clients_to_a_replica_started_later(max_age_s):
+    """Like a pod joining a Service, B listens on A's address and is only reached by a new connection. Our servers'
+    options (:meth:`ConnectionSettings.server_options`) are used as they are, except that this test turns
+    SO_REUSEPORT on for both servers (ours turn it off) as the stand-in for two pods behind one Service address. With
+    ``max_connection_age`` A sends GOAWAY, the client reconnects, and new connections land on A or B; without it the
+    client's connection stays on A forever."""
+    settings = ConnectionSettings(max_connection_age_s=max_age_s, max_connection_age_grace_s=1.0)
+    options = [o for o in settings.server_options() if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
+    a, port = await _named_server(b"A", options)
     b = None
     try:
-        async with channel(f"dns:///localhost:{port}", tls=ClientTLS.plaintext(), token="") as ch:
-            stub = sp_grpc.SpeakerServiceStub(ch)
-            for _ in range(3):
-                await _reply(stub)
-            assert _served(a) == 3
-            b = await _replica(tmp_path, "b", "127.0.0.1", port, **server)
-            assert b.servers["speaker"].port == port
+        async with channel(f"dns:///127.0.0.1:{port}", tls=ClientTLS.plaintext(), token="") as ch:
+            call = ch.unary_unary("/test.Who/Who")
+            assert [await call(b"", timeout=5) for _ in range(3)] == [b"A"] * 3
+            b, b_port = await _named_server(b"B", options, port)
+            assert b_port == port
             window = 12.0 if max_age_s else 4.0  # ample for several 1 s connection ages; the control waits less
-            t0, calls = time.monotonic(), 0
-            while time.monotonic() - t0 < window and _served(b) < 3:
-                await _reply(stub)  # any failure raises: reconnects lose no call
-                calls += 1
+            t0, answers = time.monotonic(), []
+            while time.monotonic() - t0 < window and answers.count(b"B") < 3:
+                answers.append(await call(b"", timeout=5))  # any failure raises: reconnects lose no call
                 await asyncio.sleep(0.05)
             if max_age_s:
-                assert _served(b) >= 3, f"B got {_served(b)} of {calls} calls in {window} s"
-                assert _served(a) > 3  # A kept serving new connections too
+                assert answers.count(b"B") >= 3, f"B got {answers.count(b'B')} of {len(answers)} calls in {window} s"
+                assert b"A" in answers  # A kept serving new connections too
             else:
-                assert _served(b) == 0 and _served(a) == 3 + calls
+                assert answers and set(answers) == {b"A"}
     finally:
         await a.stop(0)
         if b is not None:

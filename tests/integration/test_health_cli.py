@@ -1,58 +1,33 @@
 """`mascot health` (the chart's exec probes under TLS and its `helm test` Pod; docs/deployment.md), run as a
 real subprocess (`python -m mascot.cli health ...`) against real gRPC servers made with
-mascot.core.server.build_server on 127.0.0.1:0: plaintext, TLS and mutual TLS with a throwaway CA (the helpers of
-tests/reliability/test_security_tls.py). Exit 0 only on SERVING; otherwise non-zero with one line on stderr."""
+mascot.core.server.build_server on 127.0.0.1:0: plaintext, TLS and mutual TLS with a throwaway CA
+(tests/helpers/pki.py). Exit 0 only on SERVING; otherwise non-zero with one line on stderr."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from mascot.core.config import TLSConfig
 from mascot.core.metrics import Metrics
 from mascot.core.server import build_server
-from tests.conftest import ROOT
-from tests.reliability.test_security_tls import PKI, Pair, _name, _write, make_ca, make_leaf
+from tests.helpers.net import free_port
+from tests.helpers.paths import ROOT
+from tests.helpers.pki import PKI, Pair, make_cluster_leaf, make_pki
 
 pytestmark = pytest.mark.integration
-
-
-def make_cluster_leaf(path: Path, names: list[str], ca_key, ca_cert) -> Pair:
-    """A certificate valid only for cluster DNS names (no 127.0.0.1, no localhost), like a Secret made for the
-    chart's Services; for server and client authentication."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(names[0])).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return _write(path, key, cert)
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> tuple[PKI, Pair, Pair]:
     """(the shared test PKI, a cluster-names-only server certificate, one with a wildcard name only)."""
     d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = make_ca(d / "ca", "mascot test CA")
-    other_key, other = make_ca(d / "other-ca", "someone else's CA")
-    base = PKI(ca=d / "ca" / "tls.crt", server=make_leaf(d / "server", "mascot", ca_key, ca),
-               client=make_leaf(d / "client", "alice", ca_key, ca), other_ca=d / "other-ca" / "tls.crt",
-               other_client=make_leaf(d / "other-client", "mallory", other_key, other),
-               other_server=make_leaf(d / "other-server", "mascot", other_key, other))
+    base, ca_key, ca = make_pki(d)
     cluster = make_cluster_leaf(d / "cluster", ["demo-mascot-gateway", "demo-mascot-gateway.mascot.svc"], ca_key, ca)
     wildcard = make_cluster_leaf(d / "wildcard", ["*.mascot.svc.cluster.local"], ca_key, ca)
     return base, cluster, wildcard
@@ -86,12 +61,6 @@ def one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got: {err!r}"
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------------------------- plaintext

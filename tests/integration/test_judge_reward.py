@@ -12,8 +12,8 @@ from mascot.api.reward.v1 import reward_pb2 as rpb
 from mascot.api.reward.v1 import reward_pb2_grpc as rpb_grpc
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores
+from tests.helpers.config import make_config
+from tests.helpers.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,8 @@ async def test_local_judge_collective_rubric_and_bad_requests(tmp_path, engine, 
                 (jpb.JudgeCandidatesRequest(candidates=[jpb.Candidate(persona_id="anchor", text="x")]), "rubric"),
                 (jpb.JudgeCandidatesRequest(rubric=jpb.RUBRIC_AGENT), "candidates is empty"),
                 (jpb.JudgeCandidatesRequest(rubric=jpb.RUBRIC_AGENT, judge="nope",
-                                            candidates=[jpb.Candidate(persona_id="anchor", text="x")]), "unknown judge"),
+                                            candidates=[jpb.Candidate(persona_id="anchor", text="x")]),
+                 "unknown judge"),
                 (jpb.JudgeCandidatesRequest(rubric=jpb.RUBRIC_AGENT,
                                             candidates=[jpb.Candidate(persona_id="ghost", text="x")]), "ghost"),
                 (jpb.JudgeCandidatesRequest(rubric=jpb.RUBRIC_AGENT,
@@ -170,7 +171,8 @@ async def test_reward_scores_match_training_formatting_and_padding(tmp_path, eng
                                          tok.eos_token) for r in replies]
             for side in ("left", "right"):
                 sc = RewardScorer(tiny_reward_dir, padding_side=side, batch_size=8)
-                assert sc.tokenizer.pad_token_id is not None and sc.model.config.pad_token_id == sc.tokenizer.pad_token_id
+                assert (sc.tokenizer.pad_token_id is not None
+                        and sc.model.config.pad_token_id == sc.tokenizer.pad_token_id)
                 batch = sc.score_texts(texts)
                 alone = [sc.score_texts([t])[0] for t in texts]
                 assert batch == pytest.approx(alone, abs=1e-5)

@@ -11,7 +11,7 @@ from mascot.api.judge.v1 import judge_pb2 as jpb
 from mascot.api.judge.v1 import judge_pb2_grpc
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
+from tests.helpers.config import make_config
 
 
 async def test_judge_service_serves_the_metrics_judge_with_cache(tmp_path):

@@ -6,13 +6,11 @@ INVALID_ARGUMENT / 400, and `mascot serve-model` stops on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,59 +27,25 @@ from mascot.api.director.v1 import director_pb2_grpc as dir_grpc
 from mascot.api.speaker.v1 import speaker_pb2 as spb
 from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.server import channel
-from tests.conftest import ROOT, make_config
-from tests.integration.test_adapters import make_lora
+from tests.helpers.config import make_config
+from tests.helpers.lora import make_lora
+from tests.helpers.modelserver import NOT_SERVING, SERVING, SPEAKER_REQ, OnePortModelServer, model_server, until_health
+from tests.helpers.net import free_port
+from tests.helpers.paths import ROOT
 
 argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import
 try:
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as v2
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
-
-    from mascot.app.modelserver import OnePortModelServer
 finally:
     sys.argv = argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 FAST_DIRECTOR = {"max_tokens": 48, "max_retries": 0}
 GREEDY_SPEAKER = {"temperature": 0.0, "max_tokens": 12}
 DIRECTOR_REQ = dirpb.NextDirectiveRequest(
     persona_ids=["empathetic_listener", "anchor", "beacon"],
     history=[dpb.Turn(role=dpb.ROLE_USER, text="I failed my exam and I feel terrible.")])
-SPEAKER_REQ = spb.GenerateReplyRequest(
-    persona_id="anchor", directive=dpb.Directive(persona_id="anchor", action="Comfort the user.", tone="Warm"),
-    history=[dpb.Turn(role=dpb.ROLE_USER, text="hello there")], max_tokens=12)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def model_server(component, cfg, engine=None):
-    """A started server on 127.0.0.1 free ports; yields ``(server, channel, http client)``."""
-    srv = OnePortModelServer(component, cfg, grpc_port=0, http_port=0, host="127.0.0.1", engine=engine, grace_s=1)
-    await srv.start_async()
-    ch = channel(f"127.0.0.1:{srv.grpc_port}")
-    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{srv.http_port}", timeout=60)
-    try:
-        yield srv, ch, http
-    finally:
-        await http.aclose()
-        await ch.close()
-        await srv.shutdown()
-
-
-async def until_health(ch, want=SERVING, timeout=60.0):
-    """Follow grpc.health.v1 Watch (no polling) until the overall status is ``want``."""
-    async def watch():
-        async for r in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=""),
-                                                             wait_for_ready=True):
-            if r.status == want:
-                return
-    await asyncio.wait_for(watch(), timeout)
 
 
 def oip_doc(method, request) -> str:

@@ -7,15 +7,14 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from mascot.core.config import MascotConfig
 from mascot.core.metrics import Metrics
 from mascot.core.server import PortInUse, build_server
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -33,6 +32,18 @@ async def test_a_grpc_server_names_the_port_it_cannot_bind_and_its_setting(taken
         await build_server("gateway", Metrics(), [], host="127.0.0.1", port=taken)
     assert f"127.0.0.1:{taken}" in str(e.value) and "server.gateway_port" in str(e.value)
     assert "in use" in str(e.value)
+
+
+async def test_a_second_grpc_server_on_a_port_another_one_holds_is_refused():
+    """grpcio sets SO_REUSEPORT by default, with which two servers on one port both listen and split its traffic;
+    ours turn it off, so a second replica started on a busy port fails instead of serving half the calls."""
+    first = await build_server("speaker", Metrics(), [], host="127.0.0.1", port=0)
+    try:
+        with pytest.raises(PortInUse) as e:
+            await build_server("speaker", Metrics(), [], host="127.0.0.1", port=first.port)
+        assert f"127.0.0.1:{first.port}" in str(e.value) and "server.speaker_port" in str(e.value)
+    finally:
+        await first.server.stop(0)
 
 
 async def test_the_metrics_endpoint_names_its_port_and_setting(taken, tmp_path):

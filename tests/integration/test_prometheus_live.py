@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -30,23 +29,17 @@ from mascot.api.reward.v1 import reward_pb2 as rpb
 from mascot.api.reward.v1 import reward_pb2_grpc
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config, need
-from tests.integration.test_adapters import make_lora
+from tests.helpers.chart import CHART, NAMESPACE, RELEASE, render
+from tests.helpers.config import make_config
+from tests.helpers.lora import make_lora
+from tests.helpers.net import free_port
+from tests.helpers.paths import need
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "mascot"
-NAMESPACE, RELEASE = "mascot", "demo"  # as the chart tests render it (tests/contract/conftest.py)
 TOKEN = "prom-test-admin-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 # Grafana's variables as a user with every value selected sees them; the rate window fits a short run.
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "10m", "$__interval": "1s", "$namespace": ".*",
                 "$release": ".*", "$component": ".*", "$persona": ".*"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:
@@ -55,7 +48,7 @@ class Prometheus:
     def __init__(self, tmp: Path, target: str) -> None:
         binary = shutil.which("prometheus")
         need(binary is not None, "prometheus not found: apt-get install prometheus (make setup installs it as root)")
-        self.port = _free_port()
+        self.port = free_port()
         conf = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "scrape_configs": [{"job_name": f"{RELEASE}-mascot-gateway", "static_configs": [
                     {"targets": [target], "labels": {"namespace": NAMESPACE, "release": RELEASE}}]}]}
@@ -101,8 +94,6 @@ class Prometheus:
 
 
 def _alert_exprs() -> dict[str, str]:
-    from tests.contract.conftest import render
-
     rendered = render(yaml.safe_load((CHART / "ci" / "full.yaml").read_text()))
     (rule,) = rendered.of_kind("PrometheusRule")
     return {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}

@@ -19,9 +19,9 @@ from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.director.directive import FALLBACK_ACTION
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.integration.test_adapters import make_lora
-from tests.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores
+from tests.helpers.config import make_config
+from tests.helpers.lora import make_lora
+from tests.helpers.openai_judge import AGENT_KEYS, ScriptedOpenAIJudge, scripted_scores
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "gate-token"
@@ -44,8 +44,8 @@ def gate_config(tmp_path, tiny_model_dir, situations, judge_url, **gate):
             {"name": "gpt", "kind": "openai", "model": "gpt-4o", "endpoint": judge_url,
              "api_key_env": "SCRIPTED_JUDGE_KEY"}]},
         adapters={"store": str(tmp_path / "store"), "poll_s": 0.2, "promote_gate": {
-            "enabled": True, "situations": str(situations) if situations else "", "limit": N_SITUATIONS, "max_drop": 0.0,
-            "judge": "gpt", "max_tokens": 12, **gate}})
+            "enabled": True, "situations": str(situations) if situations else "", "limit": N_SITUATIONS,
+            "max_drop": 0.0, "judge": "gpt", "max_tokens": 12, **gate}})
 
 
 async def expected_score(speaker, version, openings):

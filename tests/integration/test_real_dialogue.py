@@ -10,9 +10,9 @@ from mascot.eval.defects import analyse
 from mascot.app.runjob import transcript_line
 from mascot.speaker.prompts import persona_system_prompt
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import collect
-from tests.integration.test_dialogue import Client
+from tests.helpers.config import make_config
+from tests.helpers.dialogue import Client
+from tests.helpers.rpc import collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +31,8 @@ async def test_real_model_self_play_delivers_no_defect(real_engine, real_model_d
     got = await client.get(conv.id, think=True)
     line = transcript_line(got, "support")
     for t in got.conversation.turns[1:]:  # deltas join to the stored text: nothing regenerated was streamed
-        streamed = "".join(e.turn_delta.text for e in events if e.HasField("turn_delta") and e.turn_delta.index == t.index)
+        streamed = "".join(e.turn_delta.text for e in events
+                           if e.HasField("turn_delta") and e.turn_delta.index == t.index)
         assert streamed == t.text
     cards = {c.id: c for c in PersonaCatalog.load().in_set("support")}
     prompts = {i: [persona_system_prompt(c)] for i, c in cards.items()}

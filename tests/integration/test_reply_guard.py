@@ -11,9 +11,10 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.metrics import Metrics
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
-from tests.integration.test_dialogue import Client
+from tests.helpers.config import make_config
+from tests.helpers.dialogue import Client
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.engine import GenerationRequest
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
 
 pytestmark = [pytest.mark.integration]
 DIRECTOR = "Agent: anchor\nAction: Ask one question.\nTone: Curious"
@@ -134,7 +134,7 @@ GAUGE_LINE = re.compile(r'^mascot_rpc_in_flight\{component="speaker",rpc="Genera
 async def test_the_model_server_exposes_the_gauge_on_its_metrics_port(tmp_path):
     """The KServe form of the model services (``mascot serve-model``) serves /metrics on its HTTP port, which the
     models ServiceMonitor scrapes and the load autoscaling reads."""
-    from tests.integration.test_modelserver import model_server, until_health
+    from tests.helpers.modelserver import model_server, until_health
 
     engine = GatedEngine()
     async with model_server("speaker", make_config(tmp_path), engine) as (srv, ch, http):

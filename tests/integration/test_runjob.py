@@ -1,4 +1,4 @@
-"""The main job over real situations (../shared/data): transcripts.jsonl and summary.json in the issue's schema."""
+"""The main job over real situations (../shared/data): transcripts.jsonl and summary.json in their documented schema."""
 
 import json
 import subprocess
@@ -6,11 +6,10 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
+from tests.helpers.runjob import check_outputs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-TURN_KEYS = {"index", "role", "persona_id", "directive", "adapter_version", "text", "think", "safety",
-             "latency_seconds", "first_delta_seconds", "director_seconds", "rejections", "cut_reason"}
 
 
 def run(args, tiny_model_dir, tmp_path):
@@ -21,36 +20,6 @@ def run(args, tiny_model_dir, tmp_path):
                          timeout=900, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
-
-
-def check_outputs(out_dir, mode, n, personas):
-    lines = [json.loads(x) for x in (out_dir / "transcripts.jsonl").read_text().splitlines()]
-    assert len(lines) == n
-    for ln in lines:
-        assert set(ln) == {"conversation_id", "mode", "source_id", "personas", "turns", "director_retries",
-                           "director_fallbacks", "end_reason", "model"}
-        assert ln["end_reason"] == "completed"
-        assert ln["model"]["name"] == "tiny-random-qwen3" and len(ln["model"]["digest"]) == 64
-        assert ln["mode"] == mode and set(ln["personas"]) == personas and ln["source_id"]
-        assert ln["turns"][0]["role"] == "user"
-        agent = [t for t in ln["turns"] if t["role"] == "agent"]
-        assert len(agent) == 6
-        for t in ln["turns"]:
-            assert set(t) == TURN_KEYS
-        for t in agent:
-            assert set(t["directive"]) == {"persona_id", "action", "tone", "source", "raw"}
-            assert t["directive"]["source"] in ("model", "retry", "fallback")
-            assert t["persona_id"] in personas and t["latency_seconds"] > 0
-        assert [t["index"] for t in ln["turns"]] == list(range(len(ln["turns"])))
-    s = json.loads((out_dir / "summary.json").read_text())
-    assert s["conversations"] == n and s["agent_turns"] == 6 * n
-    assert s["user_turns"] == sum(1 for ln in lines for t in ln["turns"] if t["role"] == "user")
-    assert sum(s["persona_counts"].values()) == 6 * n
-    assert 0 <= s["director_fallback_rate"] <= 1
-    assert 0 < s["turn_latency_seconds"]["p50"] <= s["turn_latency_seconds"]["p95"]
-    assert s["model"] == lines[0]["model"] and s["early_round_ends"] == 0
-    assert s["rejections"] == {} and s["cut_replies"] == 0  # checks off
-    return lines
 
 
 def test_support_situations(shared_data, tiny_model_dir, tmp_path):

@@ -1,7 +1,8 @@
 """TrainingService with runs on several nodes, over real gRPC against kmock (see test_training_service.py for what
-kmock does and does not emulate): the chart's Indexed Job template gets its headless rendezvous Service with each
-run, owned by the Job, removed on cancel, and a run whose Service cannot be made is not left behind; the chart's
-PyTorchJob template is created, followed and cancelled as a kubeflow.org/v1 custom resource."""
+kmock does and does not emulate; the ``envs`` and ``kube`` fixtures: tests/integration/conftest.py): the chart's
+Indexed Job template gets its headless rendezvous Service with each run, owned by the Job, removed on cancel, and a
+run whose Service cannot be made is not left behind; the chart's PyTorchJob template is created, followed and
+cancelled as a kubeflow.org/v1 custom resource."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 import yaml
 
 from mascot.api.training.v1 import training_pb2 as pb
-from tests.integration.test_training_service import AUTH, NS, code_of, envs, kube  # noqa: F401 (fixtures)
+from tests.helpers.chart import CLUSTER_APIS, render, training_templates
+from tests.helpers.kube import AUTH, NS
+from tests.helpers.rpc import code_of
 
 pytestmark = pytest.mark.integration
 PA, COLLAB = pb.TRAINING_PHASE_PERSONA_ALIGNMENT, pb.TRAINING_PHASE_COLLABORATIVE
@@ -22,8 +25,6 @@ UID = "0b7e4d52-3f0a-4c1e-9d1a-5a0c2b9e7f11"
 
 
 def _write_templates(d, api_versions: tuple[str, ...] = ()):
-    from tests.contract.conftest import CLUSTER_APIS, render, training_templates
-
     for phase, job in training_templates(render(MULTI, CLUSTER_APIS + api_versions)).items():
         (d / f"{phase}.yaml").write_text(yaml.safe_dump(job))
     return d
@@ -54,7 +55,7 @@ async def _services(core) -> list[dict]:
     return json.loads(r.data)["items"]
 
 
-async def test_an_indexed_run_gets_a_rendezvous_service_owned_by_its_job(envs, kmock, apis):  # noqa: F811
+async def test_an_indexed_run_gets_a_rendezvous_service_owned_by_its_job(envs, kmock, apis):
     core, _ = apis
     kmock.resources["v1/services"].namespaced = True
     kmock["create jobs"] << _with_uid
@@ -86,7 +87,7 @@ async def test_an_indexed_run_gets_a_rendezvous_service_owned_by_its_job(envs, k
     assert await env.jobs() == [] and await _services(core) == []
 
 
-async def test_a_run_whose_service_is_refused_is_not_left_behind(envs, kmock, apis):  # noqa: F811
+async def test_a_run_whose_service_is_refused_is_not_left_behind(envs, kmock, apis):
     # (a 422: kmock stores a created object even when a reaction refuses it, so a retried UNAVAILABLE would pass)
     kmock.resources["v1/services"].namespaced = True
     kmock["create services"] << 422 << {"apiVersion": "v1", "kind": "Status", "code": 422, "reason": "Invalid",
@@ -99,7 +100,7 @@ async def test_a_run_whose_service_is_refused_is_not_left_behind(envs, kmock, ap
     assert await env.jobs() == []
 
 
-async def test_a_pytorchjob_run_is_created_followed_and_cancelled(envs, kmock, apis, tmp_path):  # noqa: F811
+async def test_a_pytorchjob_run_is_created_followed_and_cancelled(envs, kmock, apis, tmp_path):
     _, custom = apis
     (tmp_path / "pytorchjob").mkdir()
     env = await envs(templates_dir=_write_templates(tmp_path / "pytorchjob", ("kubeflow.org/v1/PyTorchJob",)))

@@ -1,18 +1,18 @@
-"""TrainingService on the gateway over real gRPC, against kmock (a stateful Kubernetes API emulator): the chart's Job templates instantiated per run id, dedupe, status following the Job, list, cancel, the
-concurrency limit, bad input and auth, mascot_training_runs_total, and `mascot retrain ... --wait`.
+"""TrainingService on the gateway over real gRPC, against kmock (a stateful Kubernetes API emulator): the chart's Job
+templates instantiated per run id, dedupe, status following the Job, list, cancel, the concurrency limit, bad input
+and auth, mascot_training_runs_total, and `mascot retrain ... --wait`.
 
 kmock has no controllers: the tests patch each Job's status (the Job controller's part) themselves. It also ignores
 label selectors on lists (it returns every Job of the namespace), which mascot.gateway.jobs re-checks on its side, and
 deletes a Job at once whatever the propagation policy (a real API server keeps a Foreground-deleted Job, marked with
 deletionTimestamp, until its pods are gone: :func:`mascot.gateway.jobs.run_status` reports that as cancelled). It
 sets no ``creationTimestamp``/``uid`` (ListRuns orders by the ``mascot.ai/create-time`` annotation jobs.py writes) and
-answers a list of a resource it has no object of with 404 unless the resource is declared (the ``kube`` fixture
-declares batch/v1 jobs)."""
+answers a list of a resource it has no object of with 404 unless the resource is declared (the ``kube`` fixture of
+tests/integration/conftest.py declares batch/v1 jobs)."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import os
 import sys
@@ -20,121 +20,17 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-import yaml
 
 from mascot.api.training.v1 import training_pb2 as pb
-from mascot.api.training.v1 import training_pb2_grpc
-from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import ROOT, make_config
-from tests.helpers import ScriptedEngine
+from tests.helpers.config import make_config
+from tests.helpers.kube import AUTH, NS, TOKEN, write_kubeconfig
+from tests.helpers.paths import ROOT
+from tests.helpers.rpc import code_of
 
 pytestmark = pytest.mark.integration
-TOKEN = "s3cret-training-token"
-AUTH = (("authorization", f"Bearer {TOKEN}"),)
 PA, COLLAB = pb.TRAINING_PHASE_PERSONA_ALIGNMENT, pb.TRAINING_PHASE_COLLABORATIVE
-NS = "mascot"  # the chart renders its templates into the release namespace
 PREFIX = "demo-mascot-persona-alignment"
-
-
-@pytest.fixture(scope="module")
-def chart_templates(tmp_path_factory):
-    """The chart's Job templates (training enabled), as the gateway mounts them at /etc/mascot/training."""
-    from tests.contract.conftest import render, training_templates
-
-    r = render({"training": {"enabled": True}})
-    gateway_cfg = yaml.safe_load(r.one("ConfigMap", "-config")["data"]["gateway.yaml"])
-    assert gateway_cfg["training"]["templates_dir"] == "/etc/mascot/training"  # the chart turns TrainingService on
-    d = tmp_path_factory.mktemp("training-templates")
-    for phase, job in training_templates(r).items():
-        (d / f"{phase}.yaml").write_text(yaml.safe_dump(job))
-    return d
-
-
-def write_kubeconfig(path, server: str, namespace: str = "default"):
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
-        "users": [{"name": "tester", "user": {"token": "kube-token"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": namespace}}]}))
-    return path
-
-
-class Env:
-    """A running gateway with TrainingService on kmock, a stub, and helpers playing the Job controller."""
-
-    def __init__(self, stack, stub, batch, kmock):
-        self.stack, self.stub, self.batch, self.kmock = stack, stub, batch, kmock
-
-    async def trigger(self, run_id="", phase=PA):
-        return await self.stub.TriggerRetraining(pb.TriggerRetrainingRequest(phase=phase, run_id=run_id),
-                                                 metadata=AUTH)
-
-    async def get(self, run_id):
-        return (await self.stub.GetRun(pb.GetRunRequest(run_id=run_id), metadata=AUTH)).run
-
-    async def set_status(self, job_name: str, state: str, namespace: str = NS):
-        """Patch the Job's status as the Job controller would for ``state``."""
-        now = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
-        status = {"pending": {"active": 1, "ready": 0},
-                  "running": {"active": 1, "ready": 1, "startTime": now},
-                  "succeeded": {"active": 0, "ready": 0, "succeeded": 1, "completionTime": now,
-                                "conditions": [{"type": "SuccessCriteriaMet", "status": "True"},
-                                               {"type": "Complete", "status": "True", "lastTransitionTime": now}]},
-                  "failed": {"active": 0, "ready": 0, "failed": 4, "conditions": [
-                      {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                       "message": "Job has reached the specified backoff limit", "lastTransitionTime": now}]}}[state]
-        await asyncio.to_thread(self.batch.patch_namespaced_job_status, job_name, namespace, {"status": status})
-
-    async def jobs(self, namespace: str = NS) -> list[dict]:
-        r = await asyncio.to_thread(self.batch.list_namespaced_job, namespace, _preload_content=False)
-        return json.loads(r.data)["items"]
-
-    def runs_total(self, result: str, phase: str = "persona-alignment") -> float:
-        return self.stack.metrics.registry.get_sample_value(
-            "mascot_training_runs_total", {"phase": phase, "result": result}) or 0.0
-
-
-@pytest.fixture
-def kube(kmock, tmp_path):
-    """A kubernetes BatchV1Api on kmock (the tests' view as the Job controller) and a kubeconfig for the gateway."""
-    import kubernetes
-
-    kmock.resources["batch/v1/jobs"].namespaced = True  # lists work before the first Job exists
-    cfg = kubernetes.client.Configuration()
-    cfg.host = str(kmock.url).rstrip("/")
-    client = kubernetes.client.ApiClient(cfg)
-    yield kubernetes.client.BatchV1Api(client), write_kubeconfig(tmp_path / "kubeconfig", cfg.host)
-    client.close()
-
-
-@pytest.fixture
-async def envs(kmock, kube, chart_templates, tmp_path, monkeypatch):
-    """Start gateways (the default stack: gateway, director, speaker on a scripted engine) with TrainingService on
-    kmock: ``await envs(**training_config)``. Stopped at teardown."""
-    monkeypatch.setenv("MASCOT_TEST_ADMIN", TOKEN)
-    batch, kubeconfig = kube
-    started = []
-
-    async def start(templates_dir=chart_templates, **training):
-        cfg = make_config(tmp_path, adapters={"admin_token_env": "MASCOT_TEST_ADMIN"},
-                          training={"templates_dir": str(templates_dir), "kubeconfig": str(kubeconfig),
-                                    "poll_s": 0, **training})
-        stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-        ch = channel(stack.target("gateway"))
-        started.append((stack, ch))
-        return Env(stack, training_pb2_grpc.TrainingServiceStub(ch), batch, kmock)
-
-    yield start
-    for stack, ch in started:
-        await ch.close()
-        await stack.stop(0)
-
-
-async def code_of(coro):
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await coro
-    return e.value.code(), e.value.details()
 
 
 # ------------------------------------------------------------------------------------------------------ create

@@ -17,9 +17,9 @@ from mascot.core.engine import GenerationRequest
 from mascot.core.personas import PersonaCatalog
 from mascot.core.server import build_server, channel
 from mascot.app.stack import component_service, start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine
-from tests.integration.test_persistence import check_sigkill_and_resume
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.persistence import check_sigkill_and_resume
 
 pytestmark = [pytest.mark.integration]
 DIRECTOR = "Agent: The Catalyst\nAction: Ask one question.\nTone: Curious"

@@ -26,8 +26,9 @@ from mascot.api.speaker.v1 import speaker_pb2_grpc as spb_grpc
 from mascot.core.server import channel
 from mascot.gateway.store import ConversationRow, RoundRow
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -15,7 +15,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,18 +25,12 @@ import pytest
 import yaml
 
 from mascot.core.files import read_jsonl
-from tests.conftest import ROOT
+from tests.helpers.net import free_port
+from tests.helpers.paths import ROOT
 
 pytestmark = pytest.mark.integration
 SMOKE = ROOT / "training-jobs" / "configs" / "persona_alignment_smoke.yaml"
 ANSWERED = "rpc judge.JudgeCandidates code=OK"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the judge is started, killed and restarted on it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(tiny_model_dir: Path) -> dict:
@@ -365,7 +358,7 @@ async def test_call_with_retry_backs_off_within_the_budget_and_raises_the_rest()
         waits.append(s)
         now[0] += s
 
-    def failing(code, n_fail, trailing=()):  # noqa: ANN001, ANN202
+    def failing(code, n_fail, trailing=()):
         calls = []
 
         async def call(timeout_s: float) -> str:

@@ -19,8 +19,9 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.server import channel
 from mascot.gateway.servicer import ConversationServicer
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = pytest.mark.integration
 

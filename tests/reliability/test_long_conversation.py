@@ -16,8 +16,9 @@ from mascot.core.server import channel
 from mascot.gateway.store import NewTurn
 from mascot.app.runjob import read_conversation
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = [pytest.mark.integration]
 DIRECTOR = "Agent: The Catalyst\nAction: Ask one question.\nTone: Curious"

@@ -10,7 +10,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
+from tests.helpers.config import make_config
 
 pytestmark = [pytest.mark.integration]
 

@@ -80,7 +80,9 @@ def score(gate: SafetyGate, items: list[dict]) -> dict[str, dict]:
 def report(title: str, table: dict[str, dict], record_property) -> None:
     print(f"\n{title}")
     for kind, r in sorted(table.items()):
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        def fmt(v):
+            return "-" if v is None else f"{v:.2f}"
+
         print(f"  {kind:16s} n={r['n']:3d} recall={fmt(r['recall'])} ({r['risk']} risk) precision={fmt(r['precision'])}"
               f" (denials as none {fmt(r['precision_denials_as_none'])}) false_positives={r['false_positives']}/"
               f"{r['none']} extra_categories={r['extra_categories']}")

@@ -20,8 +20,9 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.engine import GenerationRequest
 from mascot.core.server import channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = [pytest.mark.integration]
 DIRECTOR = "Agent: The Catalyst\nAction: Ask one question.\nTone: Curious"

@@ -15,8 +15,9 @@ from mascot.core.personas import PersonaCatalog
 from mascot.core.server import channel
 from mascot.gateway.safety import SAFETY_ACTION, SafetyGate
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,8 @@ class Scripted:
         self.reply, self.user_reply = reply, user_reply
 
     def speaker(self, prompt: str) -> str:
-        return self.user_reply if prompt.startswith("<|system|>You are chatting with a few supportive helpers") else self.reply
+        user_sim = prompt.startswith("<|system|>You are chatting with a few supportive helpers")
+        return self.user_reply if user_sim else self.reply
 
 
 @pytest.fixture

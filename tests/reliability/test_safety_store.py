@@ -4,22 +4,13 @@ with its conversations unflagged, the models match the migrated schema, and the 
 from __future__ import annotations
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from mascot.core.db import create_engine
-from mascot.gateway.store import MIGRATIONS_DIR, Base, NewTurn, SafetyEvent, Store
-
-
-def alembic(engine, action: str, revision: str) -> None:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        getattr(command, action)(cfg, revision)
+from mascot.gateway.store import Base, NewTurn, SafetyEvent, Store
+from tests.helpers.migrations import alembic
 
 
 def check_upgrade_from_0001(url: str) -> None:
@@ -34,7 +25,8 @@ def check_upgrade_from_0001(url: str) -> None:
     assert conv.safety_flagged is False and conv.safety_categories == []
     with store.engine.connect() as c:
         assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []  # models == migrations
-    _, user = store.start_round("old", "k1", "I want to kill myself", [SafetyEvent("user_risk", "suicide", "kill_self")])
+    _, user = store.start_round("old", "k1", "I want to kill myself",
+                                [SafetyEvent("user_risk", "suicide", "kill_self")])
     store.append_turn("old", NewTurn(role="agent", text="t", safety=True, round_key="k1"),
                       safety_events=[SafetyEvent("reply_screened", "reply_dismissive", "dismiss")])
     conv, turns = store.get_conversation("old")

@@ -17,8 +17,8 @@ from mascot.core.errors import InvalidArgument
 from mascot.core.server import channel
 from mascot.gateway.admin import check_source_path
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
 
 ADMIN = "admin-token-0123456789abcdef"
 

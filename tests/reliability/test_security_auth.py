@@ -19,8 +19,9 @@ from mascot.core.metrics import Metrics
 from mascot.core.server import build_server, channel
 from mascot.gateway.security import CallerAuth, parse_caller_tokens
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import code_of, collect
 
 pytestmark = pytest.mark.integration
 ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdef"
@@ -30,16 +31,6 @@ DIRECTOR = "Agent: The Anchor\nAction: Comfort the user.\nTone: Warm"
 
 def md(token: str) -> tuple:
     return (("authorization", f"Bearer {token}"),)
-
-
-async def code_of(call) -> tuple[grpc.StatusCode, str]:
-    """The status of a failed call, unary (awaited) or server-streaming (read to its end)."""
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        if hasattr(call, "__aiter__"):
-            [x async for x in call]
-        else:
-            await call
-    return e.value.code(), e.value.details()
 
 
 async def stream_code(call) -> tuple[grpc.StatusCode, str]:

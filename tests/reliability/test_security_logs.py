@@ -5,6 +5,7 @@ token appear."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import pytest
@@ -14,12 +15,14 @@ from mascot.api.adapter.v1 import adapter_pb2_grpc
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.server import channel
-from mascot.gateway import store as _store  # noqa: F401  (imports SQLAlchemy, whose loggers are set below too)
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
-from tests.integration.test_adapters import make_lora
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.lora import make_lora
+from tests.helpers.rpc import collect
 
+# The store imports SQLAlchemy, whose loggers are set to DEBUG below too (imported for that side effect alone).
+importlib.import_module("mascot.gateway.store")
 pytestmark = pytest.mark.integration
 CALLER = "caller-tok-Q7xZpL2mW9vR4kT8"
 WRONG = "wrong-tok-H3nB6cJ1sD5fG0aY"

@@ -14,8 +14,9 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.server import channel
 from mascot.gateway.security import RateLimited, RateLimiter
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.rpc import collect
 
 DIRECTOR = "Agent: The Anchor\nAction: Comfort the user.\nTone: Warm"
 ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdef"

@@ -20,9 +20,10 @@ from mascot.core.server import channel
 from mascot.gateway.security import sweep_retention
 from mascot.gateway.store import Base, NewTurn, SafetyEvent, Store
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
-from tests.reliability.test_safety_store import alembic
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.migrations import alembic
+from tests.helpers.rpc import collect
 
 DIRECTOR = "Agent: The Anchor\nAction: Comfort the user.\nTone: Warm"
 NOW = dt.datetime(2030, 1, 10, 12, 0, tzinfo=dt.timezone.utc)

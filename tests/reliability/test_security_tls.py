@@ -6,18 +6,10 @@ refused (UNAVAILABLE); the model servers' gRPC port; the CLIs' --tls-* options."
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import ipaddress
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
@@ -25,82 +17,18 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.core.config import MascotConfig
 from mascot.core.server import ClientTLS, channel
 from mascot.app.stack import start_stack
-from tests.conftest import make_config
-from tests.helpers import ScriptedEngine, collect
+from tests.helpers.config import make_config
+from tests.helpers.engine import ScriptedEngine
+from tests.helpers.pki import PKI, Pair, make_pki
+from tests.helpers.rpc import collect
 
 pytestmark = pytest.mark.integration
 DIRECTOR = "Agent: The Anchor\nAction: Comfort the user.\nTone: Warm"
 
 
-@dataclass
-class Pair:
-    cert: Path
-    key: Path
-
-
-@dataclass
-class PKI:
-    ca: Path
-    server: Pair
-    client: Pair
-    other_ca: Path
-    other_client: Pair
-    other_server: Pair
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _write(path: Path, key, cert) -> Pair:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()))
-    (path / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return Pair(path / "tls.crt", path / "tls.key")
-
-
-def make_ca(path: Path, cn: str):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
-    _write(path, key, cert)
-    return key, cert
-
-
-def make_leaf(path: Path, cn: str, ca_key, ca_cert) -> Pair:
-    """A certificate valid for 127.0.0.1 / localhost, for both server and client authentication."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return _write(path, key, cert)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> PKI:
-    d = tmp_path_factory.mktemp("pki")
-    ca_key, ca = make_ca(d / "ca", "mascot test CA")
-    other_key, other = make_ca(d / "other-ca", "someone else's CA")
-    return PKI(ca=d / "ca" / "tls.crt", server=make_leaf(d / "server", "mascot", ca_key, ca),
-               client=make_leaf(d / "client", "alice", ca_key, ca), other_ca=d / "other-ca" / "tls.crt",
-               other_client=make_leaf(d / "other-client", "mallory", other_key, other),
-               other_server=make_leaf(d / "other-server", "mascot", other_key, other))
+    return make_pki(tmp_path_factory.mktemp("pki"))[0]
 
 
 def tls_section(pki: PKI, client_auth: bool = False, server: Pair | None = None) -> dict:

@@ -24,7 +24,7 @@ from mascot_training.common.config import LoraConfig
 from mascot_training.common.rewards import format_reward
 from mascot_training.persona import persona_grpo as pg
 from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 STEPS, SEED = 14, 0  # seeds 0-4 at 12 steps all learned (last-3 mean 4.8-6.8 vs first-3 -1.0-1.6)
 USER_LINES = ["I feel so anxious about my exam tomorrow.", "My dog died last week.", "I got promoted!",

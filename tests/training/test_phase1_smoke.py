@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

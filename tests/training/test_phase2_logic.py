@@ -6,14 +6,13 @@ import math
 import re
 
 import pytest
-import yaml
 
 from mascot.core.personas import PersonaCatalog
 from mascot_training.collaborative.config import load
 from mascot_training.collaborative.simulate import detect_role_flip
 from mascot_training.common.config import ConfigError
 from mascot_training.common.rewards import i_div, judge_group_reward, rollout_reward
-from tests.conftest import ROOT, SHARED
+from tests.helpers.training import phase2_config
 
 ROSTER = [PersonaCatalog.load().get(i) for i in ("anchor", "catalyst", "beacon")]
 
@@ -83,24 +82,10 @@ def test_user_turns_are_not_flagged(text):
     assert detect_role_flip(text, ROSTER) == ""
 
 
-def _write(tmp_path, **over):
-    cfg = yaml.safe_load((ROOT / "training-jobs" / "configs" / "collaborative_smoke.yaml").read_text())
-    for k, v in over.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = v
-    cfg["data"]["situations"] = str(SHARED / "data" / "empathetic_dialogues" / "test_situations.jsonl")
-    f = tmp_path / "c.yaml"
-    f.write_text(yaml.safe_dump(cfg))
-    return f
-
-
 def test_config_problems_are_listed_together(tmp_path, shared_data):
-    f = _write(tmp_path, **{"director_grpo.batch_size": 6, "phase2.num_generations": 4, "personas": ["anchor"],
-                            "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW",
-                            "phase2.group_reward.judge.target": "127.0.0.1:50071"})
+    f = phase2_config(tmp_path, **{"director_grpo.batch_size": 6, "phase2.num_generations": 4, "personas": ["anchor"],
+                                   "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW",
+                                   "phase2.group_reward.judge.target": "127.0.0.1:50071"})
     with pytest.raises(ConfigError) as e:
         load(f)
     msg = str(e.value)
@@ -113,17 +98,17 @@ def test_config_problems_are_listed_together(tmp_path, shared_data):
 
 def test_config_rejects_unknown_keys_and_bad_values(tmp_path, shared_data):
     with pytest.raises(ConfigError, match="phase2.etaa"):
-        load(_write(tmp_path, **{"phase2.etaa": 1}))
+        load(phase2_config(tmp_path, **{"phase2.etaa": 1}))
     with pytest.raises(ConfigError, match="phase2.group_reward.source"):
-        load(_write(tmp_path, **{"phase2.group_reward.source": "vibes"}))
+        load(phase2_config(tmp_path, **{"phase2.group_reward.source": "vibes"}))
     with pytest.raises(ConfigError, match="prefix_agent_turns"):
-        load(_write(tmp_path, **{"phase2.prefix_agent_turns": [0, -1]}))
+        load(phase2_config(tmp_path, **{"phase2.prefix_agent_turns": [0, -1]}))
     with pytest.raises(ConfigError, match="num_generations"):
-        load(_write(tmp_path, **{"phase2.num_generations": 1}))
+        load(phase2_config(tmp_path, **{"phase2.num_generations": 1}))
 
 
 def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_override(tmp_path, shared_data):
-    cfg = load(_write(tmp_path))
+    cfg = load(phase2_config(tmp_path))
     assert cfg.phase2.eta == 0.5 and cfg.phase2.min_distinct == 2 and cfg.phase2.invalid_reward == -2.0
     assert cfg.phase2.user_speak_prob == 0.5 and cfg.phase2.group_reward.source == "rm"
     assert cfg.phase2.num_generations == 4  # the CPU profile
@@ -142,7 +127,7 @@ def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_overr
 ])
 def test_more_config_mistakes_are_caught_before_work(tmp_path, shared_data, over, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
-        load(_write(tmp_path, **over))
+        load(phase2_config(tmp_path, **over))
 
 
 def test_a_store_missing_some_personas_is_a_config_error(tmp_path, shared_data):
@@ -153,11 +138,12 @@ def test_a_store_missing_some_personas_is_a_config_error(tmp_path, shared_data):
     (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {"anchor": {
         "versions": {"1": {"state": "staged", "name": "anchor--v1"}}, "stable": None}}}))
     with pytest.raises(ConfigError, match=r"no phase 1 adapter for persona\(s\) \['catalyst', 'beacon'\]"):
-        load(_write(tmp_path, **{"speakers.store": str(store)}))
+        load(phase2_config(tmp_path, **{"speakers.store": str(store)}))
     (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {}}))
     with pytest.raises(ConfigError, match="no phase 1 adapter"):  # none at all: no silent quick stand-ins
-        load(_write(tmp_path, **{"speakers.store": str(store)}))
+        load(phase2_config(tmp_path, **{"speakers.store": str(store)}))
     (store / "registry.json").write_text(json.dumps({"revision": 1, "adapters": {"anchor": {
         "versions": {"1": {"state": "staged", "name": "anchor--v1"}}, "stable": None}}}))
-    cfg = load(_write(tmp_path, **{"speakers.store": str(store), "personas": ["anchor"], "phase2.min_distinct": 1}))
+    cfg = load(phase2_config(tmp_path, **{"speakers.store": str(store), "personas": ["anchor"],
+                                          "phase2.min_distinct": 1}))
     assert cfg.personas == ["anchor"]

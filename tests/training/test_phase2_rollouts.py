@@ -19,7 +19,7 @@ from mascot_training.collaborative.simulate import (
     RolloutRunner,
     RolloutSettings,
 )
-from tests.helpers import ScriptedEngine
+from tests.helpers.engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ from mascot_training.collaborative import speakers
 from mascot_training.collaborative.config import CollaborativeConfig, load
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import ConfigError
-from tests.conftest import need
-from tests.integration.test_adapters import make_lora
-from tests.training.test_phase2_logic import _write
+from tests.helpers.lora import make_lora
+from tests.helpers.paths import need
+from tests.helpers.training import phase2_config
 
 PERSONAS = ["anchor", "catalyst"]
 
@@ -101,14 +101,14 @@ def test_a_store_copy_that_does_not_match_its_digest_is_refused(local_store, tin
 def test_the_phase2_config_check_reads_the_store_by_uri(local_store, tmp_path, shared_data):
     # the smoke config trains anchor, catalyst and beacon; the store holds no beacon
     with pytest.raises(ConfigError, match=r"no phase 1 adapter for persona\(s\) \['beacon'\]"):
-        load(_write(tmp_path, **{"speakers.store": f"file://{local_store}"}))
-    cfg = load(_write(tmp_path, **{"speakers.store": f"file://{local_store}", "personas": PERSONAS}))
+        load(phase2_config(tmp_path, **{"speakers.store": f"file://{local_store}"}))
+    cfg = load(phase2_config(tmp_path, **{"speakers.store": f"file://{local_store}", "personas": PERSONAS}))
     assert cfg.speakers.store == f"file://{local_store}"
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="has no registry.json"):
-        load(_write(tmp_path, **{"speakers.store": str(tmp_path / "empty"), "personas": PERSONAS}))
+        load(phase2_config(tmp_path, **{"speakers.store": str(tmp_path / "empty"), "personas": PERSONAS}))
     with pytest.raises(ConfigError, match="unsupported scheme 'ftp'"):
-        load(_write(tmp_path, **{"speakers.store": "ftp://host/adapters", "personas": PERSONAS}))
+        load(phase2_config(tmp_path, **{"speakers.store": "ftp://host/adapters", "personas": PERSONAS}))
 
 
 # ----------------------------------------------------------------------------------------------------- S3

@@ -102,7 +102,8 @@ def test_store_uris_resolve_to_one_filesystem_and_root(tmp_path):
     assert s.display("registry.json") == "s3://my-bucket/a/b/registry.json"
     for bad, msg in [("gs://b/x", "unsupported scheme"), ("pvc://Bad_Claim/x", "not a PersistentVolumeClaim"),
                      ("pvc://c/../../etc", "leaves the claim's mount"), ("s3:///x", "not an S3 bucket"),
-                     ("s3://bucket/../x", "not allowed"), ("file://relative/x", "absolute path"), ("", "no adapter store")]:
+                     ("s3://bucket/../x", "not allowed"), ("file://relative/x", "absolute path"),
+                     ("", "no adapter store")]:
         with pytest.raises(ValueError, match=msg):
             st.open_store(bad)
 

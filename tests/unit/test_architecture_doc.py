@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 DOC = ROOT / "docs" / "architecture.md"
 #: A dotted name in backticks, e.g. `mascot.gateway.round.RoundRunner.message` (a trailing `()` is allowed).

@@ -12,7 +12,7 @@ import pytest
 from mascot.core.diversity import distinct_n, tokenize
 from mascot.eval.automatic import (TINY_MARKER, EmbeddingRedundancy, NLIScorer, aggregate, build_tiny_nli_model,
                                    dialogue_metrics, map_nli_labels, medoid_from_embeddings, self_bleu)
-from tests.conftest import need
+from tests.helpers.paths import need
 
 REPEATED = ["I understand how you feel, and that sounds really hard."] * 4
 VARIED = [

@@ -78,8 +78,10 @@ def test_directive_regex_accepts_roster_names_only():
     verbs = re.compile(directive_regex(ROSTER, max_action_chars=60, max_tone_chars=10, verbs=["Ask", "Invite"]))
     assert verbs.fullmatch("Agent: The Anchor\nAction: Ask what scared them most.\nTone: Calm")
     assert verbs.fullmatch("Agent: The Anchor\nAction: Invite them to say more\nTone: Calm")
-    assert not verbs.fullmatch("Agent: The Anchor\nAction: Ask what scared them. I am happy.\nTone: Calm")  # 2 sentences
-    assert not verbs.fullmatch("Agent: The Anchor\nAction: Validate the fear they felt.\nTone: Calm")  # verb not offered
+    # two sentences
+    assert not verbs.fullmatch("Agent: The Anchor\nAction: Ask what scared them. I am happy.\nTone: Calm")
+    # a verb not offered
+    assert not verbs.fullmatch("Agent: The Anchor\nAction: Validate the fear they felt.\nTone: Calm")
     with_think = re.compile(directive_regex(ROSTER, max_action_chars=40, max_tone_chars=10, max_think_chars=20))
     assert with_think.fullmatch("<think>hmm</think>\nAgent: Action Guide\nAction: a\nTone: b")
 

@@ -66,7 +66,8 @@ def test_an_echo_spanning_a_sentence_boundary_is_caught_like_the_bench_detector_
     assert defects.is_echo(text, sources)
     assert all(not is_echo(s, sources) for s in split_sentences(text))
     g, out = gate_run([text])
-    assert out == g.released == "I am right here with you. Validate and normalise the user's." and g.cut_reason == "echo"
+    assert (out == g.released == "I am right here with you. Validate and normalise the user's."
+            and g.cut_reason == "echo")
     assert not defects.is_echo(g.released, sources)
 
 
@@ -128,7 +129,8 @@ def test_every_regeneration_changes_something_that_takes_effect():
 def test_bench_detectors_are_fixed():
     assert defects.is_near_duplicate("I am here with you, always.", ["I am here with you, always!"])
     assert not defects.is_near_duplicate("Tell me more about your dog.", ["My dog ran away yesterday."])
-    assert defects.is_echo("give them a sense of emotional safety and validate what they feel", [SYSTEM + " and validate what they feel"])
+    assert defects.is_echo("give them a sense of emotional safety and validate what they feel",
+                           [SYSTEM + " and validate what they feel"])
     assert defects.is_loop("so sorry so sorry so sorry so sorry")
     assert defects.ends_cleanly("That is hard.") and defects.ends_cleanly("Well done! 🎉")
     assert not defects.ends_cleanly("You have been carrying so mu")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 LINT = Path(sys.executable).with_name("lint-imports")
 
@@ -44,7 +44,8 @@ def test_the_tree_keeps_every_contract() -> None:
     # core reaching up to the composition root
     ("core/files.py", "import mascot.app.stack", "mascot.core is not allowed to import mascot.app"),
     # one component importing another
-    ("director/directive.py", "import mascot.speaker.prompts", "mascot.director is not allowed to import mascot.speaker"),
+    ("director/directive.py", "import mascot.speaker.prompts",
+     "mascot.director is not allowed to import mascot.speaker"),
     # the generated API importing core
     ("api/__init__.py", "import mascot.core.config", "mascot.api is not allowed to import mascot.core"),
     # serving code importing the training jobs

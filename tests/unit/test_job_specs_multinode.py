@@ -21,7 +21,7 @@ MULTI = {"training": {"enabled": True, "launcher": "torchrun", "nodes": 3, "gpu"
 
 def _templates(tmp_path, values: dict, api_versions: tuple[str, ...] = ()) -> dict[str, dict]:
     """phase -> the chart's Job template as the gateway loads it (written out, then job_specs.load_template)."""
-    from tests.contract.conftest import CLUSTER_APIS, render, training_templates
+    from tests.helpers.chart import CLUSTER_APIS, render, training_templates
 
     out = {}
     for phase, doc in training_templates(render(values, CLUSTER_APIS + api_versions)).items():

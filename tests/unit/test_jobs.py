@@ -11,7 +11,7 @@ import yaml
 from mascot.gateway import jobs
 from mascot.core.errors import InvalidArgument
 from mascot.core.metrics import Metrics
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 T0 = dt.datetime(2025, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 RUFF = Path(sys.executable).with_name("ruff")
 

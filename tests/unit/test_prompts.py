@@ -106,7 +106,8 @@ def run_filter(chunks, own="The Anchor", foreign=("User", "The Beacon")):
     return f, "".join(out)
 
 
-@pytest.mark.parametrize("chunks", [["<think>plan</think>\nHello there."], ["<th", "ink>pl", "an</thi", "nk>Hel", "lo there."],
+@pytest.mark.parametrize("chunks", [["<think>plan</think>\nHello there."],
+                                    ["<th", "ink>pl", "an</thi", "nk>Hel", "lo there."],
                                     list("<think>plan</think> Hello there.  ")])
 def test_think_split_in_any_chunking(chunks):
     f, streamed = run_filter(chunks)

@@ -203,7 +203,8 @@ def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():
     def verdicts(scores):
         return {"agent": [{"a": s, "b": s} for s in scores], "collective": None, "unparseable": 0}
 
-    judged = {("mascot", f"s{i}"): {"flat": verdicts([1, 1, 1]), "varied": verdicts([1 + (i + j) % 5 for j in range(3)]),
+    judged = {("mascot", f"s{i}"): {"flat": verdicts([1, 1, 1]),
+                                    "varied": verdicts([1 + (i + j) % 5 for j in range(3)]),
                                     "split": {"agent": [{"a": 4, "b": 2}] * 3, "collective": None}}
               for i in range(10)}
     spread = judge_spread(judged, ["flat", "varied", "split", "silent"])

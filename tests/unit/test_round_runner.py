@@ -18,7 +18,7 @@ from mascot.core.personas import PersonaCatalog
 from mascot.gateway.round import RoundRunner
 from mascot.gateway.store import Store
 from mascot.gateway.turn_loop import RoundState, TurnLoop
-from tests.conftest import make_config
+from tests.helpers.config import make_config
 
 ROSTER = ["anchor", "beacon", "catalyst"]
 RISKY = "I want to end my life."

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

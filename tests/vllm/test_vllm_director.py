@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, need
+from tests.helpers.paths import ROOT, need
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from mascot.core.personas import PersonaCatalog
 from mascot.director.directive import directive_regex, parse_directive
 from mascot.judge.parse import parse_judgement
 from mascot.judge.rubric import CRITERIA, json_schema
-from tests.integration.test_adapters import make_lora
+from tests.helpers.lora import make_lora
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -19,13 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.server import channel
-from tests.conftest import ROOT, make_config, need
-
-argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv at import
-try:
-    from tests.integration.test_modelserver import SPEAKER_REQ, model_server, until_health
-finally:
-    sys.argv = argv
+from tests.helpers.config import make_config
+from tests.helpers.modelserver import SPEAKER_REQ, model_server, until_health
+from tests.helpers.paths import ROOT, need
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.integration]
 

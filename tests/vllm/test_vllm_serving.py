@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from mascot.core.engine.transformers import TransformersEngine
-from tests.conftest import ROOT
-from tests.integration.test_hot_load import check_hot_load
-from tests.integration.test_runjob import check_outputs
+from tests.helpers.hot_load import check_hot_load
+from tests.helpers.paths import ROOT
+from tests.helpers.runjob import check_outputs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.integration]
 

@@ -191,9 +191,11 @@ class ConnectionSettings:
         :data:`MIN_ACCEPTED_PING_S` seconds, whatever this server's own setting (more often is a strike: GOAWAY
         ``too_many_pings`` after two), so no client the config allows (``keepalive_time_s`` >= 1) is ever cut off,
         even one whose component config sets a shorter interval than the server's; and ``max_connection_age`` / its
-        grace (none when ``max_connection_age_s`` is 0)."""
+        grace (none when ``max_connection_age_s`` is 0). ``SO_REUSEPORT`` is off (grpcio turns it on by default on
+        Linux): a second server started on a port another one holds fails to bind (:class:`PortInUse`) instead of
+        silently sharing its traffic."""
         min_ping_s = MIN_ACCEPTED_PING_S
-        options: list[tuple[str, Any]] = [("grpc.keepalive_permit_without_calls", 1),
+        options: list[tuple[str, Any]] = [("grpc.so_reuseport", 0), ("grpc.keepalive_permit_without_calls", 1),
                                           ("grpc.http2.min_ping_interval_without_data_ms", int(min_ping_s * 1000))]
         if self.max_connection_age_s > 0:
             options += [("grpc.max_connection_age_ms", int(self.max_connection_age_s * 1000)),

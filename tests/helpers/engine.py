@@ -1,4 +1,4 @@
-"""Test helpers: a scripted engine (the issue asks for one) and gRPC client helpers."""
+"""A scripted engine: director and speaker outputs from callables, every request recorded (no model loaded)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ class ScriptedEngine:
         return None
 
     def render_chat(self, messages, add_generation_prompt=True, **_):
-        return "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + ("<|assistant|>" if add_generation_prompt else "")
+        """The messages as ``<|role|>content`` lines, then ``<|assistant|>`` when a generation prompt is asked for."""
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        return text + ("<|assistant|>" if add_generation_prompt else "")
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
@@ -56,7 +58,3 @@ class ScriptedEngine:
             result = item
         return result
 
-
-async def collect(call) -> list:
-    """All events of a server-streaming call (``.event`` of each response)."""
-    return [r.event async for r in call]
