@@ -8,13 +8,12 @@ import re
 import pytest
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
-from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.config import SafetyConfig
 from mascot.core.personas import PersonaCatalog
-from mascot.core.server import channel
 from mascot.gateway.safety import SAFETY_ACTION, SafetyGate
 from mascot.app.stack import start_stack
+from tests.helpers import dialogue
 from tests.helpers.config import make_config
 from tests.helpers.engine import ScriptedEngine
 from tests.helpers.rpc import collect
@@ -27,21 +26,11 @@ SECRECY = re.compile(r"secret|between us|between you and me|won't tell|confident
 GATE = SafetyGate(SafetyConfig(), PersonaCatalog.load())
 
 
-class Client:
-    def __init__(self, stack):
-        self.stack = stack
-        self.ch = channel(stack.target("gateway"))
-        self.stub = cpb_grpc.ConversationServiceStub(self.ch)
-
-    async def start(self, mode=cpb.MODE_SUPPORT, **kw):
-        return (await self.stub.StartConversation(cpb.StartConversationRequest(mode=mode, **kw))).conversation
-
-    async def send(self, conv_id, text, key="k1"):
-        return await collect(self.stub.SendMessage(cpb.SendMessageRequest(conversation_id=conv_id, text=text,
-                                                                          idempotency_key=key)))
+class Client(dialogue.Client):
+    """The shared gateway client, plus self-play, the safety metric and the stored safety events."""
 
     async def get(self, conv_id):
-        return (await self.stub.GetConversation(cpb.GetConversationRequest(conversation_id=conv_id))).conversation
+        return (await super().get(conv_id)).conversation
 
     async def self_play(self, conv_id, opening, **kw):
         kw.setdefault("user", dpb.UserSimulation(situation="A hard week.", emotion="sad"))
