@@ -61,7 +61,8 @@ def test_ed_csv_malformed_row_names_file_and_line():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("id,text\n1,hello\n", r"bad\.csv:1: not an EmpatheticDialogues CSV"),
+    ("id,text\n1,hello\n", r"bad\.csv:1: not an EmpatheticDialogues CSV: the header is 'id,text'; it must be conv_id,"),
+    ("", r"bad\.csv: empty file: an EmpatheticDialogues CSV starts with the header conv_id,utterance_idx,"),
     ("conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n"
      "hit:1_conv:2,first,sad,It rained.,1,My picnic was rained out.,,\n", r"bad\.csv:2: utterance_idx 'first'"),
     ("conv_id,utterance_idx,context,prompt,speaker_idx,utterance,selfeval,tags\n"

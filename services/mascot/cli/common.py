@@ -57,9 +57,23 @@ def load_config_or_exit(config: Optional[Path], **flags: Any) -> Any:
         overrides.setdefault(section, {})[key] = value
     try:
         return load_config(config, overrides)
-    except (ValidationError, FileNotFoundError, ConfigFileError) as e:
+    except ValidationError as e:
+        console.print(f"[red]configuration error:[/red] {validation_message(e)}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except (FileNotFoundError, ConfigFileError) as e:
         console.print(f"[red]configuration error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def validation_message(error: Any) -> str:
+    """A pydantic ``ValidationError`` as one line per problem: ``section.key: message (got VALUE)``, without
+    pydantic's documentation links."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item.get("loc", ())) or "config"
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        lines.append(f"{where}: {item.get('msg', 'invalid')}{got}")
+    return "; ".join(lines)
 
 
 CALLER_TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the caller token of the public API when the "

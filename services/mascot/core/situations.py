@@ -179,8 +179,12 @@ def _ed_conversations(p: Path) -> Iterator[tuple[str, dict]]:
     with open(p, encoding="utf-8-sig", newline="") as f:
         rows = csv.reader(f, quoting=csv.QUOTE_NONE)
         header = next(rows, None)
-        if header is None or tuple(h.strip() for h in header[:len(ED_HEADER)]) != ED_HEADER:
-            raise ValueError(f"{p}:1: not an EmpatheticDialogues CSV: the header must be {','.join(ED_HEADER)}")
+        if header is None:
+            raise ValueError(f"{p}: empty file: an EmpatheticDialogues CSV starts with the header "
+                             f"{','.join(ED_HEADER)}")
+        if tuple(h.strip() for h in header[:len(ED_HEADER)]) != ED_HEADER:
+            raise ValueError(f"{p}:1: not an EmpatheticDialogues CSV: the header is {','.join(header)[:200]!r}; "
+                             f"it must be {','.join(ED_HEADER)}")
         conv: tuple[str, dict] | None = None  # (where, record) of the conversation being read
         for row in rows:
             n = rows.line_num
