@@ -80,7 +80,7 @@ from mascot.core.errors import ServiceError
 from mascot.core.interceptors import BoundaryInterceptor
 from mascot.core.metrics import Metrics
 from mascot.app.model_runtime import HTTP_STATUS, V2_SERVICE, ComponentModel, ComponentRuntime, ModelHost
-from mascot.core.server import (ConnectionSettings, PortInUse, port_in_use_message, enable_reflection,
+from mascot.core.server import (ConnectionSettings, PortInUse, bind_port, enable_reflection, port_in_use_message,
                                 server_credentials, service_rpcs)
 from mascot.app.stack import parse_model_components
 
@@ -228,14 +228,7 @@ class OnePortModelServer(ModelServer):
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (docs/security.md)
-        address = f"{self.host}:{self.grpc_port}"
-        try:
-            bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
-        except RuntimeError:  # grpcio raises "Failed to bind to address" without the reason
-            bound = 0
-        if bound == 0:
-            raise PortInUse(port_in_use_message(f"the {self.label}'s gRPC port", self.host, self.grpc_port,
-                                                "--port"))
+        bound = bind_port(server, self.host, self.grpc_port, creds, f"the {self.label}'s gRPC port", "--port")
         await self._set_serving(False)
         await server.start()
         self._grpc, self.grpc_port = server, bound

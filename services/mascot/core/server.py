@@ -344,17 +344,27 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     enable_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = bind_port(server, host, port, creds, f"the {component}'s gRPC port", f"server.{component}_port")
+    await server.start()
+    srv = Server(server, bound, hs, names)
+    await srv.set_serving(True)
+    return srv
+
+
+def bind_port(server: grpc.aio.Server, host: str, port: int, creds: Any, what: str, setting: str) -> int:
+    """Add ``host:port`` to ``server`` (TLS when ``creds`` is not None); returns the bound port (0 picks one).
+
+    Raises:
+        PortInUse: the port could not be bound; the message names ``what`` and the ``setting`` that chooses it.
+    """
     address = f"{host}:{port}"
     try:
         bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises "Failed to bind to address" without the reason
         bound = 0
     if bound == 0:
-        raise PortInUse(port_in_use_message(f"the {component}'s gRPC port", host, port, f"server.{component}_port"))
-    await server.start()
-    srv = Server(server, bound, hs, names)
-    await srv.set_serving(True)
-    return srv
+        raise PortInUse(port_in_use_message(what, host, port, setting))
+    return bound
 
 
 #: Environment variable of ``server.max_message_bytes`` (pydantic-settings naming); clients without a config read it.
