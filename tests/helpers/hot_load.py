@@ -116,7 +116,9 @@ async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, ref
         await admin.PromoteAdapter(apb.PromoteAdapterRequest(persona_id="anchor", version=3, canary_weight=0.3),
                                    metadata=AUTH)
         pins = [(await new_conversation()).adapter_versions["anchor"] for _ in range(400)]
-        lo, hi = binom.interval(0.99, 400, 0.3)
+        # conversation keys are random here, so the bound is wide (a false failure once in a million runs); a
+        # weight that is ignored (0 or 400 canary pins) or misread as 0.5 (about 200) still falls far outside it
+        lo, hi = binom.interval(1 - 1e-6, 400, 0.3)
         assert set(pins) == {"anchor--v1", "anchor--v3"} and lo <= pins.count("anchor--v3") <= hi
         # the engine loaded every serving version under its own name, and reports them
         assert {"anchor--v1", "anchor--v3"} <= set(stack.engine.adapters())

@@ -36,6 +36,21 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
         assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]
     rm = json.loads((out / "persona_rm" / "manifest.json").read_text())
     assert "rm_heldout_accuracy" in rm
+    # Progress a person can follow in a Job log: one unwrapped line per step with its ETA, stage times, curves.
+    lines = p.stderr.splitlines()
+    grpo = [x for x in lines if x.startswith(f"persona_grpo {cfg['personas'][0]}: step ")]
+    assert [x.split()[3] for x in grpo] == ["1/2", "2/2"] and "ETA " in grpo[0] and "reward " in grpo[0], lines
+    assert any(x.startswith("sample: group 8/8 (100%)") for x in lines), lines
+    assert any(x.startswith("judge: group 8/8 (100%)") for x in lines), lines
+    assert any(x.startswith("persona_rm: step 1/") for x in lines), lines
+    assert sum(x.startswith("stage ") and " starting at " in x for x in lines) == 7
+    for png in ("sft/curves.png", "persona_rm/curves.png", *(f"persona_grpo/curves_{p}.png" for p in cfg["personas"])):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    grpo_log = [json.loads(x) for x in (out / "persona_grpo" / f"curves_{cfg['personas'][0]}.jsonl").read_text()
+                .splitlines()]
+    assert [e["step"] for e in grpo_log if "reward" in e] == [1, 2]
+    man = json.loads((out / "persona_grpo" / "manifest.json").read_text())
+    assert man["timings"]["started"] <= man["timings"]["finished"]
     registry = json.loads((out / "adapters" / "registry.json").read_text())
     assert set(registry["adapters"]) == set(cfg["personas"])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

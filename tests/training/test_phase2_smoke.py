@@ -49,6 +49,14 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
         assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]
     sp = json.loads((out / "speakers" / "manifest.json").read_text())
     assert {a["source"] for a in sp["adapters"].values()} == {"quick"} and set(sp["adapters"]) == set(cfg["personas"])
+    lines = p.stderr.splitlines()  # progress: one line per prefix / step with its ETA, then the curves
+    n = cfg["data"]["limit"]
+    assert any(x.startswith(f"rollouts: prefix {n}/{n} (100%)") for x in lines), lines
+    assert [x.split()[2] for x in lines if x.startswith("director_grpo: step ")] == ["1/2", "2/2"], lines
+    assert any(x.startswith("group_rm: step 1/") for x in lines), lines
+    assert sum(x.startswith("stage ") and " starting at " in x for x in lines) == 5
+    for png in ("group_rm/curves.png", "director_grpo/curves.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     ro = json.loads((out / "rollouts" / "manifest.json").read_text())["metrics"]
     assert ro["prefixes"] == cfg["data"]["limit"]
     assert ro["blocks"] == ro["prefixes"] * cfg["phase2"]["group_reward"]["k"]

@@ -31,6 +31,11 @@ def _load(config: Path, phase: int = 1):
         raise typer.Exit(2) from None
 
 
+def _line(message: str) -> None:
+    """One progress or stage line on stderr, never wrapped (a Job's log keeps one line per step)."""
+    console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
 def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> None:
     from mascot.cli.common import quiet
 
@@ -40,6 +45,9 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
         console.print(f"[red]--out {out}: {blocked} exists and is not a directory[/red]")
         raise typer.Exit(2)
     quiet()
+    import datasets
+
+    datasets.disable_progress_bars()  # the stages report their own progress, one line per step in a Job log
     try:
         # The trainers print their step logs on stdout; they go to stderr with the rest of the progress, so that
         # stdout holds the JSON summary alone.
@@ -47,11 +55,11 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
             if phase == 2:
                 from mascot_training.collaborative.pipeline import run as run2
 
-                results = run2(cfg, out, stages, log_fn=lambda m: console.print(m))
+                results = run2(cfg, out, stages, log_fn=_line)
             else:
                 from mascot_training.persona.pipeline import run
 
-                results = run(cfg, out, stages, log=lambda m: console.print(m))
+                results = run(cfg, out, stages, log=_line)
     except (ValueError, FileNotFoundError, NotImplementedError) as e:
         console.print(f"[red]stage failed:[/red] {e}", soft_wrap=True)  # one line in Job logs
         raise typer.Exit(1) from None

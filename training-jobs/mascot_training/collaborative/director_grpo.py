@@ -43,6 +43,7 @@ from mascot_training.collaborative.simulate import (
     rollout_seed,
 )
 from mascot_training.common import manifest as mf
+from mascot_training.common.progress import trainer_progress, write_curves
 from mascot_training.common.rewards import i_div, rollout_reward
 
 log = logging.getLogger(__name__)
@@ -374,7 +375,7 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
     t0 = time.perf_counter()
     stats = RolloutStats()
     trainer = build_trainer(base_model, prefixes, runner, loop, group_reward_fn, cfg, work_dir, stats,
-                            init_adapter=init_adapter, metrics=metrics)
+                            init_adapter=init_adapter, metrics=metrics, callbacks=[trainer_progress("director_grpo")])
     d, g = cfg.director, cfg.director_grpo
     plist = list(prefixes.values())
 
@@ -442,6 +443,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
             trainer, m = train_director(base_model, prefixes, runner, loop, group_reward_fn, cfg, Path(work),
                                         init_adapter=init, metrics=metrics)
             save_adapter(trainer, part / ADAPTER_SUBDIR)
+            write_curves(trainer.state.log_history, part / "curves.png", "director_grpo")
         if warm is not None:
             m["warm_start"] = warm
         atomic_write_text(part / "metrics.json", json.dumps(m, indent=2) + "\n")

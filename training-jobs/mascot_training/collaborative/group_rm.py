@@ -144,7 +144,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         model_dir = part / MODEL_SUBDIR
         n_train, loss = fit_reward_model(base, tokenizer, Dataset.from_dict(
             {"chosen": [c for c, _ in train], "rejected": [r for _, r in train]}), gr.rm, cfg.phase2.seed,
-            model_dir, part / "_trainer")
+            model_dir, part / "_trainer", label="group_rm", curves=part / "curves.png")
         from mascot.reward.scorer import RewardMetadata, RewardScorer, write_metadata
 
         write_metadata(model_dir, RewardMetadata(name=f"group-rm-{cfg.run_id}", trained=True))

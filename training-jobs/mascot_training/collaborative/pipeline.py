@@ -10,12 +10,14 @@ judge from a background event loop; the director under training generates from t
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from mascot_training.collaborative.config import STAGES, CollaborativeConfig
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
+from mascot_training.common.progress import format_duration, reporting
 
 log = logging.getLogger(__name__)
 #: Engine name of the starting director adapter (serving director of prefixes and blocks).
@@ -29,6 +31,12 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
     Raises:
         ValueError: a stage cannot run (missing inputs, no qualifying pairs, ...); earlier artefacts stay.
     """
+    with reporting(log_fn):
+        return _run(cfg, Path(out), stages, log_fn, metrics)
+
+
+def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: Callable[[str], None],
+         metrics: Any) -> dict[str, dict | None]:
     from transformers import AutoTokenizer
 
     from mascot.core.engine import resolve_model
@@ -37,20 +45,20 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
     from mascot_training.collaborative import director_grpo, group_rm, publish_director, rollouts, speakers
     from mascot_training.collaborative.simulate import RolloutRunner
 
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base = resolve_model(cfg.model, cfg.tiny_dir)
     results: dict[str, dict | None] = {}
 
     def report(stage: str, before: Any) -> None:
         after = (results.get(stage) or {}).get("timings")
-        log_fn(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else "done"))
+        log_fn(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else
+                                     f"done at {_now()}, {format_duration((after or {}).get('seconds', 0))}"))
 
     def timings(stage: str) -> Any:
         return (mf.read_manifest(out / stage) or {}).get("timings")
 
     before = timings("speakers")
-    log_fn("stage speakers: starting")
+    log_fn(f"stage speakers: starting at {_now()}")
     results["speakers"] = speakers.run(cfg, out, base_model=base)  # every later stage needs the adapters
     report("speakers", before)
     rest = [s for s in STAGES[1:] if s in stages]
@@ -76,7 +84,7 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
                   "director_init": mf.digest_path(init) if init else ""}
         for stage in rest:
             before = timings(stage)
-            log_fn(f"stage {stage}: starting")
+            log_fn(f"stage {stage}: starting at {_now()}")
             if stage == "rollouts":
                 results[stage] = loop.call(rollouts.run(cfg, out, engine=engine, tokenizer=tokenizer,
                                                         adapters=adapters, director_adapter=DIRECTOR_INIT if init
@@ -99,6 +107,10 @@ def run(cfg: CollaborativeConfig, out: str | Path, stages: tuple[str, ...] = STA
         finally:
             loop.close()
     return results
+
+
+def _now() -> str:
+    return time.strftime("%H:%M:%S")
 
 
 def _reward_inputs(cfg: CollaborativeConfig, out: Path) -> dict[str, str]:

@@ -29,6 +29,7 @@ from mascot_training.collaborative.simulate import Prefix, Rollout, RolloutRunne
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
 from mascot_training.common.data import training_situations
+from mascot_training.common.progress import StepProgress
 
 log = logging.getLogger(__name__)
 STAGE = "rollouts"
@@ -111,21 +112,26 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
         done_prefixes = {d["prefix_id"] for d in read_jsonl(pre_path)} | {d["prefix_id"] for d in
                                                                          read_jsonl(drop_path)}
         done_blocks = {d["prefix_id"] for d in read_jsonl(blk_path)}
+        bar = StepProgress("rollouts", len(todo), unit="prefix")
         for prefix_id, sit, k in todo:
             if prefix_id not in done_prefixes:
                 prefix = await build_prefix(runner, decide, prefix_id, sit, k, p2.seed)
                 if prefix is None:
                     append_jsonl(drop_path, {"prefix_id": prefix_id, "where": "prefix"})
+                    bar.step(prefix=prefix_id, dropped="role flip")
                     continue
                 append_jsonl(pre_path, prefix.to_dict())
             if want_blocks and prefix_id not in done_blocks:
                 prefix = next((Prefix.from_dict(d) for d in read_jsonl(pre_path) if d["prefix_id"] == prefix_id), None)
                 if prefix is None:
+                    bar.step(prefix=prefix_id)
                     continue
                 rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i))
                       for i in range(p2.group_reward.k)]
                 await runner.run(rs, decide, sequences=False)
                 append_jsonl(blk_path, {"prefix_id": prefix_id, "blocks": [r.record() for r in rs]})
+            bar.step(prefix=prefix_id)
+        bar.close()
         prefixes = read_jsonl(pre_path)
         blocks = [b for row in read_jsonl(blk_path) for b in row["blocks"]]
         chosen = collections.Counter(p for b in blocks if not b["dropped"] for p in b["personas"])

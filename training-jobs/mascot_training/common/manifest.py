@@ -87,8 +87,9 @@ def stage_dir(out: str | Path, stage: str, config: Any, inputs: dict[str, str]) 
                       "versions": library_versions()}
     t0 = time.time()
     yield partial, manifest
-    manifest["timings"] = {"seconds": round(time.time() - t0, 3),
-                           "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    stamp = "%Y-%m-%dT%H:%M:%SZ"
+    manifest["timings"] = {"seconds": round(time.time() - t0, 3), "started": time.strftime(stamp, time.gmtime(t0)),
+                           "finished": time.strftime(stamp, time.gmtime())}
     manifest["outputs"] = digest_path(partial)
     atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
     if final.exists():

@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from mascot_training.common.progress import trainer_progress, write_curves
+
 log = logging.getLogger(__name__)
 
 #: σ at or below this is treated as degenerate and replaced by 1.0 (scores are then only centred).
@@ -38,7 +40,8 @@ def load_rm_tokenizer(base: str) -> Any:
 
 
 def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed: int, model_dir: Path,
-                     trainer_dir: Path) -> tuple[int, float | None]:
+                     trainer_dir: Path, label: str = "reward model",
+                     curves: Path | None = None) -> tuple[int, float | None]:
     """Bradley–Terry training with TRL ``RewardTrainer`` and save to ``model_dir``.
 
     Args:
@@ -49,6 +52,8 @@ def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed:
         seed: Seed of the head init and the data order.
         model_dir: Where the model and tokenizer are saved.
         trainer_dir: Scratch directory of the trainer (removed afterwards).
+        label: Name on the progress lines (:mod:`mascot_training.common.progress`).
+        curves: PNG path for the loss and accuracy curves per step (None: no plot).
 
     Returns:
         ``(pairs trained on, final training loss or None when not finite)``.
@@ -65,11 +70,14 @@ def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed:
     args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
                         use_cpu=not torch.cuda.is_available(), num_train_epochs=rm_cfg.epochs,
                         learning_rate=rm_cfg.lr, per_device_train_batch_size=rm_cfg.batch_size,
-                        max_length=rm_cfg.max_length, report_to=[], save_strategy="no", logging_strategy="no",
+                        max_length=rm_cfg.max_length, report_to=[], save_strategy="no", logging_steps=1,
                         disable_tqdm=True, seed=seed, data_seed=seed)
-    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                            callbacks=[trainer_progress(label)])
     trainer.remove_callback(PrinterCallback)  # it print()s the final metrics; they go to the log
     result = trainer.train()
+    if curves is not None:
+        write_curves(trainer.state.log_history, curves, label)
     log.info("reward model: trained on %d pairs: %s", len(trainer.train_dataset),
              {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
     trainer.model.save_pretrained(model_dir)

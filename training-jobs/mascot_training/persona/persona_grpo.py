@@ -45,6 +45,7 @@ from mascot_training.common import manifest as mf
 from mascot_training.common.config import LoraConfig
 from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
 from mascot_training.common.lora import peft_lora, save_adapter
+from mascot_training.common.progress import trainer_progress, write_curves
 from mascot_training.common.rewards import composite_reward, format_reward, split_think
 from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 
@@ -283,7 +284,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             reward = make_reward_func(scorer, catalog, g, metrics)
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
                 trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work),
+                                           callbacks=[trainer_progress(f"persona_grpo {pid}")],
                                            init_adapter=init_adapter, max_model_len=cfg.max_model_len)
+                write_curves(trainer.state.log_history, partial / f"curves_{pid}.png", f"persona_grpo {pid}")
                 save_adapter(trainer, pdir)
                 release_trainer(trainer)  # the next persona's model (and vLLM engine) must not meet this one's
                 del trainer

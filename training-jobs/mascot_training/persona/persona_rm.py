@@ -216,7 +216,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
             raise ValueError(f"all {len(train)} training pairs exceed persona_rm.max_length={rm_cfg.max_length} "
                              "even without history; raise it")
         train_pairs, loss = fit_reward_model(base, tokenizer, dataset, rm_cfg, cfg.sample.seed, model_dir,
-                                             trainer_dir)
+                                             trainer_dir, label="persona_rm", curves=partial / "curves.png")
 
         from mascot.reward.scorer import RewardMetadata, write_metadata
 

@@ -22,6 +22,7 @@ from mascot_training.common.config import active_personas
 from mascot_training.common.data import training_situations
 from mascot.core.files import append_jsonl, read_jsonl
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.progress import StepProgress
 from mascot_training.common.rewards import split_think
 
 
@@ -83,10 +84,13 @@ async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) ->
     with stage_dir(out, "sample", conf, inputs) as (part, manifest):
         path = part / "candidates.jsonl"
         done = {d["group_id"] for d in read_jsonl(path)}
+        bar = StepProgress("sample", sum(g["group_id"] not in done for g in todo), unit="group")
         for i, g in enumerate(todo):
             if g["group_id"] in done:
                 continue
             append_jsonl(path, await _sample_group(engine, g, cfg, sft_adapter, cfg.sample.seed * 1_000_003 + i * 97))
+            bar.step(persona=g["persona_id"])
+        bar.close()
         rows = read_jsonl(path)
         empty = sum(1 for r in rows for c in r["candidates"] if not c)
         manifest["data_ids"] = sorted({g["situation_id"] for g in todo})

@@ -28,6 +28,7 @@ from mascot.judge import rubric as rb
 from mascot.judge.judging import agent_item
 from mascot_training.common.judges import build_stage_judges, close_judges
 from mascot_training.common.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
+from mascot_training.common.progress import StepProgress
 
 EMPTY_SCORES = {k: 1 for k in rb.AGENT_CRITERIA}
 PROGRESS = "progress.jsonl"
@@ -165,8 +166,11 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:
             judges = build_stage_judges(cfg, engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
             try:
                 judge_group = _local_judge(judges, catalog, names)
+                bar = StepProgress("judge", len(todo), unit="group")
                 for g in todo:
                     progress.add(_row(g, *await judge_group(g)))
+                    bar.step(persona=g["persona_id"])
+                bar.close()
             finally:
                 await close_judges(judges)
             judge_names = [j.name for j in judges]
@@ -198,9 +202,11 @@ async def _judge_remote(cfg, todo: list[dict], progress: Progress, total: int) -
     target = cfg.judge.target
     async with channel(target) as ch:
         judge_group = _remote_judge(cfg, ch)
+        bar = StepProgress(f"judge ({target})", len(todo), unit="group")
         try:
             for g in todo:
                 progress.add(_row(g, *await judge_group(g)))
+                bar.step(persona=g["persona_id"])
         except RetryBudgetExhausted as e:
             raise ValueError(
                 f"the JudgeService at {target} did not answer within judge.retry_budget_s = "

@@ -26,6 +26,7 @@ from pathlib import Path
 from mascot_training.common.config import active_personas
 from mascot_training.common.lora import peft_lora, smoke_rows
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.progress import trainer_progress, write_curves
 from mascot_training.persona.config import PersonaAlignmentConfig
 
 STAGE = "sft"
@@ -147,8 +148,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
                          bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
                          use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
-                             peft_config=peft_lora(cfg.lora))
+                             peft_config=peft_lora(cfg.lora), callbacks=[trainer_progress("sft")])
         result = trainer.train()
+        write_curves(trainer.state.log_history, partial / "curves.png", "sft")
         adapter = partial / "adapter"
         trainer.model.save_pretrained(str(adapter))
         shutil.rmtree(work, ignore_errors=True)
