@@ -49,6 +49,18 @@ def test_format_reward_table(text, expected):
     assert format_reward(text, l_max=80, lam=0.5) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("Short answer here.", 1.0),
+    ("<think>why</think> Short answer here.", -1.0),   # no thinking mode: a think tag is a format error
+    ("An answer that mentions </think> midway.", -1.0),
+    ("   ", -1.0),
+    ("w " * 120, 1.0 - 0.5 * 40 / 80),
+    ("w " * 400, -1.0),
+])
+def test_format_reward_without_a_thinking_mode(text, expected):
+    assert format_reward(text, l_max=80, lam=0.5, think=False) == pytest.approx(expected)
+
+
 def test_split_think_and_composite():
     assert split_think("<think>t</think> a") == ("t", " a")
     assert split_think("plain") == (None, "plain")

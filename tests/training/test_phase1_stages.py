@@ -55,3 +55,14 @@ def test_judge_needs_sample(cfg, tmp_path):
         run(cfg, tmp_path / "empty", ("pairs",), log=lambda m: None)
     assert not (tmp_path / "empty" / "judge").exists()
     json.dumps(cfg.model_dump(mode="json"))
+
+
+def test_sample_concurrency_keeps_every_group_once_in_plan_order(cfg, tmp_path):
+    from mascot_training.persona.sample_candidates import groups as plan
+
+    wide = cfg.model_copy(update={"personas": ["anchor", "catalyst"],
+                                  "sample": cfg.sample.model_copy(update={"concurrency": 3})})
+    res = run(wide, tmp_path / "run", ("sample",), log=lambda m: None)
+    rows = read_jsonl(tmp_path / "run" / "sample" / "candidates.jsonl")
+    assert [r["group_id"] for r in rows] == [g["group_id"] for g in plan(wide)] and len(rows) == 4
+    assert all(len(r["candidates"]) == 3 for r in rows) and res["sample"]["metrics"]["groups"] == 4

@@ -248,3 +248,82 @@ def test_shared_jsonl_loads_the_same_records_as_before(shared_data, mode):
                          b.user.situation, b.user.emotion])
     assert _digest(requests) == MAIN_JOB_VIEW[mode]
     assert requests[0][3] == first["first_utterance" if mode == "support" else "query"]  # as written
+
+
+# ------------------------------------------------------------------------------------------ splits
+
+def test_split_writes_three_disjoint_parts_in_file_order(tmp_path):
+    from mascot.core.situations import split_situations
+
+    recs = [{"id": f"s{i}", "emotion": "sad", "situation": f"situation {i}", "first_utterance": f"opening {i}",
+             "extra": i} for i in range(10)]
+    src = write_jsonl(tmp_path / "all.jsonl", *recs)
+    assert split_situations(src, "support", tmp_path / "out", eval_n=4, gate_n=2) == {"eval": 4, "gate": 2,
+                                                                                        "train": 4}
+    parts = {n: [json.loads(x) for x in (tmp_path / "out" / f"{n}.jsonl").read_text().splitlines()]
+             for n in ("eval", "gate", "train")}
+    assert [r["id"] for r in parts["eval"]] == ["s0", "s1", "s2", "s3"]
+    assert [r["id"] for r in parts["gate"]] == ["s4", "s5"]
+    assert [r["id"] for r in parts["train"]] == ["s6", "s7", "s8", "s9"]
+    assert parts["eval"][0] == recs[0]  # records kept as written, extra fields included
+    # the evaluation part reads as the first N of the whole file do
+    assert load_situations(tmp_path / "out" / "eval.jsonl", "support") == load_situations(src, "support", 4)
+
+
+def test_split_converts_the_original_formats_to_jsonl(tmp_path):
+    from mascot.core.situations import split_situations
+
+    assert split_situations(ED_CSV, "support", tmp_path / "ed", eval_n=1, gate_n=1) == {"eval": 1, "gate": 1,
+                                                                                        "train": 1}
+    assert load_situations(tmp_path / "ed" / "train.jsonl", "support") == load_situations(ED_CSV, "support")[2:]
+    n = len(load_situations(QMSUM, "meeting"))
+    counts = split_situations(QMSUM, "meeting", tmp_path / "qm", eval_n=1, gate_n=0)
+    assert counts == {"eval": 1, "gate": 0, "train": n - 1}
+    assert (tmp_path / "qm" / "gate.jsonl").read_text() == ""
+    assert load_situations(tmp_path / "qm" / "eval.jsonl", "meeting") == load_situations(QMSUM, "meeting", 1)
+
+
+@pytest.mark.parametrize("eval_n, gate_n, message", [
+    (3, 0, "has 3 records: nothing is left for training after 3 for evaluation and 0 for the gate"),
+    (2, 1, "nothing is left for training after 2 for evaluation and 1 for the gate"),
+    (0, 1, "the evaluation part needs at least 1 record"),
+    (1, -1, "the gate part 0 or more"),
+])
+def test_split_refuses_sizes_that_leave_no_training_part_and_writes_nothing(tmp_path, eval_n, gate_n, message):
+    from mascot.core.situations import split_situations
+
+    with pytest.raises(ValueError, match=message):
+        split_situations(ED_CSV, "support", tmp_path / "out", eval_n=eval_n, gate_n=gate_n)
+    assert not (tmp_path / "out").exists()
+
+
+def test_split_refuses_a_bad_record_before_writing(tmp_path):
+    from mascot.core.situations import split_situations
+
+    good = {"id": "a", "emotion": "sad", "situation": "s", "first_utterance": "o"}
+    src = write_jsonl(tmp_path / "bad.jsonl", good, {**good, "id": "b", "first_utterance": "  "}, {**good, "id": "c"})
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: the opening \(first_utterance\) is blank"):
+        split_situations(src, "support", tmp_path / "out", eval_n=1, gate_n=0)
+    src = write_jsonl(tmp_path / "dup.jsonl", good, {**good, "id": "b"}, good)
+    with pytest.raises(ValueError, match="dup.jsonl:3: duplicate id 'a'"):
+        split_situations(src, "support", tmp_path / "out", eval_n=1, gate_n=0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_split_command_prints_the_parts_and_refuses_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from mascot.cli import app
+
+    r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", str(tmp_path / "o"), "--eval", "1",
+                                 "--gate", "1"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert {k: v["records"] for k, v in got.items()} == {"eval": 1, "gate": 1, "train": 1}
+    assert got["train"]["file"] == str(tmp_path / "o" / "train.jsonl")
+    r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", str(tmp_path / "p"), "--eval", "3"])
+    assert r.exit_code == 1 and "cannot split:" in r.output and "nothing is left for training" in r.output
+    r = CliRunner().invoke(app, ["data", "split", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "p")])
+    assert r.exit_code == 1 and "does not exist" in r.output
+    r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", str(tmp_path / "p"), "--mode", "chat"])
+    assert r.exit_code == 2 and "--mode must be one of" in r.output

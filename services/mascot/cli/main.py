@@ -22,6 +22,7 @@ import typer
 from mascot.cli.adapters import adapters_app
 from mascot.cli.common import (CALLER_TOKEN_FILE, MODEL_HELP, TLS_CA, TLS_CERT, TLS_KEY, caller_token, client_tls,
                                console, load_config_or_exit, quiet, redacted)
+from mascot.cli.data import data_app
 from mascot.cli.eval import eval_app
 from mascot.cli.health import health
 from mascot.cli.retrain import retrain_app
@@ -31,6 +32,7 @@ app = typer.Typer(help="MASCOT multi-agent companion platform.", no_args_is_help
 models_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(eval_app, name="eval")
+app.add_typer(data_app, name="data")
 app.add_typer(train_app, name="train")
 app.add_typer(adapters_app, name="adapters")
 app.add_typer(retrain_app, name="retrain")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import typer
@@ -48,6 +49,9 @@ def _run(config: Path, out: Path, stages: tuple[str, ...], phase: int = 1) -> No
     import datasets
 
     datasets.disable_progress_bars()  # the stages report their own progress, one line per step in a Job log
+    # TRL warns at import that it was tested with older vLLM releases; generation on vLLM needs a GPU and is checked
+    # when the config loads, so on every run the warning is noise.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     try:
         # The trainers print their step logs on stdout; they go to stderr with the rest of the progress, so that
         # stdout holds the JSON summary alone.

@@ -306,3 +306,52 @@ def _situation(rec: dict, where: str, mode: str, labels: bool, verbatim: bool) -
     if not opening.strip():
         raise ValueError(f"{where}: the opening ({'first_utterance' if mode == 'support' else 'query'}) is blank")
     return Situation(sid, split, opening, situation, emotion, context)
+
+
+#: The parts :func:`split_situations` writes, in the order they take records from the file.
+SPLIT_PARTS = ("eval", "gate", "train")
+
+
+def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n: int, gate_n: int) -> dict[str, int]:
+    """Write three disjoint situation files in our JSONL from any readable file: ``eval.jsonl`` (the first
+    ``eval_n`` records, in file order), ``gate.jsonl`` (the next ``gate_n``, for the PromoteAdapter gate) and
+    ``train.jsonl`` (every later record, for training). By position, so the evaluation part is the "first N
+    situations" that ``--limit N`` on the whole file reads, and a table measured that way before training compares
+    with one measured after. Each record is checked as :func:`load_situations` checks it (labels not required) and
+    written in our JSONL shape (an EmpatheticDialogues CSV or QMSum JSON comes out as JSONL). Files are replaced
+    atomically; nothing is written when any check fails.
+
+    Returns:
+        ``{"eval": n, "gate": n, "train": n}``: records written to each part.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a bad record (as :func:`load_situations`), a negative size, or a file with no record left for
+            training after the evaluation and gate parts (the message gives the count).
+    """
+    from mascot.core.files import atomic_write_text
+
+    if eval_n < 1 or gate_n < 0:
+        raise ValueError(f"the evaluation part needs at least 1 record and the gate part 0 or more, got "
+                         f"eval {eval_n}, gate {gate_n}")
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"situations file {p} does not exist")
+    records: list[dict] = []
+    seen: set[str] = set()
+    for where, rec in _records(p, mode, False):
+        sid = _situation(rec, where, mode, False, True).id
+        if sid in seen:
+            raise ValueError(f"{where}: duplicate id {sid!r}")
+        seen.add(sid)
+        records.append(rec)
+    if len(records) <= eval_n + gate_n:
+        raise ValueError(f"{p} has {len(records)} records: nothing is left for training after {eval_n} for "
+                         f"evaluation and {gate_n} for the gate (lower --eval or --gate)")
+    parts = {"eval": records[:eval_n], "gate": records[eval_n:eval_n + gate_n], "train": records[eval_n + gate_n:]}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SPLIT_PARTS:
+        atomic_write_text(out / f"{name}.jsonl",
+                          "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in parts[name]))
+    return {name: len(parts[name]) for name in SPLIT_PARTS}

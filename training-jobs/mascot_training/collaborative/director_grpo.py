@@ -354,12 +354,17 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
 
         model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
     rows = [{"prompt": pid} for pid in prefixes]
-    return GRPOTrainer(model=model, processing_class=runner.tokenizer, args=args,
-                       train_dataset=Dataset.from_list(rows), peft_config=peft_config,
-                       reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
-                                                      cfg.director_grpo.reward_timeout_s, stats, metrics)],
-                       rollout_func=make_rollout_func(runner, loop, prefixes, cfg, decider_factory),
-                       callbacks=[finite_guard(), *callbacks])
+    trainer = GRPOTrainer(model=model, processing_class=runner.tokenizer, args=args,
+                          train_dataset=Dataset.from_list(rows), peft_config=peft_config,
+                          reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
+                                                         cfg.director_grpo.reward_timeout_s, stats, metrics)],
+                          rollout_func=make_rollout_func(runner, loop, prefixes, cfg, decider_factory),
+                          callbacks=[finite_guard(), *callbacks])
+    if callbacks:  # a progress callback reports each step; the printer's dict per step would repeat it
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def train_director(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,

@@ -25,8 +25,9 @@ class DataConfig(_S):
 
     situations: Path = Path("../shared/data/empathetic_dialogues/test_situations.jsonl")
     limit: int | None = Field(None, ge=1)
-    #: Fraction of ids (by SHA-256 of salt + id) that may be used for training; the rest stay for evaluation.
-    train_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    #: Fraction of ids (by SHA-256 of salt + id) that may be used for training; the rest stay for evaluation. 1.0
+    #: uses every record: for a file that holds only training situations (`mascot data split`'s train.jsonl).
+    train_fraction: float = Field(0.5, gt=0.0, le=1.0)
     salt: str = "mascot-phase1"
 
 

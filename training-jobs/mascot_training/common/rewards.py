@@ -25,19 +25,30 @@ def split_think(text: str) -> tuple[str | None, str]:
     return m.group(1), m.group(2)
 
 
-def format_reward(text: str, l_max: int = 80, lam: float = 0.5) -> float:
-    """R_format in [−1, 1].
+def format_reward(text: str, l_max: int = 80, lam: float = 0.5, think: bool = True) -> float:
+    """R_format in [−1, 1] (the paper's format reward, docs/method.md; ``think=False`` is our variant for models
+    without a thinking mode).
 
     Args:
         text: The completion.
         l_max: Word budget of the answer (80 ED, 120 QMSum).
         lam: Verbosity penalty slope λ.
+        think: The model has a thinking mode (Qwen3): a non-empty ``<think>`` block must open the completion.
+            False (SmolLM2 and other models without one): the whole completion is the answer, and a think tag
+            anywhere in it is a format error; only the empty answer and the verbosity ramp remain.
 
     Returns:
-        −1 for a missing/empty/duplicated think block or an empty answer; else the verbosity ramp.
+        −1 for a missing/empty/duplicated think block (``think``), a stray think tag (not ``think``) or an empty
+        answer; else the verbosity ramp ``max(−1, 1 − λ·max(0, words − l_max)/l_max)``.
     """
-    think, answer = split_think(text)
-    if think is None or not think.strip() or "<think>" in answer or "</think>" in answer or "<think>" in think:
+    if not think:
+        if "<think>" in text or "</think>" in text:
+            return -1.0
+        think_text, answer = "-", text
+    else:
+        think_text, answer = split_think(text)
+    if think_text is None or not think_text.strip() or "<think>" in answer or "</think>" in answer \
+            or "<think>" in think_text:
         return -1.0
     words = len(answer.split())
     if words == 0:

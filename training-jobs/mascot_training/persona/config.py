@@ -49,6 +49,10 @@ class SampleConfig(_S):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     max_tokens: int = Field(128, ge=8, le=4096)
     seed: int = 0
+    #: Groups sampled at once (their K candidates each): the engine batches them into one decode step. Each
+    #: group's seed is fixed by its position, so a rerun samples the same groups (texts may differ in the last
+    #: digits of batched arithmetic).
+    concurrency: int = Field(1, ge=1, le=64)
 
 
 class FormatRewardConfig(_S):
@@ -56,6 +60,10 @@ class FormatRewardConfig(_S):
 
     lam: float = Field(0.5, ge=0.0)
     l_max: int = Field(80, ge=1)
+    #: The policy has a thinking mode (Qwen3) and must open with a non-empty think block. False for a model
+    #: without one (SmolLM2, the default): the completion is the answer; a think tag in it or an empty answer
+    #: scores -1, otherwise only the verbosity ramp applies.
+    think: bool = True
 
 
 class GrpoConfig(GrpoOptimConfig):

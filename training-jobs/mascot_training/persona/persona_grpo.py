@@ -104,7 +104,7 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
     def persona_reward(prompts: list, completions: list, persona_id: list[str], history: list, context: list,
                        **_: object) -> list[float | None]:
         texts = [completion_text(c) for c in completions]
-        r_fmt = [format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam) for t in texts]
+        r_fmt = [format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam, think=cfg.format.think) for t in texts]
         if rm_fn is None:
             return [cfg.w_format * f for f in r_fmt]
         inputs = []
@@ -176,7 +176,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
     """
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
     from trl import GRPOTrainer
 
     args = grpo_args(g, work_dir, max_model_len)  # refuses vLLM without CUDA before any model is loaded
@@ -192,6 +192,8 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_config,
                           callbacks=[finite_guard(), *callbacks])
+    if callbacks:  # a progress callback reports each step; the printer's dict per step would repeat it
+        trainer.remove_callback(PrinterCallback)
     trainer.train()
     rewards = [e["reward"] for e in trainer.state.log_history
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]  # NaN logs as None
