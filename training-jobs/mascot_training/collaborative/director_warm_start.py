@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from mascot_training.collaborative.config import CollaborativeConfig
 from mascot_training.collaborative.simulate import Prefix
+from mascot_training.common.progress import trainer_progress
 
 
 def warm_start_rows(prefixes: dict[str, Prefix], block_rows: Sequence[dict], roster: Sequence[Any],
@@ -53,7 +54,7 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     """
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from mascot_training.common.lora import peft_lora
@@ -69,7 +70,9 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
                      disable_tqdm=True)
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32), args=args,
                          train_dataset=Dataset.from_list(rows),
-                         processing_class=AutoTokenizer.from_pretrained(base_model), peft_config=peft_lora(cfg.lora))
+                         processing_class=AutoTokenizer.from_pretrained(base_model), peft_config=peft_lora(cfg.lora),
+                         callbacks=[trainer_progress("director warm start")])
+    trainer.remove_callback(PrinterCallback)  # the progress lines carry the loss
     result = trainer.train()
     trainer.model.save_pretrained(str(out_dir))
     shutil.rmtree(work, ignore_errors=True)

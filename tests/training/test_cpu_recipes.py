@@ -1,0 +1,125 @@
+"""The CPU recipes (training-jobs/configs/*_cpu.yaml) on the default real model: the shipped files validate and
+say what they promise, and both run end to end at a smoke size (phase 2 over phase 1's published adapters) with the
+metrics judge, the format reward of a model without a thinking mode, progress lines and curves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.paths import ROOT
+
+CONFIGS = ROOT / "training-jobs" / "configs"
+P1, P2 = CONFIGS / "persona_alignment_cpu.yaml", CONFIGS / "collaborative_cpu.yaml"
+
+
+def _set(cfg: dict, **over) -> dict:
+    for k, v in over.items():
+        node = cfg
+        *path, last = k.split("__")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return cfg
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-m", "mascot.cli", "train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monkeypatch):
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.common.config import ConfigError
+    from mascot_training.persona.config import load
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "splits").mkdir(parents=True)
+    (tmp_path / "runs" / "splits" / "train.jsonl").write_text(json.dumps(
+        {"id": "t1", "emotion": "sad", "situation": "My dog died.", "first_utterance": "I miss my dog."}) + "\n")
+    p1 = load(P1)
+    assert p1.model == "" and p1.data.situations == Path("runs/splits/train.jsonl") and p1.data.train_fraction == 1.0
+    assert [j["kind"] for j in p1.judge.judges] == ["metrics"] and p1.persona_grpo.format.think is False
+    assert p1.persona_grpo.max_steps * 5 >= 30 and not p1.personas  # every support persona, 30 steps in all
+    # the phase 2 recipe reads phase 1's store, which must exist
+    with pytest.raises(ConfigError, match="speakers.store runs/p1/adapters has no registry.json"):
+        from mascot_training.collaborative.config import load as load2
+
+        load2(P2)
+    p2 = CollaborativeConfig.model_validate(yaml.safe_load(P2.read_text()))
+    assert p2.model == "" and p2.data.situations == Path("runs/splits/train.jsonl") and p2.data.train_fraction == 1.0
+    assert p2.director_grpo.max_steps >= 30 and p2.speakers.store == "runs/p1/adapters"
+    assert [j["kind"] for j in p2.phase2.group_reward.judge.judges] == ["metrics"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_data, real_model_dir):
+    from mascot.core.situations import load_situations, split_situations
+
+    (tmp_path / ".cache").mkdir()  # the runs resolve the default model under ./.cache/models: the prepared one
+    (tmp_path / ".cache" / "models").symlink_to(real_model_dir.parent, target_is_directory=True)
+
+    situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+    split_situations(situations, "support", tmp_path / "runs" / "splits", eval_n=100, gate_n=40)
+    train_ids = {s.id for s in load_situations(tmp_path / "runs" / "splits" / "train.jsonl", "support")}
+    personas = ["anchor", "catalyst"]
+
+    cfg1 = _set(yaml.safe_load(P1.read_text()), personas=personas, data__limit=1, sample__k=3,
+                sample__max_tokens=16, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
+                persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
+                persona_grpo__max_steps=1,
+                publish__gate={"prompts": 2, "max_tokens": 12, "min_mean_words": 0.0, "min_distinct_2": 0.0})
+    (tmp_path / "p1.yaml").write_text(yaml.safe_dump(cfg1))
+    p = _train(["persona-alignment", "--config", "p1.yaml", "--out", "runs/p1"], tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out1 = tmp_path / "runs" / "p1"
+    lines = p.stderr.splitlines()
+    assert any(x.startswith("persona_grpo anchor: step 1/1 (100%)") and "reward " in x for x in lines), lines
+    assert not any(x.startswith("{'loss'") for x in lines)  # the trainer's own dict lines are gone
+    sample = json.loads((out1 / "sample" / "manifest.json").read_text())
+    assert set(sample["data_ids"]) <= train_ids and len(sample["data_ids"]) == 1
+    judge = json.loads((out1 / "judge" / "manifest.json").read_text())["metrics"]
+    assert judge["judges"] == ["metrics"] and judge["unparseable"] == 0
+    judged = [json.loads(x) for x in (out1 / "judge" / "judgements.jsonl").read_text().splitlines()]
+    means = [m for j in judged for m in j["means"]]
+    assert len(means) == 6 and len(set(means)) > 1  # the metrics judge tells real replies apart
+    assert json.loads((out1 / "pairs" / "manifest.json").read_text())["metrics"]["pairs"] > 0
+    grpo = json.loads((out1 / "persona_grpo" / "manifest.json").read_text())["metrics"]
+    # without a thinking mode the format reward is the verbosity ramp (1 for a short answer), not -1 for every reply
+    assert all(grpo[p]["steps"] == 1 and grpo[p]["reward_first"] is not None for p in personas)
+    assert (out1 / "persona_grpo" / "curves_anchor.png").is_file()
+    registry = json.loads((out1 / "adapters" / "registry.json").read_text())
+    assert set(registry["adapters"]) == set(personas)
+    adapter = json.loads((out1 / "adapters" / "anchor" / "v1" / "manifest.json").read_text())
+    assert Path(adapter["base_model"]).name == real_model_dir.name and set(adapter["data_ids"]) <= train_ids
+
+    cfg2 = _set(yaml.safe_load(P2.read_text()), personas=personas, data__limit=1, speakers__max_tokens=12,
+                user__max_tokens=12, phase2__num_generations=2, phase2__suffix_agent_turns=1,
+                phase2__prefix_agent_turns=[0], phase2__group_reward__k=2,
+                phase2__group_reward__pairs={"delta": 0.0, "max_per_group": 1, "heldout_fraction": 0.25},
+                phase2__group_reward__rm={"epochs": 1, "batch_size": 2, "max_length": 768},
+                director__max_tokens=48, director__warm_start_steps=1, director_grpo__batch_size=2,
+                director_grpo__max_steps=1, director_grpo__distribution_samples=1,
+                publish__gate__max_valid_rate_drop=1.0)  # one rollout per share at this size: the rate is noise
+    (tmp_path / "p2.yaml").write_text(yaml.safe_dump(cfg2))
+    p = _train(["collaborative", "--config", "p2.yaml", "--out", "runs/p2"], tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out2 = tmp_path / "runs" / "p2"
+    speakers = json.loads((out2 / "speakers" / "manifest.json").read_text())
+    assert {pid: a["source"] for pid, a in speakers["adapters"].items()} == {p: "store:v1" for p in personas}
+    rollouts = json.loads((out2 / "rollouts" / "manifest.json").read_text())
+    assert set(rollouts["data_ids"]) <= train_ids
+    dg = json.loads((out2 / "director_grpo" / "manifest.json").read_text())
+    assert dg["metrics"]["steps"] == 1 and set(dg["persona_distribution_after"]) >= {"invalid"}
+    assert (out2 / "director_grpo" / "curves.png").is_file() or dg["metrics"]["reward_first"] is None
+    assert any(x.startswith("director_grpo: step 1/1 (100%)") for x in p.stderr.splitlines())
+    director = json.loads((out2 / "adapters" / "registry.json").read_text())["adapters"]["director"]
+    assert director["versions"]["1"]["state"] == "staged"
