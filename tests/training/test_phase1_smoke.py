@@ -51,6 +51,13 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert [e["step"] for e in grpo_log if "reward" in e] == [1, 2]
     man = json.loads((out / "persona_grpo" / "manifest.json").read_text())
     assert man["timings"]["started"] <= man["timings"]["finished"]
+    # what each adapter said at the publish gate, for a person to read
+    said = [json.loads(x) for x in (out / "publish" / "gate_replies.jsonl").read_text().splitlines()]
+    prompts = cfg["publish"]["gate"]["prompts"]
+    assert [r["persona_id"] for r in said] == [p for p in cfg["personas"] for _ in range(prompts)]
+    assert all(set(r) == {"persona_id", "message", "reply"} and r["message"] for r in said)
+    pub = json.loads((out / "publish" / "manifest.json").read_text())["metrics"]["personas"]
+    assert all("texts" not in rec["gate"] for rec in pub.values())
     registry = json.loads((out / "adapters" / "registry.json").read_text())
     assert set(registry["adapters"]) == set(cfg["personas"])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

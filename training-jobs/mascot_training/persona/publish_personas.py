@@ -8,6 +8,8 @@ answers against ``publish.gate``. Passing adapters go to the run's store or the 
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,8 @@ def gate(base_model: str, adapter_dir: str | Path, card: Any, cfg: GateConfig, *
         seed: Sampling seed.
 
     Returns:
-        ``{"passed": bool, "mean_words": float, "distinct_2": float, "replies": int, "reason": str}``;
-        ``reason`` is '' when passed. distinct-2 is 0.0 when no answer holds two words.
+        ``{"passed": bool, "mean_words": float, "distinct_2": float, "replies": int, "reason": str, "texts":
+        [{"message", "reply"}]}``; ``reason`` is '' when passed. distinct-2 is 0.0 when no answer holds two words.
     """
     import torch
     from peft import PeftModel
@@ -84,7 +86,8 @@ def gate(base_model: str, adapter_dir: str | Path, card: Any, cfg: GateConfig, *
     if d2 < cfg.min_distinct_2:
         reasons.append(f"distinct-2 {d2:.3f} is below gate.min_distinct_2 {cfg.min_distinct_2}")
     return {"passed": not reasons, "mean_words": round(mean_words, 4), "distinct_2": round(d2, 4),
-            "replies": len(answers), "reason": "; ".join(reasons)}
+            "replies": len(answers), "reason": "; ".join(reasons),
+            "texts": [{"message": GATE_MESSAGES[i % len(GATE_MESSAGES)], "reply": a} for i, a in enumerate(answers)]}
 
 
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: dict[str, Path],
@@ -121,7 +124,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
         return read_manifest(out / STAGE)
     catalog = PersonaCatalog.load()
     cards = {pid: catalog.get(pid) for pid in adapters}
-    with stage_dir(out, STAGE, config, inputs) as (_partial, manifest):
+    with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
+        replies: list[dict] = []  # what each adapter said at the gate, for a person to read (gate_replies.jsonl)
         metrics: dict = {"published": 0, "refused": 0, "personas": {}}
         for pid, adir in adapters.items():
             card = cards[pid]
@@ -129,6 +133,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
             try:
                 check_adapter(adir, base_model=base_model)
                 rec["gate"] = gate(base_model, adir, card, cfg.publish.gate)
+                replies += [{"persona_id": pid, **t} for t in rec["gate"].pop("texts")]
                 if not rec["gate"]["passed"]:
                     raise PublishError(f"gate: {rec['gate']['reason']}")
                 rec["published"] = publish_to(cfg.publish, out, pid, adir, base_model=base_model,
@@ -141,4 +146,6 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
         manifest["metrics"] = metrics
         manifest["data_ids"] = list(data_ids)
         manifest["store"] = str(store)
+        (partial / "gate_replies.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                            for r in replies), encoding="utf-8")
     return manifest
