@@ -327,3 +327,9 @@ def test_data_split_command_prints_the_parts_and_refuses_with_one_line(tmp_path)
     assert r.exit_code == 1 and "does not exist" in r.output
     r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", str(tmp_path / "p"), "--mode", "chat"])
     assert r.exit_code == 2 and "--mode must be one of" in r.output
+    r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", ""])
+    assert r.exit_code == 2 and "--out must name a folder" in r.output
+    (tmp_path / "afile").write_text("x")
+    r = CliRunner().invoke(app, ["data", "split", str(ED_CSV), "--out", str(tmp_path / "afile" / "sub"), "--eval",
+                                 "1", "--gate", "0"])
+    assert r.exit_code == 1 and f"cannot write to {tmp_path / 'afile' / 'sub'}" in r.output.replace("\n", "")

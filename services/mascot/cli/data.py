@@ -30,8 +30,11 @@ def split(
     """Split a situations file by position into evaluation, gate and training parts (disjoint)."""
     from mascot.core.situations import MODES, split_situations
 
+    if not str(out).strip() or str(out) == ".":
+        console.print("[red]--out must name a folder for the split files (e.g. runs/splits)[/red]")
+        raise typer.Exit(2)
     if mode not in MODES:
-        console.print(f"[red]--mode must be one of {', '.join(MODES)}, got {mode!r}[/red]")
+        console.print(f"[red]cannot split: --mode must be one of {', '.join(MODES)}, got {mode!r}[/red]")
         raise typer.Exit(2)
     try:
         counts = split_situations(situations, mode, out, eval_n=eval_n, gate_n=gate_n)
@@ -39,7 +42,7 @@ def split(
         console.print(f"[red]cannot split:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except OSError as e:
-        console.print(f"[red]cannot write --out {out}:[/red] {e.strerror or e}", soft_wrap=True)
+        console.print(f"[red]cannot split:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     print(json.dumps({name: {"records": n, "file": str(out / f"{name}.jsonl")} for name, n in counts.items()}),
           flush=True)

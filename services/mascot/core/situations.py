@@ -325,9 +325,10 @@ def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n
         ``{"eval": n, "gate": n, "train": n}``: records written to each part.
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such input file.
         ValueError: a bad record (as :func:`load_situations`), a negative size, or a file with no record left for
             training after the evaluation and gate parts (the message gives the count).
+        OSError: ``out_dir`` cannot be made or written (the message names it).
     """
     from mascot.core.files import atomic_write_text
 
@@ -350,8 +351,11 @@ def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n
                          f"evaluation and {gate_n} for the gate (lower --eval or --gate)")
     parts = {"eval": records[:eval_n], "gate": records[eval_n:eval_n + gate_n], "train": records[eval_n + gate_n:]}
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in SPLIT_PARTS:
-        atomic_write_text(out / f"{name}.jsonl",
-                          "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in parts[name]))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in SPLIT_PARTS:
+            atomic_write_text(out / f"{name}.jsonl",
+                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in parts[name]))
+    except OSError as e:  # a plain OSError: not to be read as a missing input file
+        raise OSError(f"cannot write to {out}: {e.strerror or e}") from None
     return {name: len(parts[name]) for name in SPLIT_PARTS}

@@ -256,7 +256,8 @@ def common_problems(cfg: Any) -> list[str]:
     if other:
         out.append(f"persona(s) {other} are not in the {cfg.mode} set; {cfg.mode} personas: {sorted(in_mode)}")
     if not cfg.data.situations.is_file():
-        out.append(f"data.situations {cfg.data.situations} does not exist")
+        out.append(f"data.situations {cfg.data.situations} does not exist (a relative path is read from the current "
+                   "directory; `mascot data split FILE --out runs/splits` writes the split files the CPU recipes read)")
     looks_like_path = cfg.model.startswith(("/", "./", "../", "~")) or Path(cfg.model).exists()
     if cfg.model and cfg.model != "tiny" and (looks_like_path or cfg.model.count("/") != 1) \
             and not Path(cfg.model).expanduser().is_dir():
