@@ -118,21 +118,31 @@ def load_situations(path: str | Path, mode: str, limit: int | None = None, *, re
     if not p.exists():
         raise FileNotFoundError(f"situations file {p} does not exist")
     out: list[Situation] = []
-    seen: set[str] = set()
-    try:
-        for where, rec in _records(p, mode, require_labels):
-            sit = _situation(rec, where, mode, require_labels, verbatim)
-            if sit.id in seen:
-                raise ValueError(f"{where}: duplicate id {sit.id!r}")
-            seen.add(sit.id)
-            out.append(sit)
-            if limit is not None and len(out) >= limit:
-                break
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for _rec, sit in _checked(p, mode, require_labels, verbatim):
+        out.append(sit)
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise ValueError(f"{p}: no records")
     return out
+
+
+def _checked(p: Path, mode: str, labels: bool, verbatim: bool) -> Iterator[tuple[dict, Situation]]:
+    """``(record, situation)`` of every record of ``p`` in file order, each checked (:func:`_situation`, ids unique).
+
+    Raises:
+        ValueError: as :func:`load_situations` says (text that is not UTF-8 included).
+    """
+    seen: set[str] = set()
+    try:
+        for where, rec in _records(p, mode, labels):
+            sit = _situation(rec, where, mode, labels, verbatim)
+            if sit.id in seen:
+                raise ValueError(f"{where}: duplicate id {sit.id!r}")
+            seen.add(sit.id)
+            yield rec, sit
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _records(p: Path, mode: str, labels: bool) -> Iterator[tuple[str, dict]]:
@@ -338,14 +348,7 @@ def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"situations file {p} does not exist")
-    records: list[dict] = []
-    seen: set[str] = set()
-    for where, rec in _records(p, mode, False):
-        sid = _situation(rec, where, mode, False, True).id
-        if sid in seen:
-            raise ValueError(f"{where}: duplicate id {sid!r}")
-        seen.add(sid)
-        records.append(rec)
+    records = [rec for rec, _sit in _checked(p, mode, False, True)]
     if len(records) <= eval_n + gate_n:
         raise ValueError(f"{p} has {len(records)} records: nothing is left for training after {eval_n} for "
                          f"evaluation and {gate_n} for the gate (lower --eval or --gate)")
