@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 #: The keys of every turn of a transcript.
 TURN_KEYS = {"index", "role", "persona_id", "directive", "adapter_version", "text", "think", "safety",
@@ -35,6 +36,8 @@ def check_outputs(out_dir, mode, n, personas):
     assert s["conversations"] == n and s["agent_turns"] == 6 * n
     assert s["user_turns"] == sum(1 for ln in lines for t in ln["turns"] if t["role"] == "user")
     assert sum(s["persona_counts"].values()) == 6 * n
+    assert s["adapter_versions"] == dict(Counter(t["adapter_version"] for ln in lines for t in ln["turns"]
+                                                 if t["role"] == "agent"))
     assert 0 <= s["director_fallback_rate"] <= 1
     assert 0 < s["turn_latency_seconds"]["p50"] <= s["turn_latency_seconds"]["p95"]
     assert s["model"] == lines[0]["model"] and s["early_round_ends"] == 0

@@ -29,6 +29,7 @@ from tests.helpers.paths import ROOT
 STEPS, SEED = 14, 0  # seeds 0-4 at 12 steps all learned (last-3 mean 4.8-6.8 vs first-3 -1.0-1.6)
 USER_LINES = ["I feel so anxious about my exam tomorrow.", "My dog died last week.", "I got promoted!",
               "Someone stole my bike this morning."]
+HELD_OUT_LINES = ["My sister is moving abroad next month.", "I lost my wallet on the train."]
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +183,74 @@ def test_grpo_learns_a_planted_reward(catalog: PersonaCatalog, peaked_base: Path
         return [float(sum(t.rsplit("]\n", 1)[-1].count(w) for w in targets)) for t in texts]
 
     f = pg.make_reward_func(None, catalog, g, rm_fn=planted)
-    trainer, m = pg.train_persona(str(peaked_base), rows, f, g, LoraConfig(), tmp_path)
+    # prompts GRPO never sees: the reward measured on them before and after training (same seeds both times)
+    held = [{"prompt": [{"role": "user", "content": m}], "persona_id": "anchor",
+             "history": [{"role": "user", "text": m, "persona_id": ""}], "context": []} for m in HELD_OUT_LINES]
+    trainer, m = pg.train_persona(str(peaked_base), rows, f, g.model_copy(update={"heldout_samples": 8}),
+                                  LoraConfig(), tmp_path, heldout=held,
+                                  heldout_func=pg.make_reward_func(None, catalog, g, rm_fn=planted))
     r = [e["reward"] for e in trainer.state.log_history if "reward" in e]
     first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
-    print(f"targets {targets}: rewards {[round(x, 2) for x in r]}; first-3 {first:.2f}, last-3 {last:.2f}")
+    before, after = m["heldout_before"], m["heldout_after"]
+    print(f"targets {targets}: rewards {[round(x, 2) for x in r]}; first-3 {first:.2f}, last-3 {last:.2f}; "
+          f"held-out {before} -> {after}")
     assert m["steps"] == STEPS and len(r) == STEPS and not f.failures
     assert last >= first + 2.0, (targets, r)  # max is 8 (completions of 8 tokens) minus the format reward's 1
+    assert m["heldout_prompts"] == 2 and before["completions"] == after["completions"] == 16
+    assert before["scored"] == after["scored"] == 16
+    assert after["reward"] >= before["reward"] + 1.0, (before, after)  # it generalises to unseen prompts
+
+
+def test_heldout_prompts_are_the_groups_the_reward_model_never_trained_on(catalog: PersonaCatalog) -> None:
+    from mascot_training.persona.pairs import heldout_group
+
+    rows = [dict(r, group_id=f"sit-{i}|anchor") for i, r in enumerate(rows_for(catalog, "anchor") * 10)]
+    train, held = pg.split_heldout(rows, 0.25)
+    assert len(train) + len(held) == 40 and 4 <= len(held) <= 18  # about a quarter (a fixed hash)
+    assert all(heldout_group(r["group_id"], 0.25) for r in held)
+    assert not any(heldout_group(r["group_id"], 0.25) for r in train)
+    assert pg.split_heldout(rows, 0.0) == (rows, []) and pg.split_heldout(rows, 1.0) == ([], rows)
+    no_id = [dict(r, group_id="") for r in rows[:3]]
+    assert pg.split_heldout(no_id, 1.0) == (no_id, [])  # a row without a group id always trains
+
+
+def test_heldout_summary_averages_personas_measured_both_times() -> None:
+    m = {"anchor": {"heldout_before": {"reward": 0.5}, "heldout_after": {"reward": 1.0}},
+         "beacon": {"heldout_before": {"reward": -0.5}, "heldout_after": {"reward": 0.25}},
+         "catalyst": {"heldout_before": None, "heldout_after": None},
+         "action_guide": {"steps": 3}}
+    assert pg.heldout_summary(m) == {"heldout_reward_before": 0.0, "heldout_reward_after": 0.625,
+                                     "heldout_personas": ["anchor", "beacon"]}
+    assert pg.heldout_summary({"catalyst": m["catalyst"]}) == {
+        "heldout_reward_before": None, "heldout_reward_after": None, "heldout_personas": []}
+
+
+def test_heldout_reward_scores_seeded_samples(catalog: PersonaCatalog, tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    g = GrpoConfig(max_completion_length=6, format={"think": False, "l_max": 60})
+    rows = rows_for(catalog, "anchor")[:2]
+    seen: list[str] = []
+
+    def rm(texts: list[str]) -> list[float | None]:  # planted: the reply's length in characters, one masked
+        seen.extend(texts)
+        return [None if i == 0 else float(len(t.rsplit("]\n", 1)[-1])) for i, t in enumerate(texts)]
+
+    f = pg.make_reward_func(None, catalog, g, rm_fn=rm)
+    texts = pg.sample_completions(model, tok, rows, g, 3, seed=7)
+    assert [len(t) for t in texts] == [3, 3] and texts == pg.sample_completions(model, tok, rows, g, 3, seed=7)
+    assert texts != pg.sample_completions(model, tok, rows, g, 3, seed=8)
+    seen.clear()
+    model.train()  # a trainer's model: generation switches to eval mode and back
+    out = pg.heldout_reward(model, tok, rows, f, g, 3, seed=7)
+    flat = [t for ts in texts for t in ts]
+    want = [len(t.strip()) + format_reward(t, l_max=60, think=False) for t in flat[1:]]
+    assert out["completions"] == 6 and out["scored"] == 5  # the masked score is left out, not counted as 0
+    assert out["reward"] == pytest.approx(sum(want) / 5, abs=1e-4)
+    assert out["format"] == pytest.approx(sum(format_reward(t, l_max=60, think=False) for t in flat) / 6, abs=1e-4)
+    assert len(seen) == 6 and model.training is True
+    assert pg.heldout_reward(model, tok, [], f, g, 3, seed=7) is None
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -51,6 +52,24 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert [e["step"] for e in grpo_log if "reward" in e] == [1, 2]
     man = json.loads((out / "persona_grpo" / "manifest.json").read_text())
     assert man["timings"]["started"] <= man["timings"]["finished"]
+    # the groups held out for the reward model are held out of GRPO too and measured before and after on them
+    from mascot_training.persona.config import GrpoConfig
+    from mascot_training.persona.pairs import heldout_group
+
+    groups = [json.loads(x) for x in (out / "sample" / "candidates.jsonl").read_text().splitlines()]
+    held = {p: sum(g["persona_id"] == p and heldout_group(g["group_id"], 0.25) for g in groups)
+            for p in cfg["personas"]}
+    assert sum(held.values()) > 0, held
+    for p, n in held.items():
+        m = man["metrics"][p]
+        assert m.get("heldout_prompts", 0) == n
+        if n:
+            for when in ("heldout_before", "heldout_after"):
+                assert m[when]["completions"] == n * GrpoConfig().heldout_samples, m
+                assert isinstance(m[when]["reward"], float) and math.isfinite(m[when]["reward"])
+    assert man["heldout_personas"] == sorted(p for p, n in held.items() if n)
+    assert isinstance(man["heldout_reward_before"], float) and isinstance(man["heldout_reward_after"], float)
+    assert any("held-out reward " in x for x in lines), lines
     # what each adapter said at the publish gate, for a person to read
     said = [json.loads(x) for x in (out / "publish" / "gate_replies.jsonl").read_text().splitlines()]
     prompts = cfg["publish"]["gate"]["prompts"]

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 
 import pytest
 
-from mascot_training.common.progress import StepProgress, format_duration, reporting, write_curves
+from mascot_training.common.progress import (
+    StepProgress,
+    format_duration,
+    report,
+    reporting,
+    stage_finished,
+    stage_started,
+    write_curves,
+)
 
 
 class Clock:
@@ -70,6 +79,23 @@ def test_reporting_reaches_progress_made_in_other_threads_and_is_restored():
     outside: list[str] = []
     StepProgress("after", 1, sink=outside.append, live=False).step()
     assert len(got) == 2 and len(outside) == 1
+
+
+def test_stage_lines_say_started_done_skipped_or_disabled():
+    assert re.fullmatch(r"stage sample: starting at \d\d:\d\d:\d\d", stage_started("sample"))
+    t = {"started": "2026-12-03T10:00:00Z", "seconds": 181.4}
+    assert re.fullmatch(r"stage judge: done at \d\d:\d\d:\d\d, 3m01s", stage_finished("judge", None, {"timings": t}))
+    assert re.fullmatch(r"stage judge: done at .*, 3m01s", stage_finished("judge", {"seconds": 5}, {"timings": t}))
+    assert stage_finished("judge", dict(t), {"timings": t}) == "stage judge: up to date, skipped"
+    assert stage_finished("sft", None, None) == "stage sft: disabled"
+
+
+def test_a_result_line_goes_where_progress_goes():
+    got: list[str] = []
+    with reporting(got.append, live=False):
+        report("persona_grpo anchor: 6 steps, reward 0.1 -> 0.8")
+    report("outside the block goes to the logger")
+    assert got == ["persona_grpo anchor: 6 steps, reward 0.1 -> 0.8"]
 
 
 def test_a_live_bar_writes_no_lines_until_it_closes():

@@ -20,7 +20,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import directive_source_name
 from mascot.core.enums import enum_name, enum_value
-from mascot.core.files import atomic_write_text
+from mascot.core.files import atomic_write_text, jsonl_text
 from mascot.core.situations import Situation
 
 
@@ -134,7 +134,8 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def summarize(lines: Iterable[dict]) -> dict:
-    """``summary.json``: counts, persona counts, director fallback rate, turn latency p50/p95 (agent turns)."""
+    """``summary.json``: counts, persona counts, agent turns per adapter version (``anchor--v2``, ``base``), director
+    fallback rate, turn latency p50/p95 (agent turns)."""
     lines = list(lines)
     agent = [t for ln in lines for t in ln["turns"] if t["role"] == "agent"]
     user = [t for ln in lines for t in ln["turns"] if t["role"] == "user"]
@@ -145,6 +146,7 @@ def summarize(lines: Iterable[dict]) -> dict:
     out = {
         "conversations": len(lines), "agent_turns": len(agent), "user_turns": len(user),
         "persona_counts": dict(sorted(Counter(t["persona_id"] for t in agent).items())),
+        "adapter_versions": dict(sorted(Counter(t["adapter_version"] or "base" for t in agent).items())),
         "director_fallback_rate": round(fallbacks / len(agent), 6) if agent else 0.0,
         "turn_latency_seconds": {"p50": round(percentile(lat, 50), 6), "p95": round(percentile(lat, 95), 6)},
         "rejections": dict(sorted(rejections.items())),
@@ -214,6 +216,6 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
             raise
     done = [ln for ln in lines if ln is not None]
     summary = summarize(done)
-    _atomic_write(out / "transcripts.jsonl", "".join(json.dumps(ln, ensure_ascii=False) + "\n" for ln in done))
+    _atomic_write(out / "transcripts.jsonl", jsonl_text(done))
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary

@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], mode: int = 0o644) -> Path:
@@ -65,6 +65,19 @@ def atomic_write_text(path: str | Path, text: str, mode: int = 0o644) -> Path:
     """:func:`atomic_write` of UTF-8 ``text`` (newlines written as given)."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda fh: fh.write(data), mode)
+
+
+def jsonl_text(records: Iterable[dict], default: Callable[[object], object] | None = None) -> str:
+    """One JSON object per line (UTF-8 kept as is, not ``\\u`` escaped), each line ending in a newline.
+    ``default`` converts values JSON cannot hold (as in :func:`json.dumps`); without it they raise TypeError."""
+    return "".join(json.dumps(r, ensure_ascii=False, default=default) + "\n" for r in records)
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict], mode: int = 0o644,
+                default: Callable[[object], object] | None = None) -> Path:
+    """:func:`atomic_write_text` of :func:`jsonl_text`: readers see the old file or the whole new one, never a
+    part. Returns ``path``."""
+    return atomic_write_text(path, jsonl_text(records, default), mode)
 
 
 def append_jsonl(path: str | Path, obj: dict) -> None:

@@ -340,7 +340,7 @@ def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n
             training after the evaluation and gate parts (the message gives the count).
         OSError: ``out_dir`` cannot be made or written (the message names it).
     """
-    from mascot.core.files import atomic_write_text
+    from mascot.core.files import write_jsonl
 
     if eval_n < 1 or gate_n < 0:
         raise ValueError(f"the evaluation part needs at least 1 record and the gate part 0 or more, got "
@@ -357,8 +357,7 @@ def split_situations(path: str | Path, mode: str, out_dir: str | Path, *, eval_n
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name in SPLIT_PARTS:
-            atomic_write_text(out / f"{name}.jsonl",
-                              "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in parts[name]))
+            write_jsonl(out / f"{name}.jsonl", parts[name])
     except OSError as e:  # a plain OSError: not to be read as a missing input file
         raise OSError(f"cannot write to {out}: {e.strerror or e}") from None
     return {name: len(parts[name]) for name in SPLIT_PARTS}

@@ -8,11 +8,10 @@ when several judges ran). Splits: positive/neutral/negative/all (support), acade
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from mascot.core.files import atomic_write_text
+from mascot.core.files import write_jsonl
 from mascot.core.situations import MEETING_SPLITS, SUPPORT_SPLITS
 from mascot.eval.aggregate import aggregate_split, combine_judges
 
@@ -239,7 +238,7 @@ def write_outputs(out: Path, report: dict, dialogues: list[dict]) -> None:
     from mascot.eval.report import write_report
 
     rows = report.pop("_measure_rows", None)
-    atomic_write_text(out / "transcripts.jsonl", "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues))
+    write_jsonl(out / "transcripts.jsonl", dialogues)
     if rows is not None:
-        atomic_write_text(out / "measures.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl(out / "measures.jsonl", rows)
     write_report(report, out)

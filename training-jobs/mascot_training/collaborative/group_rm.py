@@ -14,7 +14,6 @@ With ``source = judge`` the stage records that no model is trained; ``director_g
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -96,7 +95,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
               "base_model": mf.digest_path(base) if Path(base).is_dir() else base}
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)
-    from mascot.core.files import read_jsonl
+    from mascot.core.files import read_jsonl, write_jsonl
     from mascot.core.formatting import block_text
     from mascot_training.common.judges import build_stage_judges, close_judges
 
@@ -124,9 +123,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
             dropped["groups_without_pairs"] += not pairs
             split = "train" if in_train_split(prefix.prefix_id, 1 - gr.pairs.heldout_fraction, "heldout") else "heldout"
             rows += [(prefix, bs[w], bs[lo], margin, split) for w, lo, margin in pairs]
-        (part / "judgements.jsonl").write_text("".join(
-            json.dumps({"prefix_id": p.prefix_id, "mean": mv}) + "\n" for (p, _), mv in zip(items, means)),
-            encoding="utf-8")
+        write_jsonl(part / "judgements.jsonl",
+                    ({"prefix_id": p.prefix_id, "mean": mv} for (p, _), mv in zip(items, means)))
         if not any(r[4] == "train" for r in rows):
             raise ValueError(f"no training pair of blocks reaches phase2.group_reward.pairs.delta={gr.pairs.delta} "
                              f"({len(rows)} held out): lower delta, raise group_reward.k or prefixes, or use a judge "

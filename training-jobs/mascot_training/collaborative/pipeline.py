@@ -10,14 +10,13 @@ judge from a background event loop; the director under training generates from t
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from mascot_training.collaborative.config import STAGES, CollaborativeConfig
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
-from mascot_training.common.progress import format_duration, reporting
+from mascot_training.common.progress import reporting, stage_finished, stage_started
 
 log = logging.getLogger(__name__)
 #: Engine name of the starting director adapter (serving director of prefixes and blocks).
@@ -50,15 +49,13 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
     results: dict[str, dict | None] = {}
 
     def report(stage: str, before: Any) -> None:
-        after = (results.get(stage) or {}).get("timings")
-        log_fn(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else
-                                     f"done at {_now()}, {format_duration((after or {}).get('seconds', 0))}"))
+        log_fn(stage_finished(stage, before, results.get(stage)))
 
     def timings(stage: str) -> Any:
         return (mf.read_manifest(out / stage) or {}).get("timings")
 
     before = timings("speakers")
-    log_fn(f"stage speakers: starting at {_now()}")
+    log_fn(stage_started("speakers"))
     results["speakers"] = speakers.run(cfg, out, base_model=base)  # every later stage needs the adapters
     report("speakers", before)
     rest = [s for s in STAGES[1:] if s in stages]
@@ -84,7 +81,7 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
                   "director_init": mf.digest_path(init) if init else ""}
         for stage in rest:
             before = timings(stage)
-            log_fn(f"stage {stage}: starting at {_now()}")
+            log_fn(stage_started(stage))
             if stage == "rollouts":
                 results[stage] = loop.call(rollouts.run(cfg, out, engine=engine, tokenizer=tokenizer,
                                                         adapters=adapters, director_adapter=DIRECTOR_INIT if init
@@ -107,10 +104,6 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
         finally:
             loop.close()
     return results
-
-
-def _now() -> str:
-    return time.strftime("%H:%M:%S")
 
 
 def _reward_inputs(cfg: CollaborativeConfig, out: Path) -> dict[str, str]:

@@ -10,13 +10,14 @@ go to this module's logger. Trainer stages feed it through :func:`trainer_progre
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+from mascot.core.files import write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,29 @@ def reporting(sink: Callable[[str], None], live: bool | None = None) -> Iterator
         yield
     finally:
         _REPORTING.update(before)
+
+
+def report(text: str) -> None:
+    """Write one line (a stage's result, e.g. a persona's reward before and after) where progress lines go: the
+    sink of :func:`reporting`, else this module's logger (INFO)."""
+    (_REPORTING["sink"] or log.info)(text)
+
+
+def stage_started(stage: str) -> str:
+    """``"stage <stage>: starting at HH:MM:SS"`` (local time): the line a pipeline writes before a stage."""
+    return f"stage {stage}: starting at {time.strftime('%H:%M:%S')}"
+
+
+def stage_finished(stage: str, timings_before: Any, manifest: dict | None) -> str:
+    """The line a pipeline writes after a stage: ``"stage X: up to date, skipped"`` when the manifest's ``timings``
+    are the ones it had before the stage ran (resumed), ``"stage X: disabled"`` without a manifest, else
+    ``"stage X: done at HH:MM:SS, 3m01s"`` (the stage's own ``timings.seconds``)."""
+    if manifest is None:
+        return f"stage {stage}: disabled"
+    after = manifest.get("timings")
+    if timings_before is not None and after == timings_before:
+        return f"stage {stage}: up to date, skipped"
+    return f"stage {stage}: done at {time.strftime('%H:%M:%S')}, {format_duration((after or {}).get('seconds', 0))}"
 
 
 def format_duration(seconds: float) -> str:
@@ -205,7 +229,5 @@ def write_curves(history: Sequence[dict], path: str | Path, title: str) -> list[
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    with path.with_suffix(".jsonl").open("w", encoding="utf-8") as fh:
-        for e in history:
-            fh.write(json.dumps(e, default=str) + "\n")
+    write_jsonl(path.with_suffix(".jsonl"), history, default=str)
     return keys

@@ -75,6 +75,12 @@ class GrpoConfig(GrpoOptimConfig):
     w_rm: float = 1.0
     w_format: float = 1.0
     format: FormatRewardConfig = FormatRewardConfig()
+    #: Hold the prompts of the groups the pairs stage held out for the reward model (``pairs.heldout_fraction``)
+    #: out of GRPO too, and score the policy on them before and after training (``heldout_reward_before`` /
+    #: ``_after`` in the stage manifest). False trains on every group and measures nothing.
+    heldout_eval: bool = True
+    #: Completions sampled per held-out prompt for that measure (same seeds before and after).
+    heldout_samples: int = Field(4, ge=1, le=64)
 
 
 class GateConfig(_S):

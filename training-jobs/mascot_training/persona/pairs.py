@@ -10,13 +10,20 @@ direction is arbitrary: plumbing, not preference. Groups go to the held-out spli
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from mascot.core.files import read_jsonl
+from mascot.core.files import read_jsonl, write_jsonl
 from mascot_training.common.data import in_train_split
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.preference_pairs import build_pairs
+
+
+def heldout_group(group_id: str, fraction: float) -> bool:
+    """True when the group (context, persona) is in the held-out split: the reward model is measured on its pairs
+    and never trained on them, and ``persona_grpo`` (``heldout_eval``) measures the policy on its prompt. A fixed
+    hash of the id, so the same groups are held out in every stage and every resumed run; about ``fraction`` of
+    them (0 <= fraction <= 1)."""
+    return not in_train_split(group_id, 1 - fraction, "heldout")
 
 
 def run(cfg, out: Path) -> dict:
@@ -43,7 +50,7 @@ def run(cfg, out: Path) -> dict:
         for k, v in dropped.items():
             totals[k] += v
         totals["groups_without_pairs"] += not pairs
-        split = "train" if in_train_split(g["group_id"], 1 - cfg.pairs.heldout_fraction, "heldout") else "heldout"
+        split = "heldout" if heldout_group(g["group_id"], cfg.pairs.heldout_fraction) else "train"
         for w, lo, margin in pairs:
             rows.append({"group_id": g["group_id"], "situation_id": g["situation_id"], "persona_id": g["persona_id"],
                          "history": g["history"], "context": g["context"], "chosen": g["candidates"][w],
@@ -52,8 +59,7 @@ def run(cfg, out: Path) -> dict:
         raise ValueError("no pair reaches the margin delta; lower pairs.delta, raise sample.k, or use a judge that "
                          "discriminates (the tiny random judge often scores every candidate alike)")
     with stage_dir(out, "pairs", conf, inputs) as (part, manifest):
-        (part / "pairs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                                          encoding="utf-8")
+        write_jsonl(part / "pairs.jsonl", rows)
         manifest["data_ids"] = sorted({r["situation_id"] for r in rows})
         manifest["metrics"] = {"pairs": len(rows), "train": sum(r["split"] == "train" for r in rows),
                                "heldout": sum(r["split"] == "heldout" for r in rows), "dropped": totals}

@@ -45,7 +45,7 @@ from mascot_training.common import manifest as mf
 from mascot_training.common.config import LoraConfig
 from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
 from mascot_training.common.lora import peft_lora, save_adapter
-from mascot_training.common.progress import trainer_progress, write_curves
+from mascot_training.common.progress import report, trainer_progress, write_curves
 from mascot_training.common.rewards import composite_reward, format_reward, split_think
 from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 
@@ -163,16 +163,91 @@ def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None =
                       **trl_generation_args(g.generation, max_model_len))
 
 
+def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples: int, seed: int) -> list[list[str]]:
+    """``samples`` completions per row (``rows[i]["prompt"]``: chat messages), drawn as GRPO draws them with
+    transformers generation (TRL 1.16 defaults: temperature ``g.temperature``, top-p 1, no top-k, at most
+    ``g.max_completion_length`` new tokens); row i is seeded with ``seed + i``, so the same weights give the same
+    texts. Returns one list of ``samples`` decoded texts per row (special tokens dropped)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    out: list[list[str]] = []
+    try:
+        for i, row in enumerate(rows):
+            text = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            enc = tok(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+            torch.manual_seed(seed + i)
+            with torch.inference_mode():
+                gen = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=1.0, top_k=0,
+                                     max_new_tokens=g.max_completion_length, num_return_sequences=samples,
+                                     pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                     else tok.eos_token_id)
+            n = enc["input_ids"].shape[1]
+            out.append([tok.decode(seq[n:], skip_special_tokens=True) for seq in gen])
+    finally:
+        model.train(was_training)
+    return out
+
+
+def heldout_reward(model, tok, rows: Sequence[dict], reward_func: Callable, g: GrpoConfig, samples: int,
+                   seed: int) -> dict | None:
+    """The composite reward of the policy on held-out prompt rows: :func:`sample_completions` scored by
+    ``reward_func`` (the training reward). Returns ``{"reward": mean over the scored completions, "format": mean
+    R_format, "scored": n, "completions": n}`` (rounded to 4 places; ``reward`` None when none was scored), or None
+    without rows."""
+    if not rows:
+        return None
+    texts = sample_completions(model, tok, rows, g, samples, seed)
+    flat = [(row, t) for row, ts in zip(rows, texts) for t in ts]
+    rewards = reward_func(prompts=[r["prompt"] for r, _ in flat], completions=[t for _, t in flat],
+                          persona_id=[r["persona_id"] for r, _ in flat], history=[r["history"] for r, _ in flat],
+                          context=[r["context"] for r, _ in flat])
+    scored = [float(x) for x in rewards if x is not None]
+    fmt = [format_reward(t, l_max=g.format.l_max, lam=g.format.lam, think=g.format.think) for _, t in flat]
+    return {"reward": round(sum(scored) / len(scored), 4) if scored else None,
+            "format": round(sum(fmt) / len(fmt), 4), "scored": len(scored), "completions": len(flat)}
+
+
+def split_heldout(rows: Sequence[dict], heldout_fraction: float) -> tuple[list[dict], list[dict]]:
+    """``(train, heldout)`` rows: a row is held out when its ``group_id`` is in the pairs stage's held-out split
+    (the same hash, so the reward model never trained on pairs of a held-out group either)."""
+    from mascot_training.persona.pairs import heldout_group
+
+    train, held = [], []
+    for r in rows:
+        (held if r.get("group_id") and heldout_group(r["group_id"], heldout_fraction) else train).append(r)
+    return train, held
+
+
+def heldout_summary(per_persona: dict[str, dict]) -> dict:
+    """Stage-level ``heldout_reward_before`` / ``_after``: the mean held-out composite reward over the personas
+    measured both times (each persona's mean weighs the same), with ``heldout_personas`` naming them; values None
+    when no persona was measured."""
+    both = {p: m for p, m in per_persona.items()
+            if (m.get("heldout_before") or {}).get("reward") is not None
+            and (m.get("heldout_after") or {}).get("reward") is not None}
+
+    def mean(key: str) -> float | None:
+        return round(sum(m[key]["reward"] for m in both.values()) / len(both), 4) if both else None
+
+    return {"heldout_reward_before": mean("heldout_before"), "heldout_reward_after": mean("heldout_after"),
+            "heldout_personas": sorted(both)}
+
+
 def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
                   work_dir: Path, callbacks: Sequence = (), init_adapter: str | None = None,
-                  max_model_len: int | None = None) -> tuple[object, dict]:
+                  max_model_len: int | None = None, heldout: Sequence[dict] = (),
+                  heldout_func: Callable | None = None) -> tuple[object, dict]:
     """GRPO of a LoRA on ``base_model`` over ``rows`` (module docstring format). Returns ``(trainer, metrics)``.
 
     The LoRA is fresh, or continues ``init_adapter`` (the SFT adapter: π_SFT) when given. ``max_model_len`` is the
     vLLM engine's window in tokens when ``g.generation.backend`` is ``vllm`` (None: the model's own).
 
     ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean composite reward of the first / last logged
-    step with a finite value; None if none), ``seconds``.
+    step with a finite value; None if none), ``seconds``; with ``heldout`` rows also ``heldout_before`` /
+    ``heldout_after`` (:func:`heldout_reward` of the policy before the first step and after the last, scored by
+    ``heldout_func``, default ``reward_func``, with ``g.heldout_samples`` completions per row and the same seeds).
     """
     import torch
     from datasets import Dataset
@@ -194,12 +269,22 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
                           callbacks=[finite_guard(), *callbacks])
     if callbacks:  # a progress callback reports each step; the printer's dict per step would repeat it
         trainer.remove_callback(PrinterCallback)
+
+    def measure() -> dict | None:
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        return heldout_reward(policy, tok, heldout, heldout_func or reward_func, g, g.heldout_samples, g.seed)
+
+    before = measure()
     trainer.train()
+    after = measure()
     rewards = [e["reward"] for e in trainer.state.log_history
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]  # NaN logs as None
-    return trainer, {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
-                     "reward_last": rewards[-1] if rewards else None,
-                     "seconds": round(time.perf_counter() - t0, 3)}
+    m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
+         "reward_last": rewards[-1] if rewards else None}
+    if heldout:
+        m.update(heldout_prompts=len(heldout), heldout_before=before, heldout_after=after)
+    m["seconds"] = round(time.perf_counter() - t0, 3)
+    return trainer, m
 
 
 def release_trainer(trainer) -> None:
@@ -249,7 +334,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         init_adapter: The SFT adapter every persona's LoRA starts from; None starts from a fresh LoRA.
 
     Returns:
-        The stage manifest (``metrics[persona_id]``: steps, reward_first, reward_last, reward_failures, seconds).
+        The stage manifest (``metrics[persona_id]``: steps, reward_first, reward_last, reward_failures, seconds,
+        and with ``persona_grpo.heldout_eval`` heldout_prompts, heldout_before, heldout_after; at the top level
+        :func:`heldout_summary`).
 
     Raises:
         ValueError: a persona without prompt rows. RuntimeError: a non-finite loss/weight, or a non-LoRA adapter.
@@ -260,6 +347,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     # The generation backend changes how completions are sampled, not what is trained: a run resumed on another
     # backend keeps the personas already trained.
     train_cfg = g.model_dump(mode="json", exclude={"generation"}) | {"lora": cfg.lora.model_dump(mode="json")}
+    if g.heldout_eval:  # which prompts are held out depends on the pairs stage's split
+        train_cfg["heldout_fraction"] = cfg.pairs.heldout_fraction
     config = train_cfg | {"personas": list(personas)}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
               "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts),
@@ -270,6 +359,12 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     missing = [p for p in personas if not prompts.get(p)]
     if missing:
         raise ValueError(f"no prompt rows for persona(s) {missing}")
+    split = {p: split_heldout(prompts[p], cfg.pairs.heldout_fraction) if g.heldout_eval else (prompts[p], [])
+             for p in personas}
+    empty = [p for p in personas if not split[p][0]]
+    if empty:
+        raise ValueError(f"every prompt of persona(s) {empty} is held out (persona_grpo.heldout_eval): sample more "
+                         "situations (data.limit) or lower pairs.heldout_fraction")
     catalog = PersonaCatalog.load()
     scorer = RewardScorer(rm_dir) if rm_dir else None
     with mf.stage_dir(out, STAGE, config, inputs) as (partial, man):
@@ -284,10 +379,12 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
                 continue
             shutil.rmtree(pdir, ignore_errors=True)
             reward = make_reward_func(scorer, catalog, g, metrics)
+            train_rows, held_rows = split[pid]
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
-                trainer, m = train_persona(base_model, prompts[pid], reward, g, cfg.lora, Path(work),
+                trainer, m = train_persona(base_model, train_rows, reward, g, cfg.lora, Path(work),
                                            callbacks=[trainer_progress(f"persona_grpo {pid}")],
-                                           init_adapter=init_adapter, max_model_len=cfg.max_model_len)
+                                           init_adapter=init_adapter, max_model_len=cfg.max_model_len,
+                                           heldout=held_rows, heldout_func=make_reward_func(scorer, catalog, g))
                 write_curves(trainer.state.log_history, partial / f"curves_{pid}.png", f"persona_grpo {pid}")
                 save_adapter(trainer, pdir)
                 release_trainer(trainer)  # the next persona's model (and vLLM engine) must not meet this one's
@@ -295,6 +392,11 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             m["reward_failures"] = dict(reward.failures)
             atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")
             man["metrics"][pid] = m
-            log.info("persona %s: %d steps, reward %s -> %s", pid, m["steps"], m["reward_first"], m["reward_last"])
+            line = f"persona_grpo {pid}: {m['steps']} steps, reward {m['reward_first']} -> {m['reward_last']}"
+            if m.get("heldout_before"):
+                line += (f"; held-out reward {m['heldout_before']['reward']} -> {m['heldout_after']['reward']} "
+                         f"({m['heldout_prompts']} prompts x {g.heldout_samples} samples)")
+            report(line)
+        man.update(heldout_summary(man["metrics"]))
         man["data_ids"] = sorted({r.get("group_id", "") for p in personas for r in prompts[p]} - {""})
     return mf.read_manifest(Path(out) / STAGE)

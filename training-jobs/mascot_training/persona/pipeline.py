@@ -8,14 +8,13 @@ Job.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.files import read_jsonl
 from mascot_training.common.config import active_personas
 from mascot_training.common.manifest import read_manifest
-from mascot_training.common.progress import format_duration, reporting
+from mascot_training.common.progress import reporting, stage_finished, stage_started
 from mascot_training.persona.config import STAGES, PersonaAlignmentConfig
 
 #: The module under ``mascot_training`` that runs each stage (its ``run``), in chain order.
@@ -96,7 +95,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                 if stage not in stages:
                     continue
                 before = (read_manifest(out / stage) or {}).get("timings")
-                log(f"stage {stage}: starting at {time.strftime('%H:%M:%S')}")
+                log(stage_started(stage))
                 mod = importlib.import_module(f"mascot_training.{STAGE_MODULES[stage]}")
                 if stage == "sft":
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base)
@@ -123,11 +122,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                                                for s in ("sample", "pairs")]))
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base,
                                                              adapters=adapters, data_ids=ids)
-                after = (results.get(stage) or {}).get("timings")
-                log(f"stage {stage}: " + ("up to date, skipped" if before is not None and after == before else
-                                          "disabled" if results.get(stage) is None else
-                                          f"done at {time.strftime('%H:%M:%S')}, "
-                                          f"{format_duration((after or {}).get('seconds', 0))}"))
+                log(stage_finished(stage, before, results.get(stage)))
         finally:
             if engine is not None:
                 await engine.close()

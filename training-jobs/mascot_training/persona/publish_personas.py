@@ -8,11 +8,10 @@ answers against ``publish.gate``. Passing adapters go to the run's store or the 
 
 from __future__ import annotations
 
-import json
-
 from pathlib import Path
 from typing import Any
 
+from mascot.core.files import write_jsonl
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.publish import PublishError, check_adapter, publish_to, still_published, store_of
 from mascot_training.common.rewards import split_think
@@ -146,6 +145,5 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: di
         manifest["metrics"] = metrics
         manifest["data_ids"] = list(data_ids)
         manifest["store"] = str(store)
-        (partial / "gate_replies.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                                            for r in replies), encoding="utf-8")
+        write_jsonl(partial / "gate_replies.jsonl", replies)
     return manifest

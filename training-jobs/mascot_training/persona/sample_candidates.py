@@ -10,7 +10,6 @@ they finish, so a killed stage resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from mascot.core.context import fit_history
 from mascot.speaker.prompts import build_persona_messages, stop_strings
 from mascot_training.common.config import active_personas
 from mascot_training.common.data import training_situations
-from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
+from mascot.core.files import append_jsonl, read_jsonl, write_jsonl
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.progress import StepProgress
 from mascot_training.common.rewards import split_think
@@ -98,7 +97,7 @@ async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) ->
         bar.close()
         order = {g["group_id"]: i for i, g in enumerate(todo)}
         rows = sorted(read_jsonl(path), key=lambda r: order.get(r["group_id"], len(order)))
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))  # file order = group order
+        write_jsonl(path, rows)  # file order = group order
         empty = sum(1 for r in rows for c in r["candidates"] if not c)
         manifest["data_ids"] = sorted({g["situation_id"] for g in todo})
         manifest["metrics"] = {"groups": len(rows), "candidates": sum(len(r["candidates"]) for r in rows),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from mascot.core.dialogue import history_from_dicts
-from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
+from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl, write_jsonl
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import agent_item
@@ -176,7 +176,7 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:
             judge_names = [j.name for j in judges]
         rows = [progress.done[g["group_id"]] for g in groups]
         lines = [{k: r[k] for k in ("group_id", "persona_id", "scores", "means")} for r in rows]
-        (part / "judgements.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+        write_jsonl(part / "judgements.jsonl", lines)
         manifest["data_ids"] = sorted({g["situation_id"] for g in groups})
         manifest["metrics"] = {"groups": len(lines), "unparseable": sum(r["unparseable"] for r in rows),
                                "judge_calls": sum(r["judge_calls"] for r in rows),

@@ -133,7 +133,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     on_gpu = torch.cuda.is_available()
@@ -149,6 +149,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
                          use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                              peft_config=peft_lora(cfg.lora), callbacks=[trainer_progress("sft")])
+        trainer.remove_callback(PrinterCallback)  # the progress lines carry the loss
         result = trainer.train()
         write_curves(trainer.state.log_history, partial / "curves.png", "sft")
         adapter = partial / "adapter"
