@@ -202,13 +202,13 @@ def test_grpo_learns_a_planted_reward(catalog: PersonaCatalog, peaked_base: Path
 
 
 def test_heldout_prompts_are_the_groups_the_reward_model_never_trained_on(catalog: PersonaCatalog) -> None:
-    from mascot_training.persona.pairs import heldout_group
+    from mascot_training.common.data import in_heldout_split
 
     rows = [dict(r, group_id=f"sit-{i}|anchor") for i, r in enumerate(rows_for(catalog, "anchor") * 10)]
     train, held = pg.split_heldout(rows, 0.25)
     assert len(train) + len(held) == 40 and 4 <= len(held) <= 18  # about a quarter (a fixed hash)
-    assert all(heldout_group(r["group_id"], 0.25) for r in held)
-    assert not any(heldout_group(r["group_id"], 0.25) for r in train)
+    assert all(in_heldout_split(r["group_id"], 0.25) for r in held)
+    assert not any(in_heldout_split(r["group_id"], 0.25) for r in train)
     assert pg.split_heldout(rows, 0.0) == (rows, []) and pg.split_heldout(rows, 1.0) == ([], rows)
     no_id = [dict(r, group_id="") for r in rows[:3]]
     assert pg.split_heldout(no_id, 1.0) == (no_id, [])  # a row without a group id always trains

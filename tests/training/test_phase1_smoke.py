@@ -54,10 +54,10 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert man["timings"]["started"] <= man["timings"]["finished"]
     # the groups held out for the reward model are held out of GRPO too and measured before and after on them
     from mascot_training.persona.config import GrpoConfig
-    from mascot_training.persona.pairs import heldout_group
+    from mascot_training.common.data import in_heldout_split
 
     groups = [json.loads(x) for x in (out / "sample" / "candidates.jsonl").read_text().splitlines()]
-    held = {p: sum(g["persona_id"] == p and heldout_group(g["group_id"], 0.25) for g in groups)
+    held = {p: sum(g["persona_id"] == p and in_heldout_split(g["group_id"], 0.25) for g in groups)
             for p in cfg["personas"]}
     assert sum(held.values()) > 0, held
     for p, n in held.items():

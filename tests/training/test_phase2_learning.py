@@ -26,6 +26,7 @@ OPENINGS = ["I failed my exam and feel terrible.", "My dog died last week.", "I 
             "Nobody at work listens to my ideas.", "I moved to a new city and know no one.",
             "My best friend forgot my birthday.", "I keep putting off a difficult call.",
             "I finally finished my project."]
+HELD_OUT = ["My brother stopped talking to me.", "I passed my driving test today!", "I can't sleep before my interview."]
 SFT_STEPS = 120
 
 
@@ -72,12 +73,14 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
     tok = AutoTokenizer.from_pretrained(director_base)
     prefixes = {f"p{i}": Prefix(f"p{i}", f"s{i}", o, "sad", 0, [HistoryTurn("user", o)])
                 for i, o in enumerate(OPENINGS)}
+    held = [Prefix(f"h{i}", f"t{i}", o, "sad", 0, [HistoryTurn("user", o)]) for i, o in enumerate(HELD_OUT)]
     cfg = CollaborativeConfig(
         model=str(director_base), personas=[c.id for c in ROSTER],
         phase2={"num_generations": 8, "suffix_agent_turns": 1, "user_speak_prob": 0.0, "eta": 0.0,
                 "min_distinct": 1},
         director={"max_tokens": 24, "temperature": 1.0},
-        director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0})
+        director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0,
+                       "heldout_samples": 12})
     loop = LoopThread()
     engine = TransformersEngine(str(director_base), max_model_len=2048, batch_wait_ms=2)
     loop.call(engine.start())
@@ -94,7 +97,7 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
             return [1.0 if any(t.persona_id == target for t in block if t.role == "agent") else 0.0
                     for _prefix, block in items]
 
-        _, m = train_director(str(director_base), prefixes, runner, loop, planted, cfg, tmp_path)
+        _, m = train_director(str(director_base), prefixes, runner, loop, planted, cfg, tmp_path, heldout=held)
     finally:
         loop.call(engine.close())
         loop.close()
@@ -104,6 +107,11 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
     assert before["invalid"] < 0.5, "the warm base should mostly write valid directives"
     assert after[target] >= before[target] + 0.2, (target, before, after)
     assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0  # min_distinct 1: one persona is enough
+    # on openings GRPO never trained on, the same seeds before and after: the favoured persona speaks more often
+    hb, ha = m["heldout_before"], m["heldout_after"]
+    print(f"held-out: before {hb} after {ha}")
+    assert m["heldout_prefixes"] == 3 and sum(hb["rollouts"].values()) == sum(ha["rollouts"].values()) == 36
+    assert ha["group_reward"] >= hb["group_reward"] + 0.15, (hb, ha)
 
 
 def test_warm_start_clones_the_serving_director(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -72,6 +72,20 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     assert dg["metrics"]["warm_start"]["steps"] == cfg["director"]["warm_start_steps"]  # GRPO continued it
     for dist in (dg["persona_distribution_before"], dg["persona_distribution_after"]):
         assert set(dist) == set(cfg["personas"]) | {"invalid"} and sum(dist.values()) == pytest.approx(1.0, abs=1e-3)
+    # the prefixes the group RM held out are held out of the director's training too, and measured before and after
+    from mascot_training.common.data import in_heldout_split
+
+    prefix_ids = [json.loads(x)["prefix_id"] for x in (out / "rollouts" / "prefixes.jsonl").read_text().splitlines()]
+    held = [i for i in prefix_ids if in_heldout_split(i, cfg["phase2"]["group_reward"]["pairs"]["heldout_fraction"])]
+    assert dg["metrics"].get("heldout_prefixes", 0) == len(held) and len(held) < len(prefix_ids)
+    if held:
+        for when in ("heldout_before", "heldout_after"):
+            got = dg["metrics"][when]
+            assert sum(got["rollouts"].values()) == len(held) * 2 and isinstance(got["reward"], float), got
+        assert isinstance(dg["heldout_reward_before"], float) and isinstance(dg["heldout_reward_after"], float)
+        assert any(x.startswith("director_grpo: 2 steps") and "held-out reward" in x for x in lines), lines
+    else:
+        assert dg["heldout_reward_before"] is None and dg["heldout_reward_after"] is None
     # training and evaluation ids are disjoint: every prefix comes from the training split
     from mascot_training.common.data import in_train_split
 

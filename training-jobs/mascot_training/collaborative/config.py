@@ -122,6 +122,12 @@ class DirectorGrpoConfig(GrpoOptimConfig):
     reward_timeout_s: float = Field(120.0, gt=0)
     #: Directive samples per prefix for persona_distribution_before / _after.
     distribution_samples: int = Field(4, ge=1, le=64)
+    #: Hold the prefixes the group reward model holds out (``phase2.group_reward.pairs.heldout_fraction``) out of
+    #: GRPO too, and measure the rollout reward R on them before and after training (``heldout_reward_before`` /
+    #: ``_after`` in the stage manifest). False trains on every prefix and measures nothing.
+    heldout_eval: bool = True
+    #: Rollouts per held-out prefix for that measure (same seeds before and after).
+    heldout_samples: int = Field(2, ge=1, le=64)
 
 
 class DirectorGateConfig(_S):

@@ -43,7 +43,7 @@ from mascot_training.collaborative.simulate import (
     rollout_seed,
 )
 from mascot_training.common import manifest as mf
-from mascot_training.common.progress import trainer_progress, write_curves
+from mascot_training.common.progress import report, trainer_progress, write_curves
 from mascot_training.common.rewards import i_div, rollout_reward
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,23 @@ class VllmDirector:
         return res
 
 
+def policy_decider_factory(runner: RolloutRunner, cfg: CollaborativeConfig) -> DeciderFactory:
+    """The default :data:`DeciderFactory`: directives sampled from the director being trained (``trainer.model``,
+    or TRL's colocated vLLM copy of it when ``use_vllm``), with ``cfg.director``'s sampling."""
+    d = cfg.director
+
+    def factory(trainer: Any, seed: int) -> DecideFn:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
+                                  top_p=d.top_p)
+        if getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this call
+            director = VllmDirector(trainer.vllm_generation.llm, director.stop_ids, max_tokens=d.max_tokens,
+                                    temperature=d.temperature, top_p=d.top_p)
+        return runner.policy_decider(director, seed)
+
+    return factory
+
+
 def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[str, Prefix], cfg: CollaborativeConfig,
                       decider_factory: DeciderFactory | None = None) -> Callable:
     """TRL ``rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout"}``.
@@ -181,18 +198,7 @@ def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[st
     generation and training use the same weights, or, with ``director_grpo.generation.backend: vllm``, vLLM's copy
     of them, which TRL syncs before every rollout batch; :class:`VllmDirector` samples the directives there).
     """
-    d = cfg.director
-
-    def default_factory(trainer: Any, seed: int) -> DecideFn:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
-                                  top_p=d.top_p)
-        if getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this call
-            director = VllmDirector(trainer.vllm_generation.llm, director.stop_ids, max_tokens=d.max_tokens,
-                                    temperature=d.temperature, top_p=d.top_p)
-        return runner.policy_decider(director, seed)
-
-    factory = decider_factory or default_factory
+    factory = decider_factory or policy_decider_factory(runner, cfg)
 
     def rollout_func(prompts: list, trainer: Any) -> dict:
         step = trainer.state.global_step
@@ -306,6 +312,42 @@ def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefix
     return {k: round(counts[k] / total, 4) for k in [c.id for c in runner.roster] + ["invalid"]}
 
 
+def heldout_reward(trainer: Any, runner: RolloutRunner, loop: LoopThread, prefixes: Sequence[Prefix],
+                   group_reward_fn: GroupRewardFn, cfg: CollaborativeConfig, samples: int,
+                   decider_factory: DeciderFactory | None = None) -> dict | None:
+    """The rollout reward of the director as it is now on ``prefixes``: ``samples`` rollouts per prefix, seeded by
+    the run seed, the prefix id and the sample index (the same seeds each time it is called), scored by the training
+    reward (:func:`make_reward_func`: R = R_group + η·I_div, ``phase2.invalid_reward`` for an invalid directive).
+
+    Returns ``{"reward", "group_reward", "i_div"}`` (means over the rollouts with a value; None over none),
+    ``"rollouts"`` (outcome counts: complete, invalid, dropped, window_full) and ``"scored"``; None without prefixes.
+    """
+    if not prefixes:
+        return None
+    seed = cfg.director_grpo.seed
+    rollouts = [Rollout(p, k, rollout_seed(seed, "heldout", p.prefix_id, k)) for p in prefixes
+                for k in range(samples)]
+    decide = (decider_factory or policy_decider_factory(runner, cfg))(trainer, rollout_seed(seed, "heldout"))
+    loop.call(runner.run(rollouts, decide))
+    stats = RolloutStats()
+    score = make_reward_func({p.prefix_id: p for p in prefixes}, group_reward_fn, cfg.phase2,
+                             cfg.director_grpo.reward_timeout_s, stats)
+    score(prompts=[r.prefix.prefix_id for r in rollouts], completions=[""] * len(rollouts),
+          rollout=[r.record() for r in rollouts])
+    s = stats.summary()
+    return {"reward": s["reward_mean"], "group_reward": s["group_reward_mean"], "i_div": s["i_div_mean"],
+            "rollouts": s["rollouts"], "scored": len(stats.rewards)}
+
+
+def split_heldout(prefixes: dict[str, Prefix], heldout_fraction: float) -> tuple[dict[str, Prefix], list[Prefix]]:
+    """``(train, heldout)``: a prefix is held out when the group reward model holds it out
+    (:func:`mascot_training.common.data.in_heldout_split` of its id)."""
+    from mascot_training.common.data import in_heldout_split
+
+    held = [p for pid, p in prefixes.items() if in_heldout_split(pid, heldout_fraction)]
+    return {pid: p for pid, p in prefixes.items() if not in_heldout_split(pid, heldout_fraction)}, held
+
+
 def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
     """TRL 1.16 ``GRPOConfig`` of the director (no checkpoints; logs every step; CPU flags unless CUDA), with the
     generation backend of ``director_grpo.generation`` (vLLM's window ``max_model_len``; no importance-sampling
@@ -369,37 +411,46 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
 
 def train_director(base_model: str, prefixes: dict[str, Prefix], runner: RolloutRunner, loop: LoopThread,
                    group_reward_fn: GroupRewardFn, cfg: CollaborativeConfig, work_dir: Path, *,
-                   init_adapter: str | None = None, metrics: Any = None) -> tuple[Any, dict]:
-    """Train the director; returns ``(trainer, metrics)``.
+                   init_adapter: str | None = None, metrics: Any = None,
+                   heldout: Sequence[Prefix] = ()) -> tuple[Any, dict]:
+    """Train the director on ``prefixes``; returns ``(trainer, metrics)``.
 
     ``metrics``: ``steps``, ``reward_first`` / ``reward_last`` (mean R of the first / last logged step),
     ``group_reward_mean``, ``i_div_mean`` (over completed rollouts with a group reward), ``rollouts`` (complete /
     invalid / dropped counts), ``reward_failures``, ``persona_distribution_before`` / ``_after`` (first-decision
-    shares over the prefixes, :func:`persona_distribution`), ``valid_rate_before`` / ``_after``, ``seconds``.
+    shares over the training and ``heldout`` prefixes, :func:`persona_distribution`), ``valid_rate_before`` /
+    ``_after``, ``seconds``; with ``heldout`` prefixes (never trained on) also ``heldout_prefixes`` and
+    ``heldout_before`` / ``heldout_after`` (:func:`heldout_reward` before the first step and after the last, with
+    ``director_grpo.heldout_samples`` rollouts per prefix and the same seeds).
     """
     t0 = time.perf_counter()
     stats = RolloutStats()
     trainer = build_trainer(base_model, prefixes, runner, loop, group_reward_fn, cfg, work_dir, stats,
                             init_adapter=init_adapter, metrics=metrics, callbacks=[trainer_progress("director_grpo")])
     d, g = cfg.director, cfg.director_grpo
-    plist = list(prefixes.values())
+    plist = [*prefixes.values(), *heldout]
 
     def dist() -> dict:
         director = PolicyDirector(trainer.accelerator.unwrap_model(trainer.model), runner.tokenizer,
                                   max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
         return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
 
-    before = dist()
+    def measure() -> dict | None:
+        return heldout_reward(trainer, runner, loop, heldout, group_reward_fn, cfg, g.heldout_samples)
+
+    before, held_before = dist(), measure()
     trainer.train()
-    after = dist()
+    after, held_after = dist(), measure()
     rewards = [e["reward"] for e in trainer.state.log_history
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]
     m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
          "reward_last": rewards[-1] if rewards else None, **stats.summary(),
          "dropped_role_flip": runner.dropped_role_flips,
          "persona_distribution_before": before, "persona_distribution_after": after,
-         "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4),
-         "seconds": round(time.perf_counter() - t0, 3)}
+         "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4)}
+    if heldout:
+        m.update(heldout_prefixes=len(heldout), heldout_before=held_before, heldout_after=held_after)
+    m["seconds"] = round(time.perf_counter() - t0, 3)
     return trainer, m
 
 
@@ -407,7 +458,9 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         group_reward_fn: GroupRewardFn, inputs: dict[str, str], metrics: Any = None) -> dict:
     """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter``; returns the manifest
     (``metrics`` as :func:`train_director`; ``group_reward_mean``, ``i_div_mean``, ``persona_distribution_before``,
-    ``persona_distribution_after`` also at the top level).
+    ``persona_distribution_after`` also at the top level, and ``heldout_reward_before`` / ``_after``, None without
+    held-out prefixes). With ``director_grpo.heldout_eval`` the prefixes the group reward model held out are left
+    out of the warm start and of GRPO and only measured (:func:`split_heldout`, :func:`heldout_reward`).
 
     Raises:
         ValueError: the rollouts stage has not run. RuntimeError: a non-finite loss or weight, or a non-LoRA adapter.
@@ -429,6 +482,11 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)
     prefixes = {d["prefix_id"]: Prefix.from_dict(d) for d in read_jsonl(src)}
+    train, held = (split_heldout(prefixes, cfg.phase2.group_reward.pairs.heldout_fraction)
+                   if cfg.director_grpo.heldout_eval else (prefixes, []))
+    if not train:
+        raise ValueError(f"every one of the {len(prefixes)} prefixes is held out (director_grpo.heldout_eval): raise "
+                         "phase2.prefixes or lower phase2.group_reward.pairs.heldout_fraction")
     with mf.stage_dir(out, STAGE, conf, inputs) as (part, man):
         shutil.rmtree(part / ADAPTER_SUBDIR, ignore_errors=True)
         init = cfg.director.init_adapter or None
@@ -436,7 +494,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         if cfg.director.warm_start_steps and not init:
             from mascot_training.collaborative.director_warm_start import warm_start, warm_start_rows
 
-            rows = warm_start_rows(prefixes, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
+            rows = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
                                    cfg.director.max_consecutive_turns)
             if not (part / "warm_start" / "adapter_config.json").is_file():
                 warm = warm_start(base_model, rows, cfg, part / "warm_start")
@@ -445,8 +503,8 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
                 warm = json.loads((part / "warm_start.json").read_text(encoding="utf-8"))
             init = str(part / "warm_start")
         with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:
-            trainer, m = train_director(base_model, prefixes, runner, loop, group_reward_fn, cfg, Path(work),
-                                        init_adapter=init, metrics=metrics)
+            trainer, m = train_director(base_model, train, runner, loop, group_reward_fn, cfg, Path(work),
+                                        init_adapter=init, metrics=metrics, heldout=held)
             save_adapter(trainer, part / ADAPTER_SUBDIR)
             write_curves(trainer.state.log_history, part / "curves.png", "director_grpo")
         if warm is not None:
@@ -456,6 +514,13 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         man["data_ids"] = sorted({p.situation_id for p in prefixes.values()})
         for k in ("group_reward_mean", "i_div_mean", "persona_distribution_before", "persona_distribution_after"):
             man[k] = m[k]
-        log.info("director_grpo: %d steps, reward %s -> %s, distribution %s -> %s", m["steps"], m["reward_first"],
-                 m["reward_last"], m["persona_distribution_before"], m["persona_distribution_after"])
+        man["heldout_reward_before"] = (m.get("heldout_before") or {}).get("reward")
+        man["heldout_reward_after"] = (m.get("heldout_after") or {}).get("reward")
+        line = f"director_grpo: {m['steps']} steps, reward {m['reward_first']} -> {m['reward_last']}"
+        if held:
+            line += (f"; held-out reward {man['heldout_reward_before']} -> {man['heldout_reward_after']} "
+                     f"({len(held)} prefixes x {cfg.director_grpo.heldout_samples} rollouts)")
+        report(line)
+        report(f"director_grpo: first decisions {m['persona_distribution_before']} -> "
+               f"{m['persona_distribution_after']}")
     return mf.read_manifest(out / STAGE)

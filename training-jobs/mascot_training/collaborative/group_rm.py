@@ -26,7 +26,7 @@ from mascot_training.collaborative.config import CollaborativeConfig
 from mascot_training.collaborative.simulate import Prefix
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
-from mascot_training.common.data import in_train_split
+from mascot_training.common.data import in_heldout_split
 from mascot_training.common.preference_pairs import build_pairs
 from mascot_training.common.reward_model import SIGMA_FLOOR, fit_reward_model, load_rm_tokenizer
 
@@ -121,7 +121,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
             for k, v in d.items():
                 dropped[k] += v
             dropped["groups_without_pairs"] += not pairs
-            split = "train" if in_train_split(prefix.prefix_id, 1 - gr.pairs.heldout_fraction, "heldout") else "heldout"
+            split = "heldout" if in_heldout_split(prefix.prefix_id, gr.pairs.heldout_fraction) else "train"
             rows += [(prefix, bs[w], bs[lo], margin, split) for w, lo, margin in pairs]
         write_jsonl(part / "judgements.jsonl",
                     ({"prefix_id": p.prefix_id, "mean": mv} for (p, _), mv in zip(items, means)))

@@ -18,6 +18,13 @@ def in_train_split(item_id: str, train_fraction: float, salt: str) -> bool:
     return int.from_bytes(h[:8], "big") / 2**64 < train_fraction
 
 
+def in_heldout_split(item_id: str, fraction: float) -> bool:
+    """True when a group (phase 1: context x persona) or a prefix (phase 2) is held out: its reward model pairs only
+    measure the reward model, and GRPO (``heldout_eval``) measures the policy on it without training on it. A fixed
+    hash of the id, so every stage and every resumed run holds out the same ones; about ``fraction`` (0-1) of them."""
+    return not in_train_split(item_id, 1 - fraction, "heldout")
+
+
 def training_situations(cfg) -> list[Situation]:
     """The first ``data.limit`` records of the training split (file order).
 

@@ -13,17 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mascot.core.files import read_jsonl, write_jsonl
-from mascot_training.common.data import in_train_split
+from mascot_training.common.data import in_heldout_split
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.preference_pairs import build_pairs
-
-
-def heldout_group(group_id: str, fraction: float) -> bool:
-    """True when the group (context, persona) is in the held-out split: the reward model is measured on its pairs
-    and never trained on them, and ``persona_grpo`` (``heldout_eval``) measures the policy on its prompt. A fixed
-    hash of the id, so the same groups are held out in every stage and every resumed run; about ``fraction`` of
-    them (0 <= fraction <= 1)."""
-    return not in_train_split(group_id, 1 - fraction, "heldout")
 
 
 def run(cfg, out: Path) -> dict:
@@ -50,7 +42,7 @@ def run(cfg, out: Path) -> dict:
         for k, v in dropped.items():
             totals[k] += v
         totals["groups_without_pairs"] += not pairs
-        split = "heldout" if heldout_group(g["group_id"], cfg.pairs.heldout_fraction) else "train"
+        split = "heldout" if in_heldout_split(g["group_id"], cfg.pairs.heldout_fraction) else "train"
         for w, lo, margin in pairs:
             rows.append({"group_id": g["group_id"], "situation_id": g["situation_id"], "persona_id": g["persona_id"],
                          "history": g["history"], "context": g["context"], "chosen": g["candidates"][w],

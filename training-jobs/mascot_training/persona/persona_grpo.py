@@ -212,11 +212,11 @@ def heldout_reward(model, tok, rows: Sequence[dict], reward_func: Callable, g: G
 def split_heldout(rows: Sequence[dict], heldout_fraction: float) -> tuple[list[dict], list[dict]]:
     """``(train, heldout)`` rows: a row is held out when its ``group_id`` is in the pairs stage's held-out split
     (the same hash, so the reward model never trained on pairs of a held-out group either)."""
-    from mascot_training.persona.pairs import heldout_group
+    from mascot_training.common.data import in_heldout_split
 
     train, held = [], []
     for r in rows:
-        (held if r.get("group_id") and heldout_group(r["group_id"], heldout_fraction) else train).append(r)
+        (held if r.get("group_id") and in_heldout_split(r["group_id"], heldout_fraction) else train).append(r)
     return train, held
 
 
