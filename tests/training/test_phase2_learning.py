@@ -26,7 +26,8 @@ OPENINGS = ["I failed my exam and feel terrible.", "My dog died last week.", "I 
             "Nobody at work listens to my ideas.", "I moved to a new city and know no one.",
             "My best friend forgot my birthday.", "I keep putting off a difficult call.",
             "I finally finished my project."]
-HELD_OUT = ["My brother stopped talking to me.", "I passed my driving test today!", "I can't sleep before my interview."]
+HELD_OUT = ["My brother stopped talking to me.", "I passed my driving test today!",
+            "I can't sleep before my interview."]
 SFT_STEPS = 120
 
 
