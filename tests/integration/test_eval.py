@@ -57,7 +57,8 @@ async def test_every_system_on_8_support_situations(engine, tiny_model_dir, shar
     adapter = _sft_adapter(tiny_model_dir, tmp_path / "sft")
     situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
     out = tmp_path / "eval"
-    opts = EvalOptions(situations=situations, out_dir=out, limit=8, systems=list(SYSTEMS), agent_turns=2,
+    every = [s for s in SYSTEMS if s != "mascot-trained"]  # that one has its own test (test_eval_trained.py)
+    opts = EvalOptions(situations=situations, out_dir=out, limit=8, systems=every, agent_turns=2,
                        sft_adapter=adapter, concurrency=8)
     cfg = make_config(tmp_path, engine={"model": str(tiny_model_dir)})
     phases: dict[str, int] = {}
@@ -67,12 +68,12 @@ async def test_every_system_on_8_support_situations(engine, tiny_model_dir, shar
     timings = report.pop("timings")
     assert timings["dialogues_generated"] == 80 and timings["total_s"] >= timings["dialogues_s"] > 0
     per = timings["per_system"]
-    assert set(per) == set(SYSTEMS) and all(r["dialogues"] == 8 for r in per.values())
+    assert set(per) == set(every) and all(r["dialogues"] == 8 for r in per.values())
     assert all(0 <= r["first_start_s"] < r["last_end_s"] <= timings["dialogues_s"] + 0.1 and r["dialogue_s"] > 0
                for r in per.values())
     assert saved == json.loads(json.dumps(report))
     assert len(saved["situations"]) == 8 and saved["judges"] == ["local"] and saved["seed"] == 0
-    assert set(saved["systems"]) == set(SYSTEMS)
+    assert set(saved["systems"]) == set(every)
     for system, splits in saved["systems"].items():
         # docs/data.md: the records run through the 32 emotions alphabetically; the first 8 (afraid .. caring) are
         # 1 positive (caring), 1 neutral (anticipating) and 6 negative.

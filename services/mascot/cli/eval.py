@@ -67,6 +67,9 @@ def evaluate(
     agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per dialogue."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=256, help="Dialogues / judge calls in flight."),
     sft_adapter: Optional[Path] = typer.Option(None, "--sft-adapter", help="PEFT adapter for the sft system."),
+    adapters: str = typer.Option("", "--adapters", help="Adapter store of the mascot-trained system (a folder, or a "
+                                 "file://, pvc:// or s3:// URI): MASCOT with each stable version in it (promote the "
+                                 "trained versions first); the situations their training used are refused."),
     training_manifest: list[Path] = typer.Option([], "--training-manifest", help="A training run's manifest.json: "
                                                  "its ids are refused (repeatable)."),
     nli_model: str = typer.Option("", "--nli-model", help="NLI cross-encoder directory (default: tiny random)."),
@@ -105,6 +108,7 @@ def evaluate(
     opts = EvalOptions(situations=situations, out_dir=out, mode=mode, limit=limit,
                        systems=[s.strip() for s in systems.split(",") if s.strip()], judges=specs, seed=seed,
                        agent_turns=agent_turns or 0, concurrency=concurrency, sft_adapter=sft_adapter,
+                       adapters=adapters.strip(),
                        manifests=list(training_manifest), nli_model=nli_model, judge_target=judge_target,
                        judge_call_timeout_s=judge_call_timeout, judge_retry_budget_s=judge_retry_budget)
     cfg = load_config_or_exit(config, **{"engine.model": model})

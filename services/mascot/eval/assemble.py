@@ -135,33 +135,40 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
                       "values": {k: bootstrap_mean([r[k] for r in mine if r[k] is not None], seed=opts.seed)
                                  for k in MEASURES},
                       "identification": identification_summary(identified[s], mctx.card_ids)}
+    def paired_against(reference: str) -> dict:
+        paired: dict = {}
+        for s in opts.systems:
+            if s == reference:
+                continue
+            paired[s] = {}
+            for k in MEASURES:
+                pairs = [(by[(reference, i)][k], by[(s, i)][k]) for i in ids if (reference, i) in by and (s, i) in by
+                         and by[(reference, i)][k] is not None and by[(s, i)][k] is not None]
+                paired[s][k] = paired_difference([a for a, _ in pairs], [b for _, b in pairs], seed=opts.seed)
+        return {"reference": reference, "difference": f"{reference} minus system, per situation",
+                "test": "Wilcoxon signed-rank (two-sided) and a paired bootstrap of the mean difference",
+                "systems": paired}
+
     reference = "mascot" if "mascot" in opts.systems else opts.systems[0]
-    paired = {}
-    for s in opts.systems:
-        if s == reference:
-            continue
-        paired[s] = {}
-        for k in MEASURES:
-            pairs = [(by[(reference, i)][k], by[(s, i)][k]) for i in ids if (reference, i) in by and (s, i) in by
-                     and by[(reference, i)][k] is not None and by[(s, i)][k] is not None]
-            paired[s][k] = paired_difference([a for a, _ in pairs], [b for _, b in pairs], seed=opts.seed)
     block = {"embedding": embedder.model_name, "roster": mctx.card_ids, "chance": round(mctx.chance, 6),
              "identity_fields": list(IDENTITY_FIELDS), "better": dict(MEASURES), "definitions": dict(DEFINITIONS),
              "interval": {"level": LEVEL, "method": "percentile bootstrap over dialogues", "resamples": N_RESAMPLES},
-             "systems": systems,
-             "paired": {"reference": reference, "difference": f"{reference} minus system, per situation",
-                        "test": "Wilcoxon signed-rank (two-sided) and a paired bootstrap of the mean difference",
-                        "systems": paired}}
+             "systems": systems, "paired": paired_against(reference)}
+    if "mascot-trained" in opts.systems and reference != "mascot-trained":  # the trained system against the rest
+        block["paired_trained"] = paired_against("mascot-trained")
     rows = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     return block, rows
 
 
 def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,
                  progress: Callable[[str, int, int], None], roster: list | None = None,
-                 extra_cards: list | None = None) -> dict:
+                 extra_cards: list | None = None, trained_adapters: dict[str, dict] | None = None) -> dict:
     """The report dict (blocking: runs the NLI and embedding models). With ``roster`` (the persona cards of the
     run), the judge-free measures are added under ``measures`` and their per-dialogue rows under
-    ``report["_measure_rows"]`` (taken out by :func:`write_outputs` into ``measures.jsonl``)."""
+    ``report["_measure_rows"]`` (taken out by :func:`write_outputs` into ``measures.jsonl``). ``trained_adapters``:
+    the versions the ``mascot-trained`` system served (:func:`mascot.eval.runner.trained_versions`), named under
+    ``models.trained_adapters``."""
+    served = trained_adapters or {}
     from mascot.eval.automatic import aggregate as aggregate_automatic
     from mascot.eval.automatic import dialogue_metrics
 
@@ -216,7 +223,9 @@ def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], j
         "seed": opts.seed, "mode": opts.mode, "situations": [s.id for s in situations], "judges": judges,
         "models": {"backbone": model_name, "backbone_digest": identity["digest"], "trained": trained,
                    "nli": nli.model_name, "nli_trained": nli.trained, "embedding": embedder.model_name,
-                   "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None},
+                   "sft_adapter": str(opts.sft_adapter) if opts.sft_adapter else None,
+                   **({"trained_adapters": {pid: v["name"] for pid, v in served.items()},
+                       "adapter_store": str(opts.adapters)} if served else {})},
         "agent_turns": opts.agent_turns or cfg.selfplay.agent_turns,
         "systems": systems_block(judges),
     }

@@ -73,6 +73,7 @@ SYSTEM_NAMES: dict[str, str] = {
     "mascot": "MASCOT",
     "no-director": "MASCOT-C",
     "no-persona": "MASCOT-P",
+    "mascot-trained": "MASCOT (trained)",
 }
 #: Systems of the main tables (sections 8.1-8.2), in the paper's row order.
 PAPER_SYSTEMS: tuple[str, ...] = (

@@ -409,10 +409,12 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
         rows.append([system_label(s), DASH if a is None else f"{a:.3f} (n={ident.get('n', 0)})",
                      num("chance_given_shares"), num("kappa"), num("balanced_accuracy")] + cells)
     lines += _table(["System", "All", "Chance given shares", "Kappa", "Balanced"] + roster, rows)
-    paired = block.get("paired") or {}
-    ref = paired.get("reference", "")
-    comps = paired.get("systems") or {}
-    if comps:
+    for key in ("paired", "paired_trained"):
+        paired = block.get(key) or {}
+        ref = paired.get("reference", "")
+        comps = paired.get("systems") or {}
+        if not comps:
+            continue
         lines += [f"### Paired differences: {system_label(ref)} minus each system", "",
                   f"Per situation (same situation and seed), {ref} minus the system; mean difference, its "
                   "95% paired-bootstrap interval and the Wilcoxon signed-rank p-value. A difference in the arrow's "

@@ -41,10 +41,13 @@ from mascot.eval.data import check_no_overlap
 logger = logging.getLogger(__name__)
 
 SYSTEMS = ("mascot", "zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "self-consistency", "no-director",
-           "no-persona", "multiagentesc", "sft")
-#: MASCOT variants: config overrides of the embedded stack.
+           "no-persona", "multiagentesc", "sft", "mascot-trained")
+#: MASCOT variants: config overrides of the embedded stack (``mascot-trained`` also gets ``adapters.store``).
 VARIANTS: dict[str, dict] = {"mascot": {}, "no-director": {"director": {"policy": "random"}},
-                             "no-persona": {"speaker": {"persona_prompts": False}}}
+                             "no-persona": {"speaker": {"persona_prompts": False}}, "mascot-trained": {}}
+#: Systems that run only with an option: the option's flag.
+NEEDS = {"sft": "--sft-adapter DIR (a PEFT LoRA adapter)",
+         "mascot-trained": "--adapters STORE (an adapter store whose trained versions are promoted to stable)"}
 SFT_ADAPTER_NAME = "sft"
 #: Tries of one dialogue whose calls miss their deadline or find a service unavailable before the run stops.
 DIALOGUE_ATTEMPTS = 3
@@ -66,6 +69,8 @@ class EvalOptions:
         agent_turns: Agent turns per dialogue (0: ``selfplay.agent_turns``).
         concurrency: Dialogues and judge calls in flight.
         sft_adapter: PEFT adapter directory for the ``sft`` system.
+        adapters: Adapter store (a local path or a store URI: ``file://``, ``pvc://``, ``s3://``) for the
+            ``mascot-trained`` system: MASCOT with each persona's and the director's stable version from it.
         manifests: Training-run manifests whose ids must not be evaluated.
         nli_model: NLI cross-encoder directory; empty builds the tiny random one.
         judge_target: ``HOST:PORT`` of a running JudgeService to judge with (its judges are picked by the names
@@ -79,12 +84,13 @@ class EvalOptions:
     out_dir: Path
     mode: str = "support"
     limit: int | None = None
-    systems: list[str] = field(default_factory=lambda: [s for s in SYSTEMS if s != "sft"])
+    systems: list[str] = field(default_factory=lambda: [s for s in SYSTEMS if s not in NEEDS])
     judges: list[dict] = field(default_factory=lambda: [{"name": "local", "kind": "local"}])
     seed: int = 0
     agent_turns: int = 0
     concurrency: int = 8
     sft_adapter: Path | None = None
+    adapters: str = ""
     manifests: list[Path] = field(default_factory=list)
     nli_model: str = ""
     judge_target: str = ""
@@ -107,8 +113,11 @@ def validate(opts: EvalOptions) -> None:
         raise ValueError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if not opts.systems or len(set(opts.systems)) != len(opts.systems):
         raise ValueError("--systems must list each system once")
-    if "sft" in opts.systems and not opts.sft_adapter:
-        raise ValueError("the sft system runs only with --sft-adapter DIR (a PEFT LoRA adapter)")
+    for system, given in (("sft", opts.sft_adapter), ("mascot-trained", opts.adapters)):
+        if system in opts.systems and not given:
+            raise ValueError(f"the {system} system runs only with {NEEDS[system]}")
+    if opts.adapters and "mascot-trained" not in opts.systems:
+        raise ValueError("--adapters is the store of the mascot-trained system: add mascot-trained to --systems")
     if opts.sft_adapter and not (Path(opts.sft_adapter) / "adapter_config.json").is_file():
         raise ValueError(f"--sft-adapter {opts.sft_adapter} is not a PEFT adapter directory (no adapter_config.json)")
     if opts.mode not in ("support", "meeting"):
@@ -134,6 +143,42 @@ def validate(opts: EvalOptions) -> None:
         raise ValueError(f"--out {opts.out_dir} exists and is not a directory")
 
 
+def trained_versions(store_uri: str, cache_dir: Path) -> dict[str, dict]:
+    """What the ``mascot-trained`` system serves: every adapter of the store with a stable version (personas and the
+    director), ``{adapter id: {"name": "<id>--v<N>", "digest", "dir": local folder of the version}}``.
+
+    Raises:
+        ValueError: the store has no stable version (the system would be the base model: promote the trained
+            versions first), or a canary is open (dialogues would mix two versions of one persona).
+        RuntimeError, OSError: the store or its registry cannot be read.
+    """
+    from mascot.core.adapters.store import open_store
+    from mascot.core.adapters.registry import version_name
+
+    try:
+        store = open_store(store_uri)
+        reg = store.read_registry().get("adapters", {})
+    except (RuntimeError, OSError, ValueError) as e:
+        raise ValueError(f"--adapters {store_uri}: cannot read the adapter store ({e})") from None
+    canary = sorted(pid for pid, e in reg.items() if e.get("canary"))
+    if canary:
+        raise ValueError(f"--adapters {store_uri}: {', '.join(canary)} has a canary version open; promote it to "
+                         "stable or retire it first, so that every dialogue of mascot-trained uses the same versions")
+    out = {}
+    for pid, e in sorted(reg.items()):
+        n = e.get("stable")
+        v = (e.get("versions") or {}).get(str(n)) if n else None
+        if v:
+            local = store.local_version(pid, n, v["digest"], cache_dir)
+            out[pid] = {"name": version_name(pid, n), "digest": v["digest"], "dir": str(local)}
+    if not out:
+        staged = sorted(pid for pid, e in reg.items() if e.get("versions"))
+        raise ValueError(f"--adapters {store_uri} serves no stable version ({len(staged)} adapter(s) with only "
+                         "staged or retired versions): promote the trained versions first (mascot adapters promote "
+                         "PERSONA N), or mascot-trained would be the untrained base model")
+    return out
+
+
 def _seed(base: int, index: int) -> int:
     return base * 100_003 + index
 
@@ -152,8 +197,10 @@ class DialogueLog:
             self.done[(d["system"], d["situation_id"])] = d
 
 
-def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig) -> None:
-    """Record the run's settings in ``run.json``; a resumed run must match them (its dialogues are reused)."""
+def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig, trained: dict[str, dict] | None = None) -> None:
+    """Record the run's settings in ``run.json``; a resumed run must match them (its dialogues are reused). The
+    versions of ``mascot-trained`` (``trained``) may be added to a run that had none, as only that system's dialogues
+    depend on them; once recorded they must match too."""
     def path_or_id(x: Any) -> str:
         return str(Path(x).resolve()) if x and Path(x).exists() else str(x or "")
 
@@ -162,13 +209,17 @@ def _check_run_file(out: Path, opts: EvalOptions, cfg: MascotConfig) -> None:
                 "nli_model": path_or_id(opts.nli_model), "sft_adapter": path_or_id(opts.sft_adapter),
                 "selfplay": cfg.selfplay.model_dump(), "speaker": cfg.speaker.model_dump(),
                 "director": cfg.director.model_dump()}
+    if trained:
+        settings["trained_adapters"] = {pid: f"{v['name']}@{v['digest']}" for pid, v in trained.items()}
     p = out / "run.json"
     if p.is_file():
         old = json.loads(p.read_text(encoding="utf-8"))
-        diff = [k for k in settings if old.get(k) != settings[k]]
+        diff = [k for k in settings if old.get(k) != settings[k] and not (k == "trained_adapters" and k not in old)]
         if diff:
             raise ValueError(f"{out} holds a run with different {', '.join(diff)}; resume with the same settings or "
                              "choose another --out")
+        if settings.get("trained_adapters") and "trained_adapters" not in old:
+            atomic_write_text(p, json.dumps({**old, "trained_adapters": settings["trained_adapters"]}, indent=2))
     else:
         atomic_write_text(p, json.dumps(settings, indent=2))
 
@@ -241,10 +292,13 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     manifests = list(opts.manifests)
     if opts.sft_adapter and (Path(opts.sft_adapter) / "manifest.json").is_file():
         manifests.append(Path(opts.sft_adapter) / "manifest.json")
-    check_no_overlap(situations, manifests)
     out = Path(opts.out_dir)
+    trained = trained_versions(opts.adapters, out / ".adapter-cache") if opts.adapters else {}
+    # every served version's own manifest lists the situations its training run used
+    manifests += [Path(v["dir"]) / "manifest.json" for v in trained.values()]
+    check_no_overlap(situations, manifests)
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, opts, cfg)
+    _check_run_file(out, opts, cfg, trained)
     agent_turns = opts.agent_turns or cfg.selfplay.agent_turns
     report_progress = progress or (lambda *_: None)
 
@@ -273,8 +327,10 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     try:
         # One stack per MASCOT variant; baselines alone still need one for the simulated user (its speaker).
         for name in [s for s in opts.systems if s in VARIANTS] or ["mascot"]:
-            vcfg = MascotConfig(**deep_merge(base, {**VARIANTS[name], "store": {
-                "url": f"sqlite:///{(out / f'conversations-{name}.db').resolve()}"}}))
+            over = {**VARIANTS[name], "store": {"url": f"sqlite:///{(out / f'conversations-{name}.db').resolve()}"}}
+            if name == "mascot-trained":
+                over["adapters"] = {"store": opts.adapters, "cache_dir": str((out / ".adapter-cache").resolve())}
+            vcfg = MascotConfig(**deep_merge(base, over))
             stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics)
         first = next(iter(stacks.values()))
         sem = asyncio.Semaphore(opts.concurrency)
@@ -370,7 +426,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
         t0 = time.perf_counter()
         supporter = catalog.cards.get("supporter")
         report = await asyncio.to_thread(build_report, opts, cfg, situations, dialogues, judged, embedder,
-                                         report_progress, roster, [supporter] if supporter is not None else [])
+                                         report_progress, roster, [supporter] if supporter is not None else [],
+                                         trained)
         await asyncio.to_thread(write_outputs, out, report, dialogues)
         timings["metrics_and_report_s"] = time.perf_counter() - t0
         timings["total_s"] = time.perf_counter() - t_start
