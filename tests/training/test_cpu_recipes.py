@@ -56,6 +56,7 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     p2 = CollaborativeConfig.model_validate(yaml.safe_load(P2.read_text()))
     assert p2.model == "" and p2.data.situations == Path("runs/splits/train.jsonl") and p2.data.train_fraction == 1.0
     assert p2.director_grpo.max_steps >= 30 and p2.speakers.store == "runs/p1/adapters"
+    assert p2.publish.store == "runs/p1/adapters"
     assert [j["kind"] for j in p2.phase2.group_reward.judge.judges] == ["metrics"]
 
 
@@ -121,5 +122,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     assert dg["metrics"]["steps"] == 1 and set(dg["persona_distribution_after"]) >= {"invalid"}
     assert (out2 / "director_grpo" / "curves.png").is_file() or dg["metrics"]["reward_first"] is None
     assert any(x.startswith("director_grpo: step 1/1 (100%)") for x in p.stderr.splitlines())
-    director = json.loads((out2 / "adapters" / "registry.json").read_text())["adapters"]["director"]
-    assert director["versions"]["1"]["state"] == "staged"
+    # the director is published into phase 1's store: one store holds everything to promote and serve
+    served = json.loads((out1 / "adapters" / "registry.json").read_text())["adapters"]
+    assert set(served) == {*personas, "director"} and served["director"]["versions"]["1"]["state"] == "staged"
+    assert not (out2 / "adapters").exists()
