@@ -11,6 +11,7 @@ import pytest
 
 from mascot_training.common.progress import (
     StepProgress,
+    fmt_value,
     format_duration,
     report,
     reporting,
@@ -88,6 +89,11 @@ def test_stage_lines_say_started_done_skipped_or_disabled():
     assert re.fullmatch(r"stage judge: done at .*, 3m01s", stage_finished("judge", {"seconds": 5}, {"timings": t}))
     assert stage_finished("judge", dict(t), {"timings": t}) == "stage judge: up to date, skipped"
     assert stage_finished("sft", None, None) == "stage sft: disabled"
+
+
+def test_values_read_as_a_person_writes_them():
+    assert [fmt_value(v) for v in (1.4699773788452148, -0.00012, 0.0, 3, None, "x", True)] == [
+        "1.47", "-1.20e-04", "0", "3", "-", "x", "True"]
 
 
 def test_a_result_line_goes_where_progress_goes():

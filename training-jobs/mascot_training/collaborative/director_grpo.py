@@ -43,7 +43,7 @@ from mascot_training.collaborative.simulate import (
     rollout_seed,
 )
 from mascot_training.common import manifest as mf
-from mascot_training.common.progress import report, trainer_progress, write_curves
+from mascot_training.common.progress import fmt_value, report, trainer_progress, write_curves
 from mascot_training.common.rewards import i_div, rollout_reward
 
 log = logging.getLogger(__name__)
@@ -516,9 +516,10 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
             man[k] = m[k]
         man["heldout_reward_before"] = (m.get("heldout_before") or {}).get("reward")
         man["heldout_reward_after"] = (m.get("heldout_after") or {}).get("reward")
-        line = f"director_grpo: {m['steps']} steps, reward {m['reward_first']} -> {m['reward_last']}"
+        f = fmt_value
+        line = f"director_grpo: {m['steps']} steps, reward {f(m['reward_first'])} -> {f(m['reward_last'])}"
         if held:
-            line += (f"; held-out reward {man['heldout_reward_before']} -> {man['heldout_reward_after']} "
+            line += (f"; held-out reward {f(man['heldout_reward_before'])} -> {f(man['heldout_reward_after'])} "
                      f"({len(held)} prefixes x {cfg.director_grpo.heldout_samples} rollouts)")
         report(line)
         report(f"director_grpo: first decisions {m['persona_distribution_before']} -> "

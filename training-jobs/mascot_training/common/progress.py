@@ -50,6 +50,12 @@ def report(text: str) -> None:
     (_REPORTING["sink"] or log.info)(text)
 
 
+def fmt_value(v: Any) -> str:
+    """A logged value as a person reads it: floats to 3 significant digits (``1.4699`` -> ``1.47``), None as
+    ``-``, anything else as ``str``."""
+    return "-" if v is None else _fmt(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
 def stage_started(stage: str) -> str:
     """``"stage <stage>: starting at HH:MM:SS"`` (local time): the line a pipeline writes before a stage."""
     return f"stage {stage}: starting at {time.strftime('%H:%M:%S')}"

@@ -45,7 +45,7 @@ from mascot_training.common import manifest as mf
 from mascot_training.common.config import LoraConfig
 from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
 from mascot_training.common.lora import peft_lora, save_adapter
-from mascot_training.common.progress import report, trainer_progress, write_curves
+from mascot_training.common.progress import fmt_value, report, trainer_progress, write_curves
 from mascot_training.common.rewards import composite_reward, format_reward, split_think
 from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 
@@ -392,9 +392,10 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             m["reward_failures"] = dict(reward.failures)
             atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")
             man["metrics"][pid] = m
-            line = f"persona_grpo {pid}: {m['steps']} steps, reward {m['reward_first']} -> {m['reward_last']}"
+            f = fmt_value
+            line = f"persona_grpo {pid}: {m['steps']} steps, reward {f(m['reward_first'])} -> {f(m['reward_last'])}"
             if m.get("heldout_before"):
-                line += (f"; held-out reward {m['heldout_before']['reward']} -> {m['heldout_after']['reward']} "
+                line += (f"; held-out reward {f(m['heldout_before']['reward'])} -> {f(m['heldout_after']['reward'])} "
                          f"({m['heldout_prompts']} prompts x {g.heldout_samples} samples)")
             report(line)
         man.update(heldout_summary(man["metrics"]))
