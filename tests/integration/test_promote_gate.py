@@ -4,6 +4,7 @@ speaker's replies and the scripted judge's scoring rule, and checks the gate's d
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 
@@ -109,7 +110,18 @@ async def test_gate_refuses_worse_versions_and_promotes_the_others(tmp_path, tin
             assert f"{want[k]:.3f} vs {want[b]:.3f} for anchor--v{b} " in err.value.details()
             assert await admin.ListAdapters(apb.ListAdaptersRequest(), metadata=AUTH) == before
 
-        k = better[0]  # as good as the stable one or better: promoted, with the scores the test computed
+        k = better[0]
+        # a caller that gives up before the gate has judged (its deadline passes) leaves the registry as it was:
+        # the gateway stops the gate with the call instead of promoting after the caller has gone
+        before = await admin.ListAdapters(apb.ListAdaptersRequest(), metadata=AUTH)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin.PromoteAdapter(apb.PromoteAdapterRequest(persona_id="anchor", version=k, canary_weight=0.5),
+                                       metadata=AUTH, timeout=0.05)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(3.0)  # longer than a whole gate run here
+        assert await admin.ListAdapters(apb.ListAdaptersRequest(), metadata=AUTH) == before
+
+        # as good as the stable one or better: promoted, with the scores the test computed
         r = await admin.PromoteAdapter(apb.PromoteAdapterRequest(persona_id="anchor", version=k, canary_weight=0.5),
                                        metadata=AUTH)
         g = r.eval_gate

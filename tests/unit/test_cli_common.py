@@ -16,3 +16,37 @@ def test_a_bad_value_names_its_setting_the_choices_and_what_was_given():
     assert "engine.kind: Input should be 'transformers' or 'vllm' (got 'foo')" in message
     assert "server.no_such_key: Extra inputs are not permitted (got 1)" in message
     assert "errors.pydantic.dev" not in message and "\n" not in message
+
+
+def test_a_promote_that_outlives_its_timeout_says_what_happened_and_what_to_change(monkeypatch):
+    """A gateway whose evaluation gate takes longer than ``--timeout`` (a real gRPC server on loopback that
+    answers PromoteAdapter after 3 s): exit 1, the status, and the hint (nothing promoted, raise --timeout)."""
+    import time
+    from concurrent import futures
+
+    import grpc
+    from typer.testing import CliRunner
+
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+    from mascot.api.adapter.v1 import adapter_pb2_grpc
+    from mascot.cli.main import app
+
+    class SlowGate(adapter_pb2_grpc.AdapterServiceServicer):
+        def PromoteAdapter(self, request, context):
+            time.sleep(3.0)
+            return pb.PromoteAdapterResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    adapter_pb2_grpc.add_AdapterServiceServicer_to_server(SlowGate(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "t0ken")
+    try:
+        r = CliRunner().invoke(app, ["adapters", "promote", "anchor", "1", "--timeout", "1",
+                                     "--target", f"127.0.0.1:{port}"])
+    finally:
+        server.stop(0)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1, r.output
+    assert "DEADLINE_EXCEEDED" in out and "no answer within --timeout 1 s" in out and "nothing was promoted" in out
+    assert "raise --timeout" in out

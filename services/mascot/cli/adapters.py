@@ -34,12 +34,14 @@ def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CER
     export_tls(tls_ca, tls_cert, tls_key)
 
 
-def _call(target: str, token_file: Optional[Path], method: str, request: Any) -> Any:
+def _call(target: str, token_file: Optional[Path], method: str, request: Any, timeout: float = 120.0,
+          deadline_hint: str = "") -> Any:
     from mascot.api.adapter.v1 import adapter_pb2_grpc
 
     return admin_session(target, token_file, adapter_pb2_grpc.AdapterServiceStub, "AdapterService",
                          "start it with adapters.store set (docs/serving.md)",
-                         lambda stub, md: getattr(stub, method)(request, metadata=md, timeout=120))
+                         lambda stub, md: getattr(stub, method)(request, metadata=md, timeout=timeout),
+                         deadline_hint=deadline_hint)
 
 
 def _show(personas: Any) -> None:
@@ -90,6 +92,9 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
                 None, "--canary", help="Make it the canary with this share of new conversations (0 < W < 1)."),
             skip_eval_gate: bool = typer.Option(False, "--skip-eval-gate",
                                                 help="Promote without the gateway's evaluation gate (override)."),
+            timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Seconds to wait for the gateway: its "
+                                          "evaluation gate first generates and judges a reply per held-out "
+                                          "situation for both versions (minutes on a CPU)."),
             target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Make a version stable (or the canary with --canary W); the gateway's evaluation gate runs first if enabled."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
@@ -100,7 +105,10 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
         raise typer.Exit(2)
     canary = canary or 0.0
     r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(
-        persona_id=persona, version=version, canary_weight=canary, skip_eval_gate=skip_eval_gate))
+        persona_id=persona, version=version, canary_weight=canary, skip_eval_gate=skip_eval_gate), timeout=timeout,
+        deadline_hint=f"no answer within --timeout {timeout:g} s; the gateway stops the evaluation gate when the "
+                      "call is given up, so nothing was promoted (mascot adapters list shows the state): raise "
+                      "--timeout, or adapters.promote_gate.limit for a shorter gate")
     g = r.eval_gate
     if g.ran:
         console.print(f"evaluation gate passed: {g.candidate} {g.candidate_score:.3f} vs {g.baseline} "

@@ -138,13 +138,14 @@ def admin_token(token_file: Optional[Path]) -> str:
 
 
 def admin_session(target: str, token_file: Optional[Path], stub_class: Any, service: str, how_to_enable: str,
-                  body: Callable[[Any, tuple], Awaitable[Any]]) -> Any:
+                  body: Callable[[Any, tuple], Awaitable[Any]], deadline_hint: str = "") -> Any:
     """Run ``body(stub, metadata)`` on one channel to the gateway at ``target`` (the admin plane of ``mascot
     adapters`` and ``mascot retrain``): ``stub`` is ``stub_class(channel)``, ``metadata`` carries the admin token
     (``--token-file`` or ``MASCOT_ADMIN_TOKEN``); TLS from ``--tls-*`` / ``MASCOT_TLS_*``.
 
     Exits 2 for bad usage (no token, a target that is not host:port, an unreadable TLS file) and 1 for an RPC
-    error (``CODE: details``; UNIMPLEMENTED says the gateway has no ``service`` and ``how_to_enable`` it).
+    error (``CODE: details``; UNIMPLEMENTED says the gateway has no ``service`` and ``how_to_enable`` it;
+    DEADLINE_EXCEEDED adds ``deadline_hint`` when given).
     """
     import grpc
 
@@ -168,7 +169,8 @@ def admin_session(target: str, token_file: Optional[Path], stub_class: Any, serv
         if e.code() == grpc.StatusCode.UNIMPLEMENTED:
             console.print(f"[red]the gateway at {target} has no {service}[/red]: {how_to_enable}", soft_wrap=True)
             raise typer.Exit(1) from None
-        console.print(f"[red]{e.code().name}:[/red] {e.details()}")
+        hint = f" ({deadline_hint})" if deadline_hint and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
+        console.print(f"[red]{e.code().name}:[/red] {e.details()}{hint}")
         raise typer.Exit(1) from None
     except ValueError as e:  # an unreadable TLS file
         console.print(f"[red]{e}[/red]")
