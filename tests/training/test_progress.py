@@ -50,6 +50,13 @@ def test_eta_is_the_mean_step_time_times_the_steps_left():
     assert lines[-1] == "persona_grpo anchor: step 4/10 (40%) 26.5 s/step, ETA 2m39s"
     bar.close()
     assert lines[-1] == "persona_grpo anchor: 4 steps in 1m46s" and len(lines) == 5
+    for unit, total in (("prefix", "2 prefixes"), ("group", "2 groups")):
+        done: list[str] = []
+        bar = StepProgress("x", 2, unit=unit, sink=done.append, live=False, clock=clock)
+        bar.step()
+        bar.step()
+        bar.close()
+        assert done[-1] == f"x: {total} in 0s"
 
 
 def test_without_a_total_the_line_has_no_eta_until_one_is_set():

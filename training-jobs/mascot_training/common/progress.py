@@ -165,7 +165,8 @@ class StepProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        self.sink(f"{self.label}: {self.done} {self.unit}s in {format_duration(self.clock() - self.t0)}")
+        units = self.unit + ("es" if self.unit.endswith(("s", "x")) else "s")  # steps, groups, prefixes
+        self.sink(f"{self.label}: {self.done} {units} in {format_duration(self.clock() - self.t0)}")
 
 
 def trainer_progress(label: str, **kwargs: Any) -> Any:
