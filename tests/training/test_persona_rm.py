@@ -225,3 +225,22 @@ def test_trl_tokenization_equals_scorer(trained, tmp_path):
             assert ids[-1] == tok.eos_token_id and ids.count(tok.eos_token_id) == 1
         assert trainer.processing_class.pad_token == tok.pad_token == "<|pad|>"
         assert model.config.pad_token_id == tok.pad_token_id != tok.eos_token_id
+
+
+def test_micro_batches_accumulate_to_the_configured_batch(tmp_path, tiny_model_dir):
+    """``micro_batch_size`` lowers the pairs per pass, not the update: 16 pairs at batch 8 are 2 optimiser steps
+    whether they pass 8 or 2 at a time; a micro batch that does not divide the batch is refused."""
+    from pydantic import ValidationError
+
+    from mascot_training.persona.persona_rm import run
+
+    with pytest.raises(ValidationError, match="micro_batch_size 3 must divide batch_size 8"):
+        make_cfg(micro_batch_size=3)
+    steps = {}
+    for micro in (0, 2):
+        out = tmp_path / f"m{micro}"
+        write_pairs(out, n_train=16, n_heldout=4)
+        run(make_cfg(epochs=1.0, micro_batch_size=micro), out, base_model=str(tiny_model_dir))
+        log = [json.loads(x) for x in (out / "persona_rm" / "curves.jsonl").read_text().splitlines()]
+        steps[micro] = [e["step"] for e in log if "loss" in e]
+    assert steps[0] == steps[2] == [1, 2]

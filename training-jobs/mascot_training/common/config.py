@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _S(BaseModel):
@@ -108,7 +108,17 @@ class PersonaRmConfig(_S):
     epochs: float = Field(1.0, gt=0)
     lr: float = Field(1e-4, gt=0)
     batch_size: int = Field(8, ge=1)
+    #: Pairs per forward/backward pass; ``batch_size`` is reached by gradient accumulation (the same update,
+    #: about micro_batch_size/batch_size of the activation memory). 0 = ``batch_size`` (no accumulation).
+    micro_batch_size: int = Field(0, ge=0)
     max_length: int = Field(1024, ge=32)
+
+    @model_validator(mode="after")
+    def _micro_divides(self) -> "PersonaRmConfig":
+        m = self.micro_batch_size
+        if m and (m > self.batch_size or self.batch_size % m):
+            raise ValueError(f"micro_batch_size {m} must divide batch_size {self.batch_size}")
+        return self
 
 
 class GenerationConfig(_S):

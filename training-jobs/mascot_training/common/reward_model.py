@@ -48,7 +48,8 @@ def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed:
         base: Base of the reward model (a causal-LM or classifier directory / hub id); a 1-label head is added.
         tokenizer: From :func:`load_rm_tokenizer`.
         dataset: ``datasets.Dataset`` with plain-text ``chosen`` / ``rejected`` columns (EOS included).
-        rm_cfg: ``epochs``, ``lr``, ``batch_size``, ``max_length``.
+        rm_cfg: ``epochs``, ``lr``, ``batch_size`` (pairs per update), ``micro_batch_size`` (pairs per pass; 0 =
+            ``batch_size``; the rest by gradient accumulation), ``max_length``.
         seed: Seed of the head init and the data order.
         model_dir: Where the model and tokenizer are saved.
         trainer_dir: Scratch directory of the trainer (removed afterwards).
@@ -67,9 +68,11 @@ def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed:
     set_seed(seed)  # the classification head is random-initialised at load time
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
+    micro = rm_cfg.micro_batch_size or rm_cfg.batch_size
     args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
                         use_cpu=not torch.cuda.is_available(), num_train_epochs=rm_cfg.epochs,
-                        learning_rate=rm_cfg.lr, per_device_train_batch_size=rm_cfg.batch_size,
+                        learning_rate=rm_cfg.lr, per_device_train_batch_size=micro,
+                        gradient_accumulation_steps=rm_cfg.batch_size // micro,
                         max_length=rm_cfg.max_length, report_to=[], save_strategy="no", logging_steps=1,
                         disable_tqdm=True, seed=seed, data_seed=seed)
     trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
