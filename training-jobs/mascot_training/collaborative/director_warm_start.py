@@ -8,6 +8,7 @@ small director that rarely writes a valid directive unconstrained then gives GRP
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,6 +16,9 @@ from typing import Any, Sequence
 from mascot_training.collaborative.config import CollaborativeConfig
 from mascot_training.collaborative.simulate import Prefix
 from mascot_training.common.progress import trainer_progress
+
+#: Rows per forward/backward pass of the warm start (the step's batch of up to 8 by gradient accumulation).
+WARM_START_MICRO_BATCH = 2
 
 
 def warm_start_rows(prefixes: dict[str, Prefix], block_rows: Sequence[dict], roster: Sequence[Any],
@@ -49,6 +53,10 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     to ``out_dir``. Returns ``{"rows", "steps", "train_loss", "loss_first", "loss_last"}`` (the first and last logged
     step losses).
 
+    Each step updates on up to 8 rows, passed :data:`WARM_START_MICRO_BATCH` at a time (gradient accumulation): the
+    director's chats run to ``max_model_len`` tokens, and 8 of them at 1536 tokens in one pass needed more than 20 GB
+    on a CPU.
+
     Raises:
         ValueError: no rows (no serving decision was recorded).
     """
@@ -63,8 +71,11 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
         raise ValueError("director.warm_start_steps is set but the rollouts stage recorded no serving decision")
     d = cfg.director
     work = out_dir.parent / ".warm-start-trainer"
+    batch = min(8, len(rows))
+    micro = math.gcd(batch, WARM_START_MICRO_BATCH)
     args = SFTConfig(output_dir=str(work), max_steps=d.warm_start_steps, learning_rate=d.warm_start_lr,
-                     per_device_train_batch_size=min(8, len(rows)), max_length=cfg.max_model_len, logging_steps=1,
+                     per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
+                     max_length=cfg.max_model_len, logging_steps=1,
                      save_strategy="no", report_to=[], bf16=False, gradient_checkpointing=False,
                      use_cpu=not torch.cuda.is_available(), seed=cfg.director_grpo.seed, dataloader_num_workers=0,
                      disable_tqdm=True)
