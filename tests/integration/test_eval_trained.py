@@ -50,7 +50,7 @@ def test_only_stable_versions_are_served(store_dir, tmp_path, tiny_model_dir):
 
     with pytest.raises(ValueError, match=r"serves no stable version \(5 adapter\(s\) with only staged"):
         trained_versions(str(store_dir), tmp_path / "cache")
-    with pytest.raises(ValueError, match="serves no stable version"):
+    with pytest.raises(ValueError, match="holds no adapter"):  # a mistyped path is not "promote first"
         trained_versions(str(tmp_path / "nowhere"), tmp_path / "cache")
     promote(store_dir, "anchor", 1)
     got = trained_versions(str(store_dir), tmp_path / "cache")
@@ -109,6 +109,16 @@ async def test_the_trained_system_joins_an_earlier_run_and_is_compared_pairwise(
     assert "### Paired differences: MASCOT (trained) minus each system" in md and "trained_adapters" in md
     run = json.loads((out / "run.json").read_text())
     assert set(run["trained_adapters"]) == set(SUPPORT) and run["trained_adapters"]["anchor"].startswith("anchor--v1@")
+
+    # both systems in one call, the trained one first: its stack loads the versions into the shared engine, and
+    # the untrained system still speaks with the base model only
+    one = tmp_path / "one-call"
+    await run_eval(EvalOptions(systems=["mascot-trained", "mascot"], adapters=str(store_dir),
+                               **{**common, "out_dir": one}), cfg, engine=engine)
+    both = [json.loads(x) for x in (one / "transcripts.jsonl").read_text().splitlines()]
+    got = {s: {t["adapter_version"] for d in both if d["system"] == s for t in d["turns"] if t["role"] == "agent"}
+           for s in ("mascot", "mascot-trained")}
+    assert got["mascot"] == {"base"} and got["mascot-trained"] and "base" not in got["mascot-trained"]
 
     # other versions in the store: the recorded dialogues no longer describe them, so the run refuses to resume
     src = make_lora(tiny_model_dir, tmp_path / "v2", seed=11, scale=0.1)

@@ -251,6 +251,14 @@ def test_heldout_reward_scores_seeded_samples(catalog: PersonaCatalog, tiny_mode
     assert out["format"] == pytest.approx(sum(format_reward(t, l_max=60, think=False) for t in flat) / 6, abs=1e-4)
     assert len(seen) == 6 and model.training is True
     assert pg.heldout_reward(model, tok, [], f, g, 3, seed=7) is None
+    # measuring leaves the global RNG where it was: training samples the same with or without the measure
+    import torch
+
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    pg.heldout_reward(model, tok, rows, f, g, 2, seed=7)
+    assert torch.equal(torch.rand(3), want)
 
 
 @pytest.mark.slow

@@ -236,11 +236,7 @@ def test_micro_batches_accumulate_to_the_configured_batch(tmp_path, tiny_model_d
 
     with pytest.raises(ValidationError, match="micro_batch_size 3 must divide batch_size 8"):
         make_cfg(micro_batch_size=3)
-    steps = {}
-    for micro in (0, 2):
-        out = tmp_path / f"m{micro}"
-        write_pairs(out, n_train=16, n_heldout=4)
-        run(make_cfg(epochs=1.0, micro_batch_size=micro), out, base_model=str(tiny_model_dir))
-        log = [json.loads(x) for x in (out / "persona_rm" / "curves.jsonl").read_text().splitlines()]
-        steps[micro] = [e["step"] for e in log if "loss" in e]
-    assert steps[0] == steps[2] == [1, 2]
+    write_pairs(tmp_path, n_train=16, n_heldout=4)
+    run(make_cfg(epochs=1.0, micro_batch_size=2), tmp_path, base_model=str(tiny_model_dir))
+    log = [json.loads(x) for x in (tmp_path / "persona_rm" / "curves.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if "loss" in e] == [1, 2]  # 8 passes of 2 pairs, 2 updates of 8

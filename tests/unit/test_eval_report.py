@@ -221,7 +221,8 @@ def test_paper_qmsum_identity_with_documented_exception():
 
 
 def test_system_names():
-    assert list(paper.SYSTEM_NAMES) == list(paper.PAPER_SYSTEMS + paper.ABLATION_SYSTEMS)
+    assert list(paper.SYSTEM_NAMES) == list(paper.PAPER_SYSTEMS + paper.ABLATION_SYSTEMS + paper.TRAINED_SYSTEMS)
+    assert paper.system_label("mascot-trained") == "MASCOT (trained)"
     assert paper.system_label("few-shot-cot") == "Few-Shot + CoT" and paper.system_label("no-persona") == "MASCOT-P"
     assert paper.system_label("mine") == "mine"
 

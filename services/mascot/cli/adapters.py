@@ -106,9 +106,9 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
     canary = canary or 0.0
     r = _call(target, token_file, "PromoteAdapter", pb.PromoteAdapterRequest(
         persona_id=persona, version=version, canary_weight=canary, skip_eval_gate=skip_eval_gate), timeout=timeout,
-        deadline_hint=f"no answer within --timeout {timeout:g} s; the gateway stops the evaluation gate when the "
-                      "call is given up, so nothing was promoted (mascot adapters list shows the state): raise "
-                      "--timeout, or adapters.promote_gate.limit for a shorter gate")
+        deadline_hint=f"no answer within --timeout {timeout:g} s; the gateway stops an evaluation gate still "
+                      "running when the call is given up, so the version was most likely not promoted: check with "
+                      "mascot adapters list, then raise --timeout (or lower adapters.promote_gate.limit)")
     g = r.eval_gate
     if g.ran:
         console.print(f"evaluation gate passed: {g.candidate} {g.candidate_score:.3f} vs {g.baseline} "

@@ -81,6 +81,8 @@ PAPER_SYSTEMS: tuple[str, ...] = (
 )
 #: Ablation variants (section 8.4): ``no-director`` = MASCOT-C, ``no-persona`` = MASCOT-P.
 ABLATION_SYSTEMS: tuple[str, ...] = ("no-director", "no-persona")
+#: Ours, not the paper's: MASCOT served with a store's trained adapter versions (``mascot eval --adapters``).
+TRAINED_SYSTEMS: tuple[str, ...] = ("mascot-trained",)
 #: ED valence splits in the paper's table order (section 8.1).
 SUPPORT_SPLITS: tuple[str, ...] = ("positive", "negative", "neutral")
 #: QMSum domains (section 8.3).

@@ -143,23 +143,27 @@ def validate(opts: EvalOptions) -> None:
         raise ValueError(f"--out {opts.out_dir} exists and is not a directory")
 
 
-def trained_versions(store_uri: str, cache_dir: Path) -> dict[str, dict]:
+def trained_versions(store_uri: str, cache_dir: Path, config: Any = None) -> dict[str, dict]:
     """What the ``mascot-trained`` system serves: every adapter of the store with a stable version (personas and the
-    director), ``{adapter id: {"name": "<id>--v<N>", "digest", "dir": local folder of the version}}``.
+    director), ``{adapter id: {"name": "<id>--v<N>", "digest", "dir": local folder of the version}}``. ``config``:
+    the :class:`~mascot.core.config.AdaptersConfig` whose ``pvc_root`` and ``s3_endpoint_url`` the stack uses too.
 
     Raises:
-        ValueError: the store has no stable version (the system would be the base model: promote the trained
-            versions first), or a canary is open (dialogues would mix two versions of one persona).
-        RuntimeError, OSError: the store or its registry cannot be read.
+        ValueError: the store cannot be read or holds no adapter, has no stable version (the system would be the
+            base model: promote the trained versions first), has a canary open (dialogues would mix two versions
+            of one persona), or a version cannot be fetched or fails its digest check.
     """
-    from mascot.core.adapters.store import open_store
     from mascot.core.adapters.registry import version_name
+    from mascot.core.adapters.store import backend_errors, open_store
 
     try:
-        store = open_store(store_uri)
+        store = open_store(store_uri, config=config)
         reg = store.read_registry().get("adapters", {})
-    except (RuntimeError, OSError, ValueError) as e:
+    except (RuntimeError, OSError, ValueError, *backend_errors()) as e:
         raise ValueError(f"--adapters {store_uri}: cannot read the adapter store ({e})") from None
+    if not any(e.get("versions") for e in reg.values()):
+        raise ValueError(f"--adapters {store_uri} holds no adapter (no registry.json listing versions there): give "
+                         "the store a training run published to, e.g. runs/p1/adapters")
     canary = sorted(pid for pid, e in reg.items() if e.get("canary"))
     if canary:
         raise ValueError(f"--adapters {store_uri}: {', '.join(canary)} has a canary version open; promote it to "
@@ -169,7 +173,10 @@ def trained_versions(store_uri: str, cache_dir: Path) -> dict[str, dict]:
         n = e.get("stable")
         v = (e.get("versions") or {}).get(str(n)) if n else None
         if v:
-            local = store.local_version(pid, n, v["digest"], cache_dir)
+            try:
+                local = store.local_version(pid, n, v["digest"], cache_dir)
+            except (RuntimeError, OSError, *backend_errors()) as e:
+                raise ValueError(f"--adapters {store_uri}: cannot use {version_name(pid, n)} ({e})") from None
             out[pid] = {"name": version_name(pid, n), "digest": v["digest"], "dir": str(local)}
     if not out:
         staged = sorted(pid for pid, e in reg.items() if e.get("versions"))
@@ -293,7 +300,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     if opts.sft_adapter and (Path(opts.sft_adapter) / "manifest.json").is_file():
         manifests.append(Path(opts.sft_adapter) / "manifest.json")
     out = Path(opts.out_dir)
-    trained = trained_versions(opts.adapters, out / ".adapter-cache") if opts.adapters else {}
+    trained = trained_versions(opts.adapters, out / ".adapter-cache", cfg.adapters) if opts.adapters else {}
     # every served version's own manifest lists the situations its training run used
     manifests += [Path(v["dir"]) / "manifest.json" for v in trained.values()]
     check_no_overlap(situations, manifests)
@@ -330,6 +337,9 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
             over = {**VARIANTS[name], "store": {"url": f"sqlite:///{(out / f'conversations-{name}.db').resolve()}"}}
             if name == "mascot-trained":
                 over["adapters"] = {"store": opts.adapters, "cache_dir": str((out / ".adapter-cache").resolve())}
+            elif opts.adapters:  # one shared engine: the other variants must not pick up the trained versions
+                over["adapters"] = {"store": ""}
+                over["speaker"] = {**over.get("speaker", {}), "adapter_mode": "none"}
             vcfg = MascotConfig(**deep_merge(base, over))
             stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics)
         first = next(iter(stacks.values()))

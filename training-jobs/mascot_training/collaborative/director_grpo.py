@@ -172,16 +172,17 @@ class VllmDirector:
         return res
 
 
-def policy_decider_factory(runner: RolloutRunner, cfg: CollaborativeConfig) -> DeciderFactory:
+def policy_decider_factory(runner: RolloutRunner, cfg: CollaborativeConfig, vllm: bool = True) -> DeciderFactory:
     """The default :data:`DeciderFactory`: directives sampled from the director being trained (``trainer.model``,
-    or TRL's colocated vLLM copy of it when ``use_vllm``), with ``cfg.director``'s sampling."""
+    or TRL's colocated vLLM copy of it when the trainer uses vLLM and ``vllm`` is True; TRL syncs that copy only
+    inside its own generation step, so measurements outside it pass False), with ``cfg.director``'s sampling."""
     d = cfg.director
 
     def factory(trainer: Any, seed: int) -> DecideFn:
         model = trainer.accelerator.unwrap_model(trainer.model)
         director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
                                   top_p=d.top_p)
-        if getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this call
+        if vllm and getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this
             director = VllmDirector(trainer.vllm_generation.llm, director.stop_ids, max_tokens=d.max_tokens,
                                     temperature=d.temperature, top_p=d.top_p)
         return runner.policy_decider(director, seed)
@@ -327,7 +328,9 @@ def heldout_reward(trainer: Any, runner: RolloutRunner, loop: LoopThread, prefix
     seed = cfg.director_grpo.seed
     rollouts = [Rollout(p, k, rollout_seed(seed, "heldout", p.prefix_id, k)) for p in prefixes
                 for k in range(samples)]
-    decide = (decider_factory or policy_decider_factory(runner, cfg))(trainer, rollout_seed(seed, "heldout"))
+    # the trainer's own weights, not a vLLM copy TRL has not synced yet
+    factory = decider_factory or policy_decider_factory(runner, cfg, vllm=False)
+    decide = factory(trainer, rollout_seed(seed, "heldout"))
     loop.call(runner.run(rollouts, decide))
     stats = RolloutStats()
     score = make_reward_func({p.prefix_id: p for p in prefixes}, group_reward_fn, cfg.phase2,
@@ -435,8 +438,13 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
                                   max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
         return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
 
+    measured_flips = [0]
+
     def measure() -> dict | None:
-        return heldout_reward(trainer, runner, loop, heldout, group_reward_fn, cfg, g.heldout_samples)
+        before_flips = runner.dropped_role_flips
+        got = heldout_reward(trainer, runner, loop, heldout, group_reward_fn, cfg, g.heldout_samples)
+        measured_flips[0] += runner.dropped_role_flips - before_flips  # counted in its rollout outcomes instead
+        return got
 
     before, held_before = dist(), measure()
     trainer.train()
@@ -445,7 +453,7 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]
     m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
          "reward_last": rewards[-1] if rewards else None, **stats.summary(),
-         "dropped_role_flip": runner.dropped_role_flips,
+         "dropped_role_flip": runner.dropped_role_flips - measured_flips[0],
          "persona_distribution_before": before, "persona_distribution_after": after,
          "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4)}
     if heldout:

@@ -173,18 +173,19 @@ def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples:
     was_training = model.training
     model.eval()
     out: list[list[str]] = []
-    try:
-        for i, row in enumerate(rows):
-            text = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-            enc = tok(text, return_tensors="pt", add_special_tokens=False).to(model.device)
-            torch.manual_seed(seed + i)
-            with torch.inference_mode():
-                gen = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=1.0, top_k=0,
-                                     max_new_tokens=g.max_completion_length, num_return_sequences=samples,
-                                     pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
-                                     else tok.eos_token_id)
-            n = enc["input_ids"].shape[1]
-            out.append([tok.decode(seq[n:], skip_special_tokens=True) for seq in gen])
+    try:  # the global RNG is restored afterwards: measuring must not change what training samples next
+        with torch.random.fork_rng(devices=[]):
+            for i, row in enumerate(rows):
+                text = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+                enc = tok(text, return_tensors="pt", add_special_tokens=False).to(model.device)
+                torch.manual_seed(seed + i)
+                with torch.inference_mode():
+                    gen = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=1.0, top_k=0,
+                                         max_new_tokens=g.max_completion_length, num_return_sequences=samples,
+                                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                         else tok.eos_token_id)
+                n = enc["input_ids"].shape[1]
+                out.append([tok.decode(seq[n:], skip_special_tokens=True) for seq in gen])
     finally:
         model.train(was_training)
     return out
