@@ -373,3 +373,31 @@ async def test_rollout_stops_before_the_model_window(tok):
     await run.run([r], scripted(tok, lambda r_, s: directive(["The Beacon", "The Anchor", "The Catalyst"][s], r_, s)))
     assert r.window_full and r.personas == ["beacon"] and not r.invalid
     assert r.record()["window_full"] is True
+
+
+def test_a_resumed_stage_reuses_a_warm_start_only_for_the_same_rows_and_settings(tmp_path):
+    import json
+
+    from mascot_training.collaborative.director_grpo import cached_warm_start
+
+    built: list[str] = []
+
+    def build(tag):
+        def fn(d):
+            d.mkdir(parents=True)
+            (d / "adapter_config.json").write_text(json.dumps({"tag": tag}))
+            built.append(tag)
+            return {"steps": 2, "tag": tag}
+        return fn
+
+    assert cached_warm_start(tmp_path, "k1", build("a")) == {"steps": 2, "tag": "a"}
+    # a rerun with the same key (a killed stage resumed) keeps the adapter and its figures
+    assert cached_warm_start(tmp_path, "k1", build("b")) == {"steps": 2, "tag": "a"} and built == ["a"]
+    # other rows or settings: trained again, the old adapter gone
+    assert cached_warm_start(tmp_path, "k2", build("c"))["tag"] == "c"
+    assert json.loads((tmp_path / "warm_start" / "adapter_config.json").read_text()) == {"tag": "c"}
+    # an adapter left without its figures (killed between the two writes, or by older code) is not trusted
+    (tmp_path / "warm_start.json").unlink()
+    assert cached_warm_start(tmp_path, "k2", build("d"))["tag"] == "d" and built == ["a", "c", "d"]
+    (tmp_path / "warm_start.json").write_text("{torn")
+    assert cached_warm_start(tmp_path, "k2", build("e"))["tag"] == "e"

@@ -462,6 +462,26 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
     return trainer, m
 
 
+def cached_warm_start(part: Path, key: str, build: Callable[[Path], dict]) -> dict:
+    """The warm-start adapter in ``part/warm_start``, trained by ``build(dir)`` unless a killed earlier attempt left
+    one there for the same ``key`` (a digest of its rows and settings; kept with its figures in
+    ``part/warm_start.json``). An adapter without figures, or left by other rows or settings, is removed and trained
+    again: a resumed stage never starts GRPO from a warm start it did not ask for. Returns ``build``'s figures."""
+    adapter, meta = part / "warm_start", part / "warm_start.json"
+    if (adapter / "adapter_config.json").is_file() and meta.is_file():
+        try:
+            saved = json.loads(meta.read_text(encoding="utf-8"))
+        except ValueError:
+            saved = {}
+        if isinstance(saved, dict) and saved.get("key") == key:
+            return saved["figures"]
+    shutil.rmtree(adapter, ignore_errors=True)
+    meta.unlink(missing_ok=True)
+    figures = build(adapter)
+    atomic_write_text(meta, json.dumps({"key": key, "figures": figures}) + "\n")
+    return figures
+
+
 def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: RolloutRunner, loop: LoopThread,
         group_reward_fn: GroupRewardFn, inputs: dict[str, str], metrics: Any = None) -> dict:
     """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter``; returns the manifest
@@ -504,11 +524,10 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
 
             rows = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
                                    cfg.director.max_consecutive_turns)
-            if not (part / "warm_start" / "adapter_config.json").is_file():
-                warm = warm_start(base_model, rows, cfg, part / "warm_start")
-                atomic_write_text(part / "warm_start.json", json.dumps(warm) + "\n")
-            else:
-                warm = json.loads((part / "warm_start.json").read_text(encoding="utf-8"))
+            key = mf.digest_obj({"rows": rows, "base_model": base_model, "lora": cfg.lora.model_dump(mode="json"),
+                                 "steps": cfg.director.warm_start_steps, "lr": cfg.director.warm_start_lr,
+                                 "max_model_len": cfg.max_model_len, "seed": cfg.director_grpo.seed})
+            warm = cached_warm_start(part, key, lambda d: warm_start(base_model, rows, cfg, d))
             init = str(part / "warm_start")
         with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:
             trainer, m = train_director(base_model, train, runner, loop, group_reward_fn, cfg, Path(work),
