@@ -50,3 +50,28 @@ def test_a_promote_that_outlives_its_timeout_says_what_happened_and_what_to_chan
     assert r.exit_code == 1, r.output
     assert "DEADLINE_EXCEEDED" in out and "no answer within --timeout 1 s" in out and "most likely not promoted" in out
     assert "raise --timeout" in out
+
+
+def test_the_choice_types_of_the_options_equal_what_the_services_accept():
+    from typing import get_args
+
+    from mascot.api.training.v1 import training_pb2 as tpb
+    from mascot.cli.common import EngineKind, ModeName, PhaseName
+    from mascot.core.config import EngineConfig
+    from mascot.core.enums import enum_names
+    from mascot.core.situations import MODES
+
+    assert list(get_args(ModeName)) == list(MODES)
+    assert get_args(EngineKind) == get_args(EngineConfig.model_fields["kind"].annotation)
+    assert list(get_args(PhaseName)) == list(enum_names(tpb.TrainingPhase, sep="-"))
+
+
+def test_a_mistyped_choice_is_refused_with_the_choices_listed():
+    from typer.testing import CliRunner
+
+    from mascot.cli import app
+
+    for args in (["run", "--mode", "chat"], ["serve", "--engine", "vllm-gpu"], ["retrain", "list", "--phase", "p1"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "is not one of" in r.output, (args, r.output)
+    assert "<support|meeting>" in CliRunner().invoke(app, ["eval", "--help"], terminal_width=200).output

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -21,6 +21,14 @@ MODEL_HELP = ("The generation model: a local model directory, a Hugging Face hub
               "the local HF cache), or 'tiny' for the tiny random-init Qwen3 (speed only, its words are not language). "
               "Default: SmolLM2-135M-Instruct, converted by `mascot models prepare` (make setup runs it).")
 TARGET = typer.Option("127.0.0.1:50051", "--target", help="Gateway address host:port.")
+#: The choices of ``--mode``, ``--engine`` and ``--phase`` as types: the help lists them and the parser refuses
+#: anything else (exit code 2). They equal the proto's modes, ``engine.kind`` and the proto's training phases
+#: (a unit test keeps them so).
+ModeName = Literal["support", "meeting"]
+EngineKind = Literal["transformers", "vllm"]
+PhaseName = Literal["persona-alignment", "collaborative"]
+MODE = typer.Option("support", "--mode", help="support (EmpatheticDialogues situations) or meeting (QMSum excerpts).")
+ENGINE = typer.Option(None, "--engine", help="Engine kind (default: engine.kind of the config).")
 TOKEN_FILE = typer.Option(None, "--token-file", help="File holding the admin token (default: $MASCOT_ADMIN_TOKEN).")
 TLS_CA = typer.Option(None, "--tls-ca", envvar="MASCOT_TLS_CA",
                       help="PEM CA bundle that verifies the gateway's certificate (turns TLS on).")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from mascot.cli.common import console
+from mascot.cli.common import MODE, ModeName, console
 
 data_app = typer.Typer(help="Prepare situation files: disjoint evaluation, gate and training parts.",
                        no_args_is_help=True)
@@ -25,16 +25,13 @@ def split(
     out: Path = typer.Option(..., "--out", help="Folder for eval.jsonl, gate.jsonl and train.jsonl."),
     eval_n: int = typer.Option(100, "--eval", min=1, help="Records for evaluation: the first N of the file."),
     gate_n: int = typer.Option(40, "--gate", min=0, help="Records for the PromoteAdapter gate: the next M."),
-    mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
+    mode: ModeName = MODE,
 ) -> None:
     """Split a situations file by position into evaluation, gate and training parts (disjoint)."""
-    from mascot.core.situations import MODES, split_situations
+    from mascot.core.situations import split_situations
 
     if not str(out).strip() or str(out) == ".":
         console.print("[red]--out must name a folder for the split files (e.g. runs/splits)[/red]")
-        raise typer.Exit(2)
-    if mode not in MODES:
-        console.print(f"[red]cannot split: --mode must be one of {', '.join(MODES)}, got {mode!r}[/red]")
         raise typer.Exit(2)
     try:
         counts = split_situations(situations, mode, out, eval_n=eval_n, gate_n=gate_n)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from mascot.cli.common import console
+from mascot.cli.common import MODE, ModeName, console
 
 eval_app = typer.Typer(help="Evaluate MASCOT against baselines (LLM judge, automatic metrics, human preference).",
                        invoke_without_command=True, add_completion=False)
@@ -62,7 +62,7 @@ def evaluate(
                                              "seconds."),
     judge_retry_budget: float = typer.Option(300.0, "--judge-retry-budget", help="Seconds a judge call is retried "
                                              "(UNAVAILABLE, DEADLINE_EXCEEDED) before the run stops; a rerun resumes."),
-    mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
+    mode: ModeName = MODE,
     seed: int = typer.Option(0, "--seed", help="Base seed (same seed, same report)."),
     agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64, help="Agent turns per dialogue."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=256, help="Dialogues / judge calls in flight."),

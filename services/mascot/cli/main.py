@@ -20,8 +20,8 @@ from typing import Any, Optional
 import typer
 
 from mascot.cli.adapters import adapters_app
-from mascot.cli.common import (CALLER_TOKEN_FILE, MODEL_HELP, TLS_CA, TLS_CERT, TLS_KEY, caller_token, client_tls,
-                               console, load_config_or_exit, quiet, redacted)
+from mascot.cli.common import (CALLER_TOKEN_FILE, ENGINE, MODE, MODEL_HELP, TLS_CA, TLS_CERT, TLS_KEY, EngineKind,
+                               ModeName, caller_token, client_tls, console, load_config_or_exit, quiet, redacted)
 from mascot.cli.data import data_app
 from mascot.cli.eval import eval_app
 from mascot.cli.health import health
@@ -48,7 +48,7 @@ def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the gateway, or of the one component named."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine kind: transformers or vllm."),
+    engine: Optional[EngineKind] = ENGINE,
     store_url: Optional[str] = typer.Option(None, "--store-url", help="SQLAlchemy URL of the conversation store."),
     director_target: Optional[str] = typer.Option(None, "--director-target", help="host:port (gateway alone)."),
     speaker_target: Optional[str] = typer.Option(None, "--speaker-target", help="host:port (gateway alone)."),
@@ -146,7 +146,7 @@ def serve_model(
 @app.command()
 def chat(
     target: str = typer.Option("127.0.0.1:50051", "--target", help="Gateway host:port."),
-    mode: str = typer.Option("support", "--mode", help="support or meeting."),
+    mode: ModeName = MODE,
     persona: list[str] = typer.Option([], "--persona", help="Persona id to activate (repeatable)."),
     tls_ca: Optional[Path] = TLS_CA,
     tls_cert: Optional[Path] = TLS_CERT,
@@ -162,9 +162,6 @@ def chat(
     from mascot.app.runjob import admitted
 
     modes = {"support": cpb.MODE_SUPPORT, "meeting": cpb.MODE_MEETING}
-    if mode not in modes:
-        console.print("[red]--mode must be support or meeting[/red]")
-        raise typer.Exit(2)
 
     tls, token = client_tls(tls_ca, tls_cert, tls_key), caller_token(token_file)
 
@@ -225,14 +222,14 @@ def run(
              "(a .json file or a folder of them)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
     out: Path = typer.Option(..., "--out", help="Output directory."),
-    mode: str = typer.Option("support", "--mode", help="support (EmpatheticDialogues) or meeting (QMSum)."),
+    mode: ModeName = MODE,
     agent_turns: Optional[int] = typer.Option(None, "--agent-turns", min=1, max=64,
                                               help="Agent turns per conversation."),
     seed: int = typer.Option(0, "--seed", help="Seed of the user draws and sampling."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, max=256,
                                     help="Conversations run at once; their model calls are decoded in one batch "
                                          "(8 suits 2 cores; keep it within limits.max_active_rounds)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Engine kind (transformers)."),
+    engine: Optional[EngineKind] = ENGINE,
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     target: Optional[str] = typer.Option(None, "--target", help="Use a running gateway instead of the embedded stack."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
@@ -247,9 +244,6 @@ def run(
     from mascot.app.runjob import run_job
     from mascot.core.situations import load_situations
 
-    if mode not in ("support", "meeting"):
-        console.print("[red]--mode must be support or meeting[/red]")
-        raise typer.Exit(2)
     try:
         records = load_situations(situations, mode, limit, require_labels=False, verbatim=True)
     except (OSError, ValueError) as e:

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mascot.api.training.v1 import training_pb2 as pb
-from mascot.cli.common import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, console, export_tls
+from mascot.cli.common import (TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, PhaseName, admin_session, console,
+                               export_tls)
 from mascot.core.enums import enum_name, enum_names, enum_value
 
 retrain_app = typer.Typer(
@@ -155,17 +156,15 @@ def status(run_id: str = typer.Argument(..., help="The run id."), target: str = 
 
 
 @retrain_app.command("list")
-def list_(phase: str = typer.Option("", "--phase", help="Only persona-alignment or collaborative runs."),
+def list_(phase: Optional[PhaseName] = typer.Option(None, "--phase",
+                                                  help="Only persona-alignment or collaborative runs."),
           limit: int = typer.Option(50, "--limit", min=1, max=1000, help="At most this many runs, newest first."),
           target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE,
           as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the runs whose Jobs still exist, newest first."""
-    if phase and phase not in PHASES:
-        console.print(f"[red]--phase must be one of {', '.join(PHASES)}[/red]")
-        raise typer.Exit(2)
 
     async def body(stub: Any, md: tuple) -> Any:
-        req = pb.ListRunsRequest(phase=enum_value(pb.TrainingPhase, phase, sep="-", default=0), limit=limit)
+        req = pb.ListRunsRequest(phase=enum_value(pb.TrainingPhase, phase or "", sep="-", default=0), limit=limit)
         return await stub.ListRuns(req, metadata=md, timeout=60)
 
     r = _session(target, token_file, body)
