@@ -71,7 +71,7 @@ def test_only_stable_versions_are_served(store_dir, tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 async def test_the_trained_system_joins_an_earlier_run_and_is_compared_pairwise(engine, tiny_model_dir, shared_data,
-                                                                                store_dir, tmp_path):
+                                                                                store_dir, tmp_path, caplog):
     from mascot.core.adapters.store import open_store
     from mascot.eval.runner import EvalOptions, run_eval
 
@@ -87,9 +87,12 @@ async def test_the_trained_system_joins_an_earlier_run_and_is_compared_pairwise(
     # an earlier table without the trained system, then the trained system added to the same --out
     await run_eval(EvalOptions(systems=["mascot"], **common), cfg, engine=engine)
     assert "trained_adapters" not in json.loads((out / "run.json").read_text())
+    caplog.set_level("WARNING")
     report = await run_eval(EvalOptions(systems=["mascot", "mascot-trained"], adapters=str(store_dir), **common), cfg,
                             engine=engine)
     assert report["timings"]["per_system"].keys() == {"mascot-trained"}  # the mascot dialogues were reused
+    # the evaluation's stacks serve no admin plane, so no "AdapterService has no admin token" warning
+    assert not [r for r in caplog.records if "admin token" in r.getMessage()]
     lines = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
     versions = {s: {t["adapter_version"] for d in lines if d["system"] == s for t in d["turns"] if t["role"] == "agent"}
                 for s in ("mascot", "mascot-trained")}

@@ -94,7 +94,7 @@ class Stack:
 
 
 async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_COMPONENTS, *, engine: Any = None,
-                      metrics: Metrics | None = None, serve_metrics: bool = False) -> Stack:
+                      metrics: Metrics | None = None, serve_metrics: bool = False, admin: bool = True) -> Stack:
     """Start ``components`` in this process.
 
     Args:
@@ -108,6 +108,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             (``mascot serve`` does; port 0 picks a free one, see :attr:`Stack.metrics_port`), with the process's own
             series and, on a vllm engine with ``engine.log_stats``, vLLM's ``vllm:*``. The model services under
             KServe serve theirs on the REST port instead (``mascot serve-model``).
+        admin: Serve the gateway's admin plane (AdapterService on ``adapters.store``, TrainingService on
+            ``training.templates_dir``) when those are set; an evaluation's stacks only converse (False).
 
     Raises:
         ValueError: an unknown component, or a lone gateway without targets.
@@ -184,10 +186,10 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             if conversations.auth.enabled and not srv.tls.enabled:
                 log.warning("security.caller_auth is on without server.tls: caller tokens cross the network in "
                             "plaintext unless TLS ends in front of the gateway")
-            if cfg.adapters.store:
+            if admin and cfg.adapters.store:
                 gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
                 services.append(_adapter_service(cfg, gate))
-            if cfg.training.templates_dir:
+            if admin and cfg.training.templates_dir:
                 services.append(await _training_service(cfg, metrics, stack))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,

@@ -341,7 +341,8 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                 over["adapters"] = {"store": ""}
                 over["speaker"] = {**over.get("speaker", {}), "adapter_mode": "none"}
             vcfg = MascotConfig(**deep_merge(base, over))
-            stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics)
+            stacks[name] = await start_stack(vcfg, ("gateway", "director", "speaker"), engine=engine, metrics=metrics,
+                                             admin=False)
         first = next(iter(stacks.values()))
         sem = asyncio.Semaphore(opts.concurrency)
         todo = [(s, i, sit) for s in opts.systems for i, sit in enumerate(situations) if (s, sit.id) not in log.done]
