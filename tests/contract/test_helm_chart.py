@@ -970,6 +970,16 @@ def test_min_replicas_above_max_replicas_is_refused_at_install(values, message):
     assert "templates/validate.yaml" in str(e.value)
 
 
+@pytest.mark.parametrize("component", ["director", "speaker"])
+def test_a_gateway_without_its_director_or_speaker_is_refused_at_install(component):
+    import helm_python as helm
+
+    for values in ({component: {"enabled": False}}, {"generation": {"enabled": False}, component: {"enabled": False}}):
+        with pytest.raises(helm.HelmRenderError) as e:
+            render(values)
+        assert f"{component}.enabled is false, but the gateway sends every turn through a {component}" in str(e.value)
+
+
 def test_cross_field_checks_report_every_broken_rule_and_skip_disabled_services():
     import helm_python as helm
 

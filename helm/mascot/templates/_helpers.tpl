@@ -615,6 +615,11 @@ selector:
 {{- end }}
 {{- end }}
 {{- end }}
+{{- range $c := list "director" "speaker" }}
+{{- if not (index $v $c).enabled }}
+{{- $errors = append $errors (printf "%s.enabled is false, but the gateway sends every turn through a %s (server.%s_target would name a Service that does not exist); keep %s enabled (for the no-director ablation set director.config.director.policy: random instead)" $c $c $c $c) }}
+{{- end }}
+{{- end }}
 {{- range $c := without $models "reward" }}
 {{- $spec := index $v $c }}
 {{- $engine := (include "mascot.componentConfig" (dict "ctx" $ "component" $c) | fromYaml).engine | default dict }}
