@@ -293,6 +293,8 @@ async def test_cli_retrain_wait_follows_the_run_to_its_end(envs):
     rc, out, err = await _cli(env, "collaborative", "--run-id", "cli-bad", "--wait", "--poll-s", "0.05",
                               wait_for=[("triggered: run cli-bad", job, "failed")])
     assert rc == 1 and ": failed - BackoffLimitExceeded" in err
+    rc, out, err = await _cli(env, "list", "--phase", "collaborative", "--json")
+    assert rc == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == ["cli-bad"]
 
     # cancel from the CLI; a finished run cannot be cancelled (exit 1 with the code)
     rc, out, err = await _cli(env, "persona-alignment", "--run-id", "cli-c")
