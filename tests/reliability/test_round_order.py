@@ -132,8 +132,10 @@ async def test_cancelled_and_deadline_exceeded_streams_are_counted_with_their_co
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(_send(stub, await _conversation(stub), "Hello again.", "c2", timeout=0.5))
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        for _ in range(100):  # the server records a call when its handler ends
-            if _count(stack, "SendMessage", "CANCELLED") and _count(stack, "SendMessage", "DEADLINE_EXCEEDED"):
+        rounds = stack.metrics.registry.get_sample_value
+        for _ in range(200):  # the server records a call when its handler ends, a round when its finish has run
+            if (_count(stack, "SendMessage", "CANCELLED") and _count(stack, "SendMessage", "DEADLINE_EXCEEDED")
+                    and rounds("mascot_rounds_total", {"mode": "support", "reason": "cancelled"}) == 2):
                 break
             await asyncio.sleep(0.05)
         assert _count(stack, "SendMessage", "CANCELLED") == 1
