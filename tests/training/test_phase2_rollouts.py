@@ -297,6 +297,49 @@ async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_d
     assert again == m and not eng.requests
 
 
+class _PeakEngine(ScriptedEngine):
+    """Counts the generations in flight at once."""
+
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.live = self.peak = 0
+
+    async def stream(self, request):
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        try:
+            async for item in super().stream(request):
+                yield item
+        finally:
+            self.live -= 1
+
+
+async def test_rollouts_stage_runs_prefixes_at_once_with_the_same_rows(tok, tmp_path, shared_data, tiny_model_dir):
+    """phase2.rollout_concurrency overlaps prefixes on the engine; the rows (by prefix) are those of one at a time,
+    and a finished stage is not redone for another concurrency."""
+    from mascot.core.files import read_jsonl
+    from mascot_training.collaborative import rollouts
+
+    def director(prompt):
+        return f"Agent: The Beacon\nAction: Ask about moment {prompt.count('Agent: The Beacon')}.\nTone: Warm"
+
+    rows, peaks, mans = {}, {}, {}
+    for n in (1, 3):
+        cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0, rollout_concurrency=n)
+        eng = _PeakEngine(director, speakers())
+        mans[n] = await rollouts.run(cfg, tmp_path / str(n), engine=eng, tokenizer=tok, adapters={}, inputs={})
+        peaks[n] = eng.peak
+        rows[n] = (sorted(read_jsonl(tmp_path / str(n) / "rollouts" / "prefixes.jsonl"), key=lambda d: d["prefix_id"]),
+                   sorted(read_jsonl(tmp_path / str(n) / "rollouts" / "blocks.jsonl"), key=lambda d: d["prefix_id"]))
+    assert rows[1] == rows[3] and len(rows[1][0]) == 3 and len(rows[1][1]) == 3
+    assert peaks[1] <= 2 < peaks[3]  # one prefix: its k = 2 blocks at most; three prefixes overlap
+    assert mans[1]["metrics"] == mans[3]["metrics"]
+    eng = _PeakEngine(director, speakers())
+    cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0, rollout_concurrency=8)
+    again = await rollouts.run(cfg, tmp_path / "1", engine=eng, tokenizer=tok, adapters={}, inputs={})
+    assert again == mans[1] and not eng.requests
+
+
 async def test_rollouts_stage_counts_role_flips(tok, tmp_path, shared_data, tiny_model_dir):
     from mascot_training.collaborative import rollouts
 

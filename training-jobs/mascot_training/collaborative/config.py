@@ -88,6 +88,10 @@ class Phase2Config(_S):
     #: R of a rollout ended by an invalid directive.
     invalid_reward: float = -2.0
     group_reward: GroupRewardConfig = GroupRewardConfig()
+    #: Prefixes the ``rollouts`` stage runs at once (their turns share the engine's batches; on a CPU one prefix's
+    #: four blocks leave most of a decode step idle). A speed setting: results do not depend on it beyond the
+    #: engine's batching, and a resumed stage may use another value.
+    rollout_concurrency: int = Field(4, ge=1, le=64)
     seed: int = 0
 
     @model_validator(mode="after")

@@ -503,7 +503,8 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
     # The generation backend changes how directives are sampled, not what is trained (kept out of the stage key).
     conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json", exclude={"generation"}),
             "director": cfg.director.model_dump(mode="json"),
-            "phase2": cfg.phase2.model_dump(mode="json"), "lora": cfg.lora.model_dump(mode="json"),
+            "phase2": cfg.phase2.model_dump(mode="json", exclude={"rollout_concurrency"}),
+            "lora": cfg.lora.model_dump(mode="json"),
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json")}
     inputs = {**inputs, "prefixes": mf.digest_path(src)}

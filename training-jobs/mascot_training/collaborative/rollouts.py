@@ -9,12 +9,14 @@
 
 An episode whose simulated user flips role (:func:`mascot_training.collaborative.simulate.detect_role_flip`) is
 dropped and counted (``metrics.dropped_role_flip``). Prefixes and blocks are appended per prefix and fsynced, so a
-killed stage resumes where it stopped. Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and ``blocks.jsonl``
+killed stage resumes where it stopped. ``phase2.rollout_concurrency`` prefixes run at once (rows land in the order
+they finish). Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and ``blocks.jsonl``
 (``{"prefix_id", "blocks": [Rollout.record(), ...]}``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import random
@@ -94,7 +96,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
     """
     out = Path(out)
     p2 = cfg.phase2
-    conf = {"phase2": p2.model_dump(mode="json", exclude={"group_reward": {"judge", "pairs", "rm"}}),
+    conf = {"phase2": p2.model_dump(mode="json", exclude={"group_reward": {"judge", "pairs", "rm"},
+                                                          "rollout_concurrency": True}),
             "data": cfg.data.model_dump(mode="json"), "personas": active_personas(cfg), "mode": cfg.mode,
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json"),
@@ -113,24 +116,30 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
                                                                          read_jsonl(drop_path)}
         done_blocks = {d["prefix_id"] for d in read_jsonl(blk_path)}
         bar = StepProgress("rollouts", len(todo), unit="prefix")
-        for prefix_id, sit, k in todo:
-            if prefix_id not in done_prefixes:
-                prefix = await build_prefix(runner, decide, prefix_id, sit, k, p2.seed)
-                if prefix is None:
-                    append_jsonl(drop_path, {"prefix_id": prefix_id, "where": "prefix"})
-                    bar.step(prefix=prefix_id, dropped="role flip")
-                    continue
-                append_jsonl(pre_path, prefix.to_dict())
-            if want_blocks and prefix_id not in done_blocks:
-                prefix = next((Prefix.from_dict(d) for d in read_jsonl(pre_path) if d["prefix_id"] == prefix_id), None)
-                if prefix is None:
-                    bar.step(prefix=prefix_id)
-                    continue
-                rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i))
-                      for i in range(p2.group_reward.k)]
-                await runner.run(rs, decide, sequences=False)
-                append_jsonl(blk_path, {"prefix_id": prefix_id, "blocks": [r.record() for r in rs]})
-            bar.step(prefix=prefix_id)
+        slots = asyncio.Semaphore(p2.rollout_concurrency)
+
+        async def one(prefix_id: str, sit: Any, k: int) -> None:
+            async with slots:
+                prefix = None
+                if prefix_id not in done_prefixes:
+                    prefix = await build_prefix(runner, decide, prefix_id, sit, k, p2.seed)
+                    if prefix is None:
+                        append_jsonl(drop_path, {"prefix_id": prefix_id, "where": "prefix"})
+                        bar.step(prefix=prefix_id, dropped="role flip")
+                        return
+                    append_jsonl(pre_path, prefix.to_dict())
+                if want_blocks and prefix_id not in done_blocks:
+                    if prefix is None:
+                        prefix = next((Prefix.from_dict(d) for d in read_jsonl(pre_path)
+                                       if d["prefix_id"] == prefix_id), None)
+                    if prefix is not None:
+                        rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i))
+                              for i in range(p2.group_reward.k)]
+                        await runner.run(rs, decide, sequences=False)
+                        append_jsonl(blk_path, {"prefix_id": prefix_id, "blocks": [r.record() for r in rs]})
+                bar.step(prefix=prefix_id)
+
+        await asyncio.gather(*(one(*t) for t in todo))
         bar.close()
         prefixes = read_jsonl(pre_path)
         blocks = [b for row in read_jsonl(blk_path) for b in row["blocks"]]
