@@ -438,12 +438,13 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
                                   max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
         return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
 
-    measured_flips = [0]
+    measured_flips = 0
 
     def measure() -> dict | None:
+        nonlocal measured_flips
         before_flips = runner.dropped_role_flips
         got = heldout_reward(trainer, runner, loop, heldout, group_reward_fn, cfg, g.heldout_samples)
-        measured_flips[0] += runner.dropped_role_flips - before_flips  # counted in its rollout outcomes instead
+        measured_flips += runner.dropped_role_flips - before_flips  # counted in its rollout outcomes instead
         return got
 
     before, held_before = dist(), measure()
@@ -453,7 +454,7 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]
     m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
          "reward_last": rewards[-1] if rewards else None, **stats.summary(),
-         "dropped_role_flip": runner.dropped_role_flips - measured_flips[0],
+         "dropped_role_flip": runner.dropped_role_flips - measured_flips,
          "persona_distribution_before": before, "persona_distribution_after": after,
          "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4)}
     if heldout:
