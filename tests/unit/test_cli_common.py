@@ -75,3 +75,7 @@ def test_a_mistyped_choice_is_refused_with_the_choices_listed():
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and "is not one of" in r.output, (args, r.output)
     assert "<support|meeting>" in CliRunner().invoke(app, ["eval", "--help"], terminal_width=200).output
+    from mascot.app.stack import MODEL_COMPONENTS
+
+    usage = CliRunner().invoke(app, ["serve-model", "--help"], terminal_width=200).output
+    assert "|".join(MODEL_COMPONENTS) + "[,...]" in usage, usage  # the component argument names its choices

@@ -101,8 +101,9 @@ def serve(
 
 @app.command("serve-model")
 def serve_model(
-    component: str = typer.Argument(..., help="Model service(s) to run: director, speaker, judge or reward, or "
-                                    "several comma-separated (e.g. director,speaker,judge) served on one engine."),
+    component: str = typer.Argument(..., metavar="director|speaker|judge|reward[,...]",
+                                    help="Model service(s) to run: director, speaker, judge or reward, or several "
+                                    "comma-separated (e.g. director,speaker,judge) served on one engine."),
     grpc_port: int = typer.Option(..., "--port", min=0, max=65535,
                                   help="gRPC port: our service + Open Inference Protocol + health (0: a free one)."),
     http_port: int = typer.Option(..., "--rest-port", min=0, max=65535,
