@@ -29,12 +29,15 @@ def _nli_scorer(model: str) -> Any:
 
 def reply_check_counts(dialogues: list[dict]) -> dict:
     """What the reply checks did to a system's agent replies (the simulated user's turns are not counted):
-    ``{"rejections": {reason: n}, "cut": n, "agent_turns": n}`` (refused attempts, and replies cut back to a sentence
-    end)."""
+    ``{"rejections": {reason: n}, "cut": n, "agent_turns": n}`` (refused attempts, those a dialogue keeps after its
+    last delivered turn included, and replies cut back to a sentence end)."""
     from collections import Counter
 
     turns = [t for d in dialogues for t in d["turns"] if t["role"] == "agent"]
-    rejections = Counter(r.get("reason", "") for t in turns for r in t.get("rejections", []))
+    # a baseline keeps the replies refused after its last delivered turn with the dialogue (an early end)
+    refused = [r for t in turns for r in t.get("rejections", [])] + [r for d in dialogues
+                                                                     for r in d.get("rejections", [])]
+    rejections = Counter(r.get("reason", "") for r in refused)
     return {"rejections": dict(sorted(rejections.items())), "cut": sum(1 for t in turns if t.get("cut_reason")),
             "agent_turns": len(turns)}
 

@@ -14,6 +14,13 @@
 
 After each system step the simulated user (SpeakerService, the same one MASCOT's self-play uses) speaks with
 probability ``user_speak_prob`` (seeded), until ``agent_turns`` agent turns exist.
+
+Like the product's speakers, whose refused reply is generated again up to ``guard.max_attempts`` times, a baseline
+step whose every reply the reply checks refuse is generated again (a new seed) up to ``step_attempts`` times before
+the user speaks; two steps that deliver nothing after their attempts end the dialogue early. A prompting baseline's
+group turn lists the personas in round-robin order: the first turn starts at a persona drawn from the dialogue's
+seed, each later one after the last persona that spoke, so every persona speaks although a dialogue needs fewer
+lines than the roster has.
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ class BaselineContext:
             it to its dialogue concurrency, so a system that asks for several samples per step (Self-Consistency:
             five) waits here instead of queueing five times the requests in the engine, where the simulated
             user's calls would wait past their deadline.
+        step_attempts: Generations of a step whose every reply the checks refuse (the eval passes
+            ``guard.max_attempts``, the product speakers' regenerations per reply), >= 1.
     """
 
     def __post_init__(self) -> None:
@@ -97,6 +106,8 @@ class BaselineContext:
             self.guard = GuardSettings()
         if self.max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, got {self.max_in_flight}")
+        if self.step_attempts < 1:
+            raise ValueError(f"step_attempts must be >= 1, got {self.step_attempts}")
         self._slots = None
 
     engine: Any
@@ -113,6 +124,7 @@ class BaselineContext:
     timeout_s: float = 120.0
     guard: Any = None
     max_in_flight: int = 0
+    step_attempts: int = 3
 
     def slots(self) -> Any:
         """The semaphore bounding generations in flight (created in the running event loop), or None."""
@@ -210,34 +222,43 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
     return [(pid, t) for pid, t in out if t]
 
 
+def group_order(roster: Sequence[PersonaCard], start: int) -> list[PersonaCard]:
+    """The roster in round-robin order from index ``start`` (taken modulo the roster size)."""
+    k = start % len(roster) if roster else 0
+    return [*roster[k:], *roster[:k]]
+
+
 async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
-                          temperature: float | None = None,
-                          lines: int | None = None) -> tuple[list[tuple[str, str]], str]:
+                          temperature: float | None = None, lines: int | None = None,
+                          order: Sequence[PersonaCard] | None = None) -> tuple[list[tuple[str, str]], str]:
+    """One group turn; ``order``: the personas in the order their lines are written (default the roster's)."""
+    roster = list(order) if order else ctx.roster
     temperature = ctx.temperature if temperature is None else temperature
     cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
     few = system in ("few-shot", "few-shot-cot")
     adapter = ctx.sft_adapter if system == "sft" else None
     reasoning = ""
     if cot:
-        reasoning = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few, reasoning=None,
+        reasoning = await _generate(ctx, lambda h, c: _group_messages(roster, h, c, few_shot=few, reasoning=None,
                                                                       ask_reasoning=True),
                                     history, context, 64, temperature, seed, adapter=adapter)
-    n_lines = len(ctx.roster) if lines is None else max(1, min(lines, len(ctx.roster)))
+    n_lines = len(roster) if lines is None else max(1, min(lines, len(roster)))
     max_tokens = min(ctx.max_tokens * n_lines, 1024)
-    text = await _generate(ctx, lambda h, c: _group_messages(ctx.roster, h, c, few_shot=few,
+    text = await _generate(ctx, lambda h, c: _group_messages(roster, h, c, few_shot=few,
                                                              reasoning=reasoning if cot else None),
                            history, context, max_tokens, temperature, seed + 1,
-                           regex=group_regex(ctx.roster, lines=n_lines), adapter=adapter)
-    return parse_group_turn(text, ctx.roster), reasoning
+                           regex=group_regex(roster, lines=n_lines), adapter=adapter)
+    return parse_group_turn(text, roster), reasoning
 
 
 async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int,
-                                 lines: int | None = None) -> tuple[list, str]:
+                                 lines: int | None = None, order: Sequence[PersonaCard] | None = None
+                                 ) -> tuple[list, str]:
     import asyncio
 
     temp = ctx.temperature if ctx.temperature > 0 else 0.7
     samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp,
-                                                     lines) for k in range(SC_SAMPLES)))
+                                                     lines, order) for k in range(SC_SAMPLES)))
     texts = ["\n".join(t for _, t in s) or "(empty)" for s, _ in samples]
     best = ctx.embedder.medoid_index(texts)
     return samples[best][0], f"medoid of {SC_SAMPLES} samples: #{best}"
@@ -343,36 +364,47 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
     roster_ids = [ctx.supporter.id] if single else [c.id for c in ctx.roster]
     turns = [_turn(0, "user", sit.opening)]
     n_agent, step, empty_steps = 0, 0, 0
+    start = random.Random(f"{seed}:order").randrange(len(ctx.roster)) if ctx.roster else 0
     dropped: list[dict] = []
     adapter = ctx.sft_adapter if system == "sft" else BASE_ADAPTER
     while n_agent < ctx.agent_turns and empty_steps < 2:
         history = history_from_dicts(turns)
         s = seed * 1000 + step * 50
         needed = ctx.agent_turns - n_agent  # a group turn's lines past this would be thrown away
-        if system == "self-consistency":
-            replies, think = await _self_consistency_step(ctx, history, sit.context, s, needed)
-        elif single:
-            replies, think = await _multiagentesc_step(ctx, history, sit.context, s)
-        else:
-            replies, think = await _prompting_step(system, ctx, history, sit.context, s, lines=needed)
-        step += 1
+        order = group_order(ctx.roster, start)
         before = n_agent
-        for k, (pid, text) in enumerate(replies):
-            if n_agent >= ctx.agent_turns:
+        for attempt in range(ctx.step_attempts):  # a step the checks refuse whole is generated again
+            s_try = s + 7919 * attempt
+            if system == "self-consistency":
+                replies, think = await _self_consistency_step(ctx, history, sit.context, s_try, needed, order)
+            elif single:
+                replies, think = await _multiagentesc_step(ctx, history, sit.context, s_try)
+            else:
+                replies, think = await _prompting_step(system, ctx, history, sit.context, s_try, lines=needed,
+                                                       order=order)
+            for k, (pid, text) in enumerate(replies):
+                if n_agent >= ctx.agent_turns:
+                    break
+                delivered, reason = _checked(ctx, pid, text, turns)
+                if not delivered:  # refused whole: like a refused persona reply, nothing is shown
+                    dropped.append({"persona_id": pid, "attempt": attempt, "reason": reason or "empty",
+                                    "text": text[:500]})
+                    continue
+                turn = _turn(len(turns), "agent", delivered, pid, think if k == 0 else "", adapter, "baseline")
+                turn["rejections"], turn["cut_reason"], dropped = dropped, reason, []
+                turns.append(turn)
+                n_agent += 1
+                start = roster_ids.index(pid) + 1 if pid in roster_ids else start
+            if n_agent > before:
                 break
-            delivered, reason = _checked(ctx, pid, text, turns)
-            if not delivered:  # refused whole: like a refused persona reply, nothing is shown
-                dropped.append({"persona_id": pid, "attempt": 0, "reason": reason or "empty", "text": text[:500]})
-                continue
-            turn = _turn(len(turns), "agent", delivered, pid, think if k == 0 else "", adapter, "baseline")
-            turn["rejections"], turn["cut_reason"], dropped = dropped, reason, []
-            turns.append(turn)
-            n_agent += 1
-        # A step that delivers nothing (no reply, or every reply refused by the checks) counts towards the end:
-        # two in a row end the dialogue early, so a model whose replies keep failing the checks cannot loop forever.
+        step += 1
+        # A step that delivers nothing after its attempts counts towards the end: two in a row end the dialogue
+        # early, so a model whose replies keep failing the checks cannot loop forever.
         empty_steps = 0 if n_agent > before else empty_steps + 1
         if n_agent < ctx.agent_turns and (n_agent == before or rng.random() < ctx.user_speak_prob):
             text = await _user_turn(ctx, sit, turns, roster_ids, s + 49)
             if text:
                 turns.append(_turn(len(turns), "user", text))
+    if dropped:  # refused replies after the last delivered turn (an early end): kept with the dialogue
+        return {"personas": roster_ids, "turns": turns, "rejections": dropped}
     return {"personas": roster_ids, "turns": turns}

@@ -357,7 +357,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                temperature=cfg.speaker.temperature,
                                sft_adapter=SFT_ADAPTER_NAME if opts.sft_adapter else None, embedder=embedder,
                                mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings(),
-                               max_in_flight=opts.concurrency)
+                               max_in_flight=opts.concurrency, step_attempts=cfg.guard.max_attempts)
 
         import grpc
 

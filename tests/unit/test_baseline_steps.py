@@ -1,0 +1,125 @@
+"""The baselines' step loop: a step the reply checks refuse whole is generated again before the user speaks (as the
+product's speakers regenerate a refused reply), refusals after the last delivered turn stay with the dialogue, and
+the prompting baselines' group turns go round the whole roster."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from mascot.core.engine import regex_escape
+from mascot.core.personas import PersonaCatalog
+from mascot.core.situations import Situation
+from mascot.eval import baselines
+from mascot.eval.assemble import reply_check_counts
+from mascot.eval.baselines import BaselineContext, group_order, run_baseline
+
+
+@pytest.fixture(scope="module")
+def roster():
+    return PersonaCatalog.load().in_set("support")
+
+
+class GroupEngine:
+    """Writes a group turn in the order the request's constraint names the personas; ``bad_calls`` of the first
+    calls write lines the test's checks refuse."""
+
+    supports_structured_output = True
+    max_context_tokens = 100_000
+
+    def __init__(self, roster, bad_calls: int = 0) -> None:
+        self.roster, self.bad_calls, self.calls = roster, bad_calls, []
+
+    def render_chat(self, messages, **_):
+        return "\n".join(m["content"] for m in messages)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def generate(self, request):
+        rx = request.structured.regex
+        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
+            regex_escape(c.name)))
+        bad = len(self.calls) < self.bad_calls
+        self.calls.append(request)
+        text = "\n".join(f"{c.name}: {'BAD' if bad else 'Fine'} reply {len(self.calls)} of {c.id}."
+                         for c in names)
+        return SimpleNamespace(text=text)
+
+
+class UserStub:
+    """The simulated user's SpeakerService: one fixed line per call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def GenerateReply(self, request, timeout=None):
+        self.calls += 1
+        n = self.calls
+
+        async def events():
+            yield SimpleNamespace(HasField=lambda f: f == "final", final=SimpleNamespace(text=f"User line {n}."))
+
+        return events()
+
+
+def _ctx(roster, engine, attempts=3):
+    return BaselineContext(engine=engine, speaker=UserStub(), roster=list(roster), supporter=None, agent_turns=3,
+                           user_speak_prob=0.0, max_tokens=32, temperature=0.7, sft_adapter=None, embedder=None,
+                           mode="support", step_attempts=attempts)
+
+
+SIT = Situation(id="s1", situation="My dog got sick.", emotion="sad", opening="My dog got sick last night.",
+                split="negative")
+
+
+@pytest.fixture()
+def refuse_bad(monkeypatch):
+    def checked(ctx, pid, text, turns):
+        return ("", "loop") if "BAD" in text else (text, "")
+
+    monkeypatch.setattr(baselines, "_checked", checked)
+
+
+async def test_a_refused_step_is_generated_again_before_the_user_speaks(roster, refuse_bad):
+    eng = GroupEngine(roster, bad_calls=2)
+    ctx = _ctx(roster, eng)
+    d = await run_baseline("zero-shot", ctx, SIT, seed=11)
+    roles = [t["role"] for t in d["turns"]]
+    assert roles == ["user", "agent", "agent", "agent"]  # no user turn forced in by the refused attempts
+    assert len(eng.calls) == 3 and ctx.speaker.calls == 0
+    seeds = [c.sampling.seed for c in eng.calls]
+    assert len(set(seeds)) == 3  # each attempt samples anew
+    first = d["turns"][1]
+    assert [r["attempt"] for r in first["rejections"]] == [0, 0, 0, 1, 1, 1]
+    assert "rejections" not in d
+
+
+async def test_a_step_refused_on_every_attempt_counts_and_its_refusals_are_kept(roster, refuse_bad):
+    eng = GroupEngine(roster, bad_calls=99)
+    d = await run_baseline("zero-shot", _ctx(roster, eng, attempts=2), SIT, seed=11)
+    assert [t["role"] for t in d["turns"]] == ["user", "user", "user"]  # two empty steps end it
+    assert len(eng.calls) == 4  # 2 steps x 2 attempts
+    assert len(d["rejections"]) == 12  # 3 lines per attempt
+    counts = reply_check_counts([d])
+    assert counts["rejections"] == {"loop": 12} and counts["agent_turns"] == 0
+
+
+async def test_group_turns_go_round_the_roster(roster, refuse_bad):
+    ids = [c.id for c in roster]
+    assert [c.id for c in group_order(roster, 3)] == ids[3:] + ids[:3]
+    assert group_order(roster, len(roster) + 1) == group_order(roster, 1)
+    seen = set()
+    for seed in range(12):
+        eng = GroupEngine(roster)
+        ctx = _ctx(roster, eng)
+        ctx.agent_turns = 7
+        d = await run_baseline("few-shot", ctx, SIT, seed=seed)
+        spoke = [t["persona_id"] for t in d["turns"] if t["role"] == "agent"]
+        start = random.Random(f"{seed}:order").randrange(len(roster))
+        # one cycle through the roster from the dialogue's drawn start, across group turns
+        assert spoke == [ids[(start + i) % len(ids)] for i in range(7)], (seed, spoke)
+        seen.add(spoke[0])
+    assert len(seen) >= 3  # the first speaker varies between dialogues
