@@ -103,6 +103,20 @@ async def test_empty_replies_end_the_loop_with_the_reason_on_the_state_and_only_
     assert store.count_turns(conv.id) == 1
 
 
+async def test_a_stream_closed_right_after_round_started_is_counted_as_cancelled(parts):
+    """The client goes away as soon as it has RoundStarted (the generator is closed at that first yield): the round
+    is stored, counted once as ``cancelled`` and no longer active; before, a close at that point counted nothing."""
+    _, store, _, metrics, make, conversation = parts
+    _, runner = make(Speaker())
+    conv = conversation()
+    stream = runner.message(conv, [], "k1", "Hello there.")
+    first = await stream.__anext__()
+    assert first.WhichOneof("event") == "round_started" and active(metrics) == 1
+    await stream.aclose()
+    assert rounds(metrics, "cancelled") == 1 and active(metrics) == 0
+    assert store.get_round(conv.id, "k1").state != "done"  # stored, unfinished: a retry with the key resumes it
+
+
 async def test_a_round_of_empty_replies_is_stored_counted_and_completed_with_empty_replies(parts):
     _, store, _, metrics, make, conversation = parts
     _, runner = make(Speaker(agent=""))

@@ -95,17 +95,22 @@ class RoundRunner:
         """
         rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
         replayed: list = []
+        # RoundStarted and a replay's stored turns; a round that runs sends them inside _metered, so a stream
+        # closed right after RoundStarted is counted (a finished round's replay is not a round and is not counted)
+        opening: list[cpb.ConversationEvent] = []
         safety_round = False
         if rnd is not None:
             if rnd.text_sha256 != text_digest(text):
                 raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
             replayed = await asyncio.to_thread(self.store.round_turns, conv.id, key)
-            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(replayed[0]), replayed=True))
+            opening.append(event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(replayed[0]), replayed=True)))
             for row in replayed[1:]:
                 t = turn_to_proto(row)
-                yield event(turn_started=cpb.TurnStarted(index=t.index, role=t.role, directive=t.directive))
-                yield event(turn_completed=cpb.TurnCompleted(turn=t))
+                opening.append(event(turn_started=cpb.TurnStarted(index=t.index, role=t.role, directive=t.directive)))
+                opening.append(event(turn_completed=cpb.TurnCompleted(turn=t)))
             if rnd.state == "done":
+                for ev in opening:
+                    yield ev
                 yield event(round_completed=cpb.RoundCompleted(agent_turns=rnd.agent_turns,
                                                                reason=REASONS.get(rnd.reason, 0)))
                 return
@@ -131,7 +136,7 @@ class RoundRunner:
                                                       self.cfg.dialogue.history_window_turns)
             else:
                 turns = [*turns, user_row]
-            yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False))
+            opening.append(event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row), replayed=False)))
         st = self._state(conv, key, seed=int(text_digest(conv.id + key)[:8], 16),
                          history=[history_turn(self.catalog, t.role, t.text, t.persona_id, t.directive)
                                   for t in turns],
@@ -140,6 +145,8 @@ class RoundRunner:
         st.agent_turns = sum(1 for r in replayed[1:] if r.role == "agent")  # resumed after the stored turns
         per_round = 1 if safety_round else self.cfg.dialogue.agent_turns_per_round
         with self._metered(conv.mode) as meter:
+            for ev in opening:
+                yield ev
             async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline)) as evs:
                 async for ev in evs:
                     yield ev
