@@ -364,14 +364,16 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
     roster_ids = [ctx.supporter.id] if single else [c.id for c in ctx.roster]
     turns = [_turn(0, "user", sit.opening)]
     n_agent, step, empty_steps = 0, 0, 0
-    start = random.Random(f"{seed}:order").randrange(len(ctx.roster)) if ctx.roster else 0
+    first = random.Random(f"{seed}:order").randrange(len(ctx.roster)) if ctx.roster else 0
+    ids = [c.id for c in ctx.roster]
     dropped: list[dict] = []
     adapter = ctx.sft_adapter if system == "sft" else BASE_ADAPTER
     while n_agent < ctx.agent_turns and empty_steps < 2:
         history = history_from_dicts(turns)
         s = seed * 1000 + step * 50
         needed = ctx.agent_turns - n_agent  # a group turn's lines past this would be thrown away
-        order = group_order(ctx.roster, start)
+        spoke = [t["persona_id"] for t in turns if t["role"] == "agent" and t["persona_id"] in ids]
+        order = group_order(ctx.roster, ids.index(spoke[-1]) + 1 if spoke else first)  # after the last speaker
         before = n_agent
         for attempt in range(ctx.step_attempts):  # a step the checks refuse whole is generated again
             s_try = s + 7919 * attempt
@@ -394,7 +396,6 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
                 turn["rejections"], turn["cut_reason"], dropped = dropped, reason, []
                 turns.append(turn)
                 n_agent += 1
-                start = roster_ids.index(pid) + 1 if pid in roster_ids else start
             if n_agent > before:
                 break
         step += 1

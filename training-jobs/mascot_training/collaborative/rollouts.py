@@ -112,8 +112,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
     todo = plan(cfg)
     with mf.stage_dir(out, STAGE, conf, inputs) as (part, man):
         pre_path, blk_path, drop_path = part / "prefixes.jsonl", part / "blocks.jsonl", part / "dropped.jsonl"
-        done_prefixes = {d["prefix_id"] for d in read_jsonl(pre_path)} | {d["prefix_id"] for d in
-                                                                         read_jsonl(drop_path)}
+        stored = {d["prefix_id"]: d for d in read_jsonl(pre_path)}
+        done_prefixes = set(stored) | {d["prefix_id"] for d in read_jsonl(drop_path)}
         done_blocks = {d["prefix_id"] for d in read_jsonl(blk_path)}
         bar = StepProgress("rollouts", len(todo), unit="prefix")
         slots = asyncio.Semaphore(p2.rollout_concurrency)
@@ -129,9 +129,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
                         return
                     append_jsonl(pre_path, prefix.to_dict())
                 if want_blocks and prefix_id not in done_blocks:
-                    if prefix is None:
-                        prefix = next((Prefix.from_dict(d) for d in read_jsonl(pre_path)
-                                       if d["prefix_id"] == prefix_id), None)
+                    if prefix is None and prefix_id in stored:
+                        prefix = Prefix.from_dict(stored[prefix_id])
                     if prefix is not None:
                         rs = [Rollout(prefix, i, rollout_seed(p2.seed, prefix_id, "block", i))
                               for i in range(p2.group_reward.k)]
