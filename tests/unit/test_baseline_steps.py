@@ -77,7 +77,7 @@ SIT = Situation(id="s1", situation="My dog got sick.", emotion="sad", opening="M
 
 @pytest.fixture()
 def refuse_bad(monkeypatch):
-    def checked(ctx, pid, text, turns):
+    def checked(ctx, pid, text, turns, finish_reason="stop"):
         return ("", "loop") if "BAD" in text else (text, "")
 
     monkeypatch.setattr(baselines, "_checked", checked)
@@ -123,3 +123,46 @@ async def test_group_turns_go_round_the_roster(roster, refuse_bad):
         assert spoke == [ids[(start + i) % len(ids)] for i in range(7)], (seed, spoke)
         seen.add(spoke[0])
     assert len(seen) >= 3  # the first speaker varies between dialogues
+
+
+class CappedEngine(GroupEngine):
+    """Writes each persona's line as one finished sentence followed by words up to the constraint's character cap
+    (as the grammar closes a line that fills it, mid-word), the last line of the turn ending normally."""
+
+    async def generate(self, request):
+        rx = request.structured.regex
+        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
+            regex_escape(c.name)))
+        self.calls.append(request)
+        lines = []
+        for k, c in enumerate(names):
+            head = f"That sounds really hard for you, {c.id} here."
+            if k < len(names) - 1:
+                body = (" " + head + " Something else about the dog and the vet and the long night").ljust(
+                    baselines.LINE_CHARS + 40, "x")[:baselines.LINE_CHARS]
+            else:
+                body = " " + head + " The vet will know what to do next."
+            lines.append(f"{c.name}:{body}")
+        return SimpleNamespace(text="\n".join(lines), finish_reason="stop")
+
+
+async def test_a_line_cut_at_the_character_cap_loses_its_unfinished_sentence(roster):
+    ctx = _ctx(roster, CappedEngine(roster))
+    out = await run_baseline("zero-shot", ctx, SIT, seed=3)
+    agent = [t for t in out["turns"] if t["role"] == "agent"]
+    assert len(agent) == 3
+    capped, last = agent[:2], agent[2]
+    for t in capped:  # the finished first sentence is kept, the cut one dropped
+        assert t["text"] == f"That sounds really hard for you, {t['persona_id']} here.", t["text"]
+        assert t["cut_reason"] == "unfinished"
+    assert last["text"].endswith("The vet will know what to do next.") and last["cut_reason"] == ""
+
+
+def test_a_whole_reply_cut_by_its_token_budget_drops_the_unfinished_tail():
+    from mascot.core.guard import GuardSettings, ReplyContext, cut_back
+
+    rctx = ReplyContext(sources=[""], earlier=[], tags=["User"])
+    text = "I am sorry your dog is sick. Dogs often recover well when the vet sees th"
+    assert cut_back(text, rctx, GuardSettings(), "length") == ("I am sorry your dog is sick.", "unfinished")
+    delivered, _ = cut_back(text, rctx, GuardSettings(), "stop")
+    assert delivered.endswith("sees th")

@@ -357,11 +357,14 @@ class SentenceGate:
         return bool(self.released.strip())
 
 
-def cut_back(text: str, ctx: ReplyContext, settings: GuardSettings) -> tuple[str, str]:
+def cut_back(text: str, ctx: ReplyContext, settings: GuardSettings,
+             finish_reason: str = "stop") -> tuple[str, str]:
     """Pass a whole generated reply through the sentence gate, as the speaker streams one: ``(delivered, reason)``,
     the longest passing prefix of whole sentences and why the rest was cut ("" when nothing was), or ``("",
-    reason)`` when the first sentence fails. Used where text is generated in full (evaluation baselines)."""
+    reason)`` when the first sentence fails. ``finish_reason`` is how generation ended (``"stop"`` or
+    ``"length"``, as :meth:`SentenceGate.finish` reads it: after ``"length"`` an unfinished last sentence is
+    dropped, reason ``unfinished``). Used where text is generated in full (evaluation baselines)."""
     gate = SentenceGate(ctx, settings)
     gate.feed(text)
-    gate.finish("stop")
+    gate.finish(finish_reason)
     return gate.released, gate.cut_reason or gate.rejected_reason or ""

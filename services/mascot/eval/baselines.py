@@ -50,6 +50,7 @@ from mascot.core.situations import Situation
 PROMPTING = ("zero-shot", "zero-shot-cot", "few-shot", "few-shot-cot", "sft")
 BASELINES = (*PROMPTING, "self-consistency", "multiagentesc")
 SC_SAMPLES = 5
+LINE_CHARS = 200  # characters of one persona's line in a prompting baseline's group turn (its output constraint)
 ESCONV_STRATEGIES = ("Question", "Restatement or Paraphrasing", "Reflection of feelings", "Self-disclosure",
                      "Affirmation and Reassurance", "Providing Suggestions", "Information", "Others")
 MEETING_STRATEGIES = ("Summarize the discussion", "Quote the speakers", "Explain the decision", "Compare the options",
@@ -147,6 +148,14 @@ async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], con
                     max_tokens: int, temperature: float, seed: int, regex: str | None = None,
                     adapter: str | None = None, stop: tuple[str, ...] = ()) -> str:
     """Fit ``build(history, context)`` into the window (oldest context/history dropped first) and generate."""
+    return (await _generate_result(ctx, build, history, context, max_tokens, temperature, seed, regex, adapter,
+                                   stop)).text
+
+
+async def _generate_result(ctx: BaselineContext, build, history: list[HistoryTurn],
+                           context: Sequence[tuple[str, str]], max_tokens: int, temperature: float, seed: int,
+                           regex: str | None = None, adapter: str | None = None, stop: tuple[str, ...] = ()) -> Any:
+    """:func:`_generate` returning the engine's whole result (text and ``finish_reason``)."""
     eng = ctx.engine
     msgs = fit_history(build, history, context, eng.render_chat, eng.count_tokens, eng.max_context_tokens - max_tokens)
     structured = StructuredOutput(regex=regex) if regex and eng.supports_structured_output else None
@@ -162,7 +171,7 @@ async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], con
                 res = await eng.generate(request)
     except PromptTooLong:
         raise ValueError("a baseline prompt does not fit the engine's context window; raise engine.max_model_len")
-    return res.text
+    return res
 
 
 def _conversation_text(history: Sequence[HistoryTurn], names: dict[str, str],
@@ -188,7 +197,7 @@ def _group_messages(roster: list[PersonaCard], history, context, *, few_shot: bo
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def group_regex(roster: Sequence[PersonaCard], max_chars: int = 200, lines: int | None = None) -> str:
+def group_regex(roster: Sequence[PersonaCard], max_chars: int = LINE_CHARS, lines: int | None = None) -> str:
     """``Name: text`` lines, one per persona in order (the prompting baselines' output constraint).
 
     ``lines``: only the first ``lines`` personas' lines are generated, the last one closed by its newline, when the
@@ -244,11 +253,21 @@ async def _prompting_step(system: str, ctx: BaselineContext, history, context, s
                                     history, context, 64, temperature, seed, adapter=adapter)
     n_lines = len(roster) if lines is None else max(1, min(lines, len(roster)))
     max_tokens = min(ctx.max_tokens * n_lines, 1024)
-    text = await _generate(ctx, lambda h, c: _group_messages(roster, h, c, few_shot=few,
-                                                             reasoning=reasoning if cot else None),
-                           history, context, max_tokens, temperature, seed + 1,
-                           regex=group_regex(roster, lines=n_lines), adapter=adapter)
-    return parse_group_turn(text, roster), reasoning
+    res = await _generate_result(ctx, lambda h, c: _group_messages(roster, h, c, few_shot=few,
+                                                                   reasoning=reasoning if cot else None),
+                                 history, context, max_tokens, temperature, seed + 1,
+                                 regex=group_regex(roster, lines=n_lines), adapter=adapter)
+    replies = parse_group_turn(res.text, roster)
+    return [(pid, t, _line_finish(t, k == len(replies) - 1 and getattr(res, "finish_reason", "stop") == "length"))
+            for k, (pid, t) in enumerate(replies)], reasoning
+
+
+def _line_finish(line: str, out_of_tokens: bool) -> str:
+    """How a group turn's line ended, as the reply checks read it: ``"length"`` when it filled the constraint's
+    :data:`LINE_CHARS` (the grammar closed it, usually mid-word) or is the last line of a turn that ran out of
+    tokens, else ``"stop"``. A line ended by ``"length"`` loses its unfinished last sentence, as a speaker's reply
+    cut by its token budget does."""
+    return "length" if out_of_tokens or len(line) >= LINE_CHARS - 1 else "stop"
 
 
 async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int,
@@ -259,7 +278,7 @@ async def _self_consistency_step(ctx: BaselineContext, history, context, seed: i
     temp = ctx.temperature if ctx.temperature > 0 else 0.7
     samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp,
                                                      lines, order) for k in range(SC_SAMPLES)))
-    texts = ["\n".join(t for _, t in s) or "(empty)" for s, _ in samples]
+    texts = ["\n".join(t for _, t, _ in s) or "(empty)" for s, _ in samples]
     best = ctx.embedder.medoid_index(texts)
     return samples[best][0], f"medoid of {SC_SAMPLES} samples: #{best}"
 
@@ -300,12 +319,12 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
         prompt = (f"{formatting.persona_card_text(ctx.supporter)}\nAnalysis: {' '.join(analysis)}\n"
                   f"Write the supporter's next reply using the strategy '{strategy}', in at most "
                   f"{ctx.supporter.max_answer_words} words. Write only the reply.")
-        out = await _generate(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context,
-                              ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",))
-        responses.append(out.strip())
+        res = await _generate_result(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context,
+                                     ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",))
+        responses.append((res.text.strip(), getattr(res, "finish_reason", "stop")))
     best = 0
     if len(responses) > 1:
-        listing = "\n".join(f"Response {i + 1}: {r}" for i, r in enumerate(responses))
+        listing = "\n".join(f"Response {i + 1}: {r}" for i, (r, _) in enumerate(responses))
         votes = []
         for v in range(3):
             prompt = (f"You are judge {v + 1} of 3. Which response supports the user best?\n{listing}\n"
@@ -316,7 +335,8 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
             votes.append(int(m.group(1)) - 1 if m and 0 < int(m.group(1)) <= len(responses) else 0)
         best = Counter(votes).most_common(1)[0][0]
     think = "; ".join(analysis) + f"; strategies: {', '.join(picks)}"
-    return ([(ctx.supporter.id, responses[best])] if responses[best] else []), think
+    text, finish = responses[best]
+    return ([(ctx.supporter.id, text, finish)] if text else []), think
 
 
 async def _user_turn(ctx: BaselineContext, sit: Situation, turns: list[dict], roster_ids: list[str], seed: int) -> str:
@@ -332,9 +352,11 @@ async def _user_turn(ctx: BaselineContext, sit: Situation, turns: list[dict], ro
     return text
 
 
-def _checked(ctx: "BaselineContext", pid: str, text: str, turns: list[dict]) -> tuple[str, str]:
+def _checked(ctx: "BaselineContext", pid: str, text: str, turns: list[dict],
+             finish_reason: str = "stop") -> tuple[str, str]:
     """A baseline reply through the same reply checks as the product's speakers (:func:`mascot.core.guard.cut_back`):
-    checked against the persona's card and the earlier turns, cut back to its last passing sentence."""
+    checked against the persona's card and the earlier turns, cut back to its last passing sentence; after
+    ``finish_reason="length"`` an unfinished last sentence is dropped."""
     from mascot.core.guard import ReplyContext, cut_back
     from mascot.eval.defects import card_source_text
 
@@ -343,7 +365,7 @@ def _checked(ctx: "BaselineContext", pid: str, text: str, turns: list[dict]) -> 
     rctx = ReplyContext(sources=[card_source_text(card) if card is not None else ""],
                         earlier=[t["text"] for t in turns],
                         tags=["User", "Director", *names])
-    return cut_back(text, rctx, ctx.guard)
+    return cut_back(text, rctx, ctx.guard, finish_reason)
 
 
 async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: int) -> dict:
@@ -384,10 +406,10 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
             else:
                 replies, think = await _prompting_step(system, ctx, history, sit.context, s_try, lines=needed,
                                                        order=order)
-            for k, (pid, text) in enumerate(replies):
+            for k, (pid, text, finish) in enumerate(replies):
                 if n_agent >= ctx.agent_turns:
                     break
-                delivered, reason = _checked(ctx, pid, text, turns)
+                delivered, reason = _checked(ctx, pid, text, turns, finish)
                 if not delivered:  # refused whole: like a refused persona reply, nothing is shown
                     dropped.append({"persona_id": pid, "attempt": attempt, "reason": reason or "empty",
                                     "text": text[:500]})
