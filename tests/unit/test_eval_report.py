@@ -102,9 +102,11 @@ def test_support_tables_with_paper_numbers():
     assert "(paper" not in _row(md, "Collective scores", "Neutral", "MASCOT")
     assert _row(md, "Collective scores", "Positive", "MASCOT").startswith(
         "| MASCOT | 50.0 ± 2.0 (paper 54.9) | 51.0 ± 2.0 (paper 45.5) |")
-    # Automatic metrics: §8.7 beside our `all` split, NLI model named untrained.
+    # Automatic metrics: §8.7 beside our `all` split, NLI model named untrained and its label rates left empty.
     auto = _row(md, "Automatic metrics", "All splits", "MASCOT")
-    assert "tiny-nli (untrained)" in auto and "0.200 ± 0.100 (paper 0.098 ± 0.097)" in auto
+    assert "tiny-nli (untrained)" in auto and f"| {DASH} (paper 0.098 ± 0.097) |" in auto
+    assert "0.200 ± 0.100" not in auto
+    assert "Backbone: tiny-qwen3 (random-init weights" in md
     assert "0.250 ± 0.050 (paper 0.316 ± 0.151)" in auto
     # Header and persona breakdown.
     assert "Seed: 7" in md and "tiny-judge" in md and "tiny-qwen3" in md
@@ -121,7 +123,9 @@ def test_untrained_warning():
     for by_split in rep["systems"].values():
         for st in by_split.values():
             st["automatic"]["nli"]["trained"] = True
-    assert UNTRAINED_WARNING not in render_markdown(rep) and NLI_WARNING not in render_markdown(rep)
+    md = render_markdown(rep)
+    assert UNTRAINED_WARNING not in md and NLI_WARNING not in md and "Backbone: tiny-qwen3 (pretrained weights)" in md
+    assert "0.200 ± 0.100 (paper 0.098 ± 0.097)" in _row(md, "Automatic metrics", "All splits", "MASCOT")
 
 
 def test_several_judges_and_ablation():

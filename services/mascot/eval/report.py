@@ -35,7 +35,7 @@ DASH = "–"
 #: Warning printed when the models (or the NLI model) are untrained.
 UNTRAINED_WARNING = "tiny random models: numbers exercise the pipeline, they are not comparable with the paper"
 #: Warning printed when only the NLI model is untrained (a real backbone).
-NLI_WARNING = ("the NLI columns come from an untrained cross-encoder, so they are not measurements "
+NLI_WARNING = ("the NLI model is an untrained cross-encoder, so the NLI columns are left empty "
                "(--nli-model DIR for a real one)")
 MODES = enum_names(cpb.Mode)
 _SPLIT_ORDER = {"support": paper.SUPPORT_SPLITS + ("all",), "meeting": paper.MEETING_SPLITS + ("all",)}
@@ -167,7 +167,8 @@ def _header(report: Mapping[str, Any], mode: str) -> list[str]:
         f"- Mode: {mode} ({dataset})",
         f"- Judges: {', '.join(judges) or 'none (measures without a judge only)'}"
         + (" — the tables below are the mean over judges; one section per judge follows." if len(judges) > 1 else ""),
-        f"- Backbone: {models.get('backbone', DASH)} (trained: {'yes' if models.get('trained') else 'no'})",
+        f"- Backbone: {models.get('backbone', DASH)} ("
+        + ("pretrained weights" if models.get("trained") else "random-init weights: exercises the pipeline only") + ")",
     ]
     lines += [f"- Model `{k}`: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in extra.items()]
     lines += [
@@ -252,13 +253,13 @@ def _automatic(systems: Mapping[str, Any], order: list[str], splits: list[str], 
             auto = auto if isinstance(auto, Mapping) else {}
             nli = auto.get("nli") if isinstance(auto.get("nli"), Mapping) else {}
             theirs = paper.AUTOMATIC.get(s, {}) if (mode == "support" and split == "all") else {}
-            model = DASH
+            model, untrained = DASH, nli.get("trained") is False
             if nli.get("model"):
-                untrained = nli.get("trained") is False and "untrained" not in str(nli["model"])
-                model = _esc(nli["model"]) + (" (untrained)" if untrained else "")
+                named = "untrained" in str(nli["model"])
+                model = _esc(nli["model"]) + (" (untrained)" if untrained and not named else "")
             row = [system_label(s), model]
-            for key, _ in _AUTOMATIC:
-                stat = nli.get(key) if key in _NLI_KEYS else auto.get(key)
+            for key, _ in _AUTOMATIC:  # an untrained NLI model's label rates are not measurements: left empty
+                stat = (None if untrained else nli.get(key)) if key in _NLI_KEYS else auto.get(key)
                 row.append(_cell(stat, theirs.get(key), digits=3))
             rows.append(row)
         lines += [f"{h}# {_split_title(split)}", ""]
