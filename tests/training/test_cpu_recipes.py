@@ -60,6 +60,25 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     assert [j["kind"] for j in p2.phase2.group_reward.judge.judges] == ["metrics"]
 
 
+def test_the_serving_config_of_the_recipes_gates_promotion_on_the_gate_split(tmp_path, monkeypatch):
+    from mascot.core.config import MascotConfig
+
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load((CONFIGS / "serve_trained_cpu.yaml").read_text())
+    with pytest.raises(ValueError, match="promote_gate.situations runs/splits/gate.jsonl is not a file"):
+        MascotConfig(**data)
+    (tmp_path / "runs" / "splits").mkdir(parents=True)
+    (tmp_path / "runs" / "splits" / "gate.jsonl").write_text("")
+    cfg = MascotConfig(**data)
+    p1 = yaml.safe_load(P1.read_text())
+    # the store both recipes publish into, gated by the judge the config serves, at the speakers' reply budget
+    assert cfg.adapters.store == "runs/p1/adapters" == yaml.safe_load(P2.read_text())["publish"]["store"]
+    gate = cfg.adapters.promote_gate
+    assert gate.enabled and gate.judge in {j.name for j in cfg.judge.judges} and gate.max_tokens == p1["sample"][
+        "max_tokens"]
+    assert [j.kind for j in cfg.judge.judges] == ["metrics"]
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_data, real_model_dir):
