@@ -46,7 +46,7 @@ class GroupEngine:
         self.calls.append(request)
         text = "\n".join(f"{c.name}: {'BAD' if bad else 'Fine'} reply {len(self.calls)} of {c.id}."
                          for c in names)
-        return SimpleNamespace(text=text)
+        return SimpleNamespace(text=text, finish_reason="stop")
 
 
 class UserStub:
@@ -166,3 +166,78 @@ def test_a_whole_reply_cut_by_its_token_budget_drops_the_unfinished_tail():
     assert cut_back(text, rctx, GuardSettings(), "length") == ("I am sorry your dog is sick.", "unfinished")
     delivered, _ = cut_back(text, rctx, GuardSettings(), "stop")
     assert delivered.endswith("sees th")
+
+
+class OutOfTokensEngine(GroupEngine):
+    """Writes the first persona's line whole (no final punctuation), then ``tail`` for the second persona before
+    the token budget runs out (``finish_reason="length"``); a step that asks for one line gets it whole."""
+
+    def __init__(self, roster, tail: str) -> None:
+        super().__init__(roster)
+        self.tail = tail
+
+    async def generate(self, request):
+        rx = request.structured.regex
+        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
+            regex_escape(c.name)))
+        self.calls.append(request)
+        if len(names) == 1:  # a later step that needs one more line: written whole
+            return SimpleNamespace(text=f"{names[0].name}: Fine reply of {names[0].id}.", finish_reason="stop")
+        first = f"{names[0].name}: I am here with you {names[0].id} and I am listening"
+        return SimpleNamespace(text=f"{first}\n{names[1].name}:{self.tail}", finish_reason="length")
+
+
+@pytest.mark.parametrize("tail, second, refused", [
+    (" That must hurt a lot. Tell me what the vet sa", "That must hurt a lot.", []),  # cut inside: tail dropped
+    (" Tell me what the vet sa", None, ["unfinished"]),  # no finished sentence before the cut: refused whole
+    ("", None, []),  # cut right after the name: nothing to deliver, and the line before it is whole
+])
+async def test_a_turn_out_of_tokens_cuts_only_the_reply_it_stopped_in(roster, tail, second, refused):
+    ctx = _ctx(roster, OutOfTokensEngine(roster, tail), attempts=1)
+    ctx.agent_turns = 2
+    out = await run_baseline("zero-shot", ctx, SIT, seed=3)
+    agent = [t for t in out["turns"] if t["role"] == "agent"]
+    assert len(agent) == 2
+    assert agent[0]["text"].endswith("and I am listening") and agent[0]["cut_reason"] == ""
+    if second is not None:
+        assert agent[1]["text"] == second and agent[1]["cut_reason"] == "unfinished"
+    else:  # the next step's line, after the refused (or empty) one
+        assert agent[1]["text"].startswith("Fine reply of") and len(ctx.engine.calls) == 2
+    assert [r["reason"] for r in agent[1]["rejections"]] == refused
+
+
+class EscEngine:
+    """MultiAgentESC's calls: analysis lines, strategy names, one reply per chosen strategy cut by its token budget
+    (``finish_reason="length"``) and judge votes."""
+
+    supports_structured_output = True
+    max_context_tokens = 100_000
+
+    def render_chat(self, messages, **_):
+        return "\n".join(m["content"] for m in messages)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def generate(self, request):
+        rx = request.structured.regex if request.structured else ""
+        if rx.startswith("Response"):
+            return SimpleNamespace(text="Response 1", finish_reason="stop")
+        if rx:
+            return SimpleNamespace(text=baselines.ESCONV_STRATEGIES[0], finish_reason="stop")
+        if "Write the supporter's next reply" in request.prompt:
+            return SimpleNamespace(text="I hear how worried you are. Your dog is lucky to have someone who ca",
+                                   finish_reason="length")
+        return SimpleNamespace(text="The user is sad about the dog.", finish_reason="stop")
+
+
+async def test_a_multiagentesc_reply_cut_by_its_token_budget_loses_its_unfinished_sentence():
+    from mascot.core.personas import PersonaCatalog as Catalog
+
+    supporter = Catalog.load().get("supporter")
+    ctx = BaselineContext(engine=EscEngine(), speaker=UserStub(), roster=[], supporter=supporter, agent_turns=1,
+                          user_speak_prob=0.0, max_tokens=32, temperature=0.7, sft_adapter=None, embedder=None,
+                          mode="support", step_attempts=1)
+    out = await run_baseline("multiagentesc", ctx, SIT, seed=5)
+    agent = [t for t in out["turns"] if t["role"] == "agent"]
+    assert [t["text"] for t in agent] == ["I hear how worried you are."] and agent[0]["cut_reason"] == "unfinished"

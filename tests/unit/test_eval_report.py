@@ -126,6 +126,8 @@ def test_untrained_warning():
     md = render_markdown(rep)
     assert UNTRAINED_WARNING not in md and NLI_WARNING not in md and "Backbone: tiny-qwen3 (pretrained weights)" in md
     assert "0.200 ± 0.100 (paper 0.098 ± 0.097)" in _row(md, "Automatic metrics", "All splits", "MASCOT")
+    del rep["models"]["trained"]  # not recorded: the weights are not described either way
+    assert "- Backbone: tiny-qwen3\n" in render_markdown(rep)
 
 
 def test_several_judges_and_ablation():

@@ -239,8 +239,9 @@ def group_order(roster: Sequence[PersonaCard], start: int) -> list[PersonaCard]:
 
 async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
                           temperature: float | None = None, lines: int | None = None,
-                          order: Sequence[PersonaCard] | None = None) -> tuple[list[tuple[str, str]], str]:
-    """One group turn; ``order``: the personas in the order their lines are written (default the roster's)."""
+                          order: Sequence[PersonaCard] | None = None) -> tuple[list[tuple[str, str, str]], str]:
+    """One group turn: ``([(persona_id, line, finish_reason)], reasoning)``; ``order``: the personas in the order
+    their lines are written (default the roster's); ``finish_reason`` as :func:`_line_finish` reads the line."""
     roster = list(order) if order else ctx.roster
     temperature = ctx.temperature if temperature is None else temperature
     cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
@@ -258,15 +259,27 @@ async def _prompting_step(system: str, ctx: BaselineContext, history, context, s
                                  history, context, max_tokens, temperature, seed + 1,
                                  regex=group_regex(roster, lines=n_lines), adapter=adapter)
     replies = parse_group_turn(res.text, roster)
-    return [(pid, t, _line_finish(t, k == len(replies) - 1 and getattr(res, "finish_reason", "stop") == "length"))
-            for k, (pid, t) in enumerate(replies)], reasoning
+    tail_cut = _tail_cut(res.text, roster, res.finish_reason)
+    return [(pid, t, _line_finish(t, tail_cut and k == len(replies) - 1)) for k, (pid, t) in enumerate(replies)], \
+        reasoning
+
+
+def _tail_cut(text: str, roster: Sequence[PersonaCard], finish_reason: str) -> bool:
+    """True when a group turn's generation ran out of tokens inside its last reply: ``finish_reason`` is
+    ``"length"`` and the text's last line carries reply text (not a bare ``Name:`` the budget cut off, whose
+    reply is dropped and leaves the line before it whole)."""
+    if finish_reason != "length":
+        return False
+    last = text.rsplit("\n", 1)[-1].strip()
+    names = "|".join(re.escape(c.name) for c in roster)
+    return bool(last) and not re.fullmatch(rf"({names})\s*:\s*", last)
 
 
 def _line_finish(line: str, out_of_tokens: bool) -> str:
     """How a group turn's line ended, as the reply checks read it: ``"length"`` when it filled the constraint's
-    :data:`LINE_CHARS` (the grammar closed it, usually mid-word) or is the last line of a turn that ran out of
-    tokens, else ``"stop"``. A line ended by ``"length"`` loses its unfinished last sentence, as a speaker's reply
-    cut by its token budget does."""
+    :data:`LINE_CHARS` (the grammar closed it, usually mid-word) or the turn ran out of tokens inside it
+    (``out_of_tokens``), else ``"stop"``. A line ended by ``"length"`` loses its unfinished last sentence (and is
+    refused whole when it has no finished one), as a speaker's reply cut by its token budget does."""
     return "length" if out_of_tokens or len(line) >= LINE_CHARS - 1 else "stop"
 
 
@@ -321,7 +334,7 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
                   f"{ctx.supporter.max_answer_words} words. Write only the reply.")
         res = await _generate_result(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context,
                                      ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",))
-        responses.append((res.text.strip(), getattr(res, "finish_reason", "stop")))
+        responses.append((res.text.strip(), res.finish_reason))
     best = 0
     if len(responses) > 1:
         listing = "\n".join(f"Response {i + 1}: {r}" for i, (r, _) in enumerate(responses))

@@ -167,8 +167,9 @@ def _header(report: Mapping[str, Any], mode: str) -> list[str]:
         f"- Mode: {mode} ({dataset})",
         f"- Judges: {', '.join(judges) or 'none (measures without a judge only)'}"
         + (" — the tables below are the mean over judges; one section per judge follows." if len(judges) > 1 else ""),
-        f"- Backbone: {models.get('backbone', DASH)} ("
-        + ("pretrained weights" if models.get("trained") else "random-init weights: exercises the pipeline only") + ")",
+        f"- Backbone: {models.get('backbone', DASH)}"
+        + {True: " (pretrained weights)", False: " (random-init weights: exercises the pipeline only)"}.get(
+            models.get("trained"), ""),
     ]
     lines += [f"- Model `{k}`: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in extra.items()]
     lines += [
