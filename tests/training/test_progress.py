@@ -43,11 +43,12 @@ def test_eta_is_the_mean_step_time_times_the_steps_left():
         clock.t += 2.0
         bar.step(reward=0.41234, loss=0.0000123)
     assert bar.eta_s() == pytest.approx(14.0)
-    assert lines[-1] == "persona_grpo anchor: step 3/10 (30%) 2.0 s/step, ETA 14s, reward 0.412, loss 1.23e-05"
+    assert lines[-1] == ("persona_grpo anchor: step 3/10 (30%) 2.0 s/step (last 2.0 s), ETA 14s, reward 0.412, "
+                         "loss 1.23e-05")
     clock.t += 100.0  # a slow step pulls the mean up
     bar.step(reward=None)
     assert bar.eta_s() == pytest.approx(106.0 / 4 * 6)
-    assert lines[-1] == "persona_grpo anchor: step 4/10 (40%) 26.5 s/step, ETA 2m39s"
+    assert lines[-1] == "persona_grpo anchor: step 4/10 (40%) 26.5 s/step (last 100.0 s), ETA 2m39s"
     bar.close()
     assert lines[-1] == "persona_grpo anchor: 4 steps in 1m46s" and len(lines) == 5
     for unit, total in (("prefix", "2 prefixes"), ("group", "2 groups")):
@@ -64,11 +65,11 @@ def test_without_a_total_the_line_has_no_eta_until_one_is_set():
     bar = StepProgress("rollouts", sink=lines.append, live=False, clock=clock, unit="prefix")
     clock.t += 5
     bar.step()
-    assert lines[-1] == "rollouts: prefix 1 5.0 s/prefix" and math.isnan(bar.eta_s())
+    assert lines[-1] == "rollouts: prefix 1 5.0 s/prefix (last 5.0 s)" and math.isnan(bar.eta_s())
     bar.set_total(3)
-    clock.t += 5
+    clock.t += 7
     bar.step(prefix="p-1")
-    assert lines[-1] == "rollouts: prefix 2/3 (67%) 5.0 s/prefix, ETA 5s, prefix p-1"
+    assert lines[-1] == "rollouts: prefix 2/3 (67%) 6.0 s/prefix (last 7.0 s), ETA 6s, prefix p-1"
 
 
 def test_reporting_reaches_progress_made_in_other_threads_and_is_restored():

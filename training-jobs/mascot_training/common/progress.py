@@ -114,6 +114,8 @@ class StepProgress:
         self.live = sys.stderr.isatty() if chosen is None else chosen
         self.done = 0
         self.t0 = clock()
+        self.t_last = self.t0  # when the last step ended
+        self.last_s = math.nan  # how long the last step (or batch of ``n``) took
         self.lines: list[str] = []
         self._bar: Any = None
         self._task: Any = None
@@ -144,13 +146,18 @@ class StepProgress:
         elapsed = self.clock() - self.t0
         of = f"/{self.total} ({100 * self.done / self.total:.0f}%)" if self.total else ""
         per = f" {elapsed / self.done:.1f} s/{self.unit}" if self.done else ""
+        if self.done and math.isfinite(self.last_s):
+            per += f" (last {self.last_s:.1f} s)"
         eta = f", ETA {format_duration(self.eta_s())}" if self.total and self.done else ""
         shown = [(k, v) for k, v in (values or {}).items() if v is not None]
         extra = "".join(f", {k} {_fmt(v)}" for k, v in shown)
         return f"{self.label}: {self.unit} {self.done}{of}{per}{eta}{extra}"
 
     def step(self, n: int = 1, **values: Any) -> None:
-        """Count ``n`` steps done and report them with ``values`` (e.g. ``reward=0.41``)."""
+        """Count ``n`` steps done and report them with ``values`` (e.g. ``reward=0.41``). The line gives the mean
+        seconds per step so far (which the ETA uses) and the seconds of this step (for ``n`` > 1, of the ``n``)."""
+        now = self.clock()
+        self.last_s, self.t_last = now - self.t_last, now
         self.done += n
         text = self.line(values)
         self.lines.append(text)
