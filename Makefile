@@ -60,7 +60,7 @@ demo: setup
 	$(BIN)/mascot run --situations $(SHARED)/data/empathetic_dialogues/test_situations.jsonl --limit 10 --concurrency 4 --out runs/demo
 
 test: setup
-	$(BIN)/python -m pytest -m "not gpu and not e2e" --durations=40 $(PYTEST_ARGS)
+	MASCOT_SHARED_DIR="$${MASCOT_SHARED_DIR:-$(abspath $(SHARED))}" $(BIN)/python -m pytest -m "not gpu and not e2e" --durations=40 $(PYTEST_ARGS)
 
 protos: setup
 	$(BIN)/python -m mascot.core.protogen

@@ -73,7 +73,9 @@ def evaluate(
     training_manifest: list[Path] = typer.Option([], "--training-manifest", help="A training run's manifest.json: "
                                                  "its ids are refused (repeatable)."),
     nli_model: str = typer.Option("", "--nli-model", help="NLI cross-encoder directory (default: tiny random)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Backbone model directory or hub id (default tiny)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Backbone model directory or hub id, or 'tiny' for "
+                                        "the tiny random-init Qwen3 (default: SmolLM2-135M-Instruct, prepared by "
+                                        "make setup)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
 ) -> None:
     """Run the evaluation: dialogues for every system, judge scores, automatic metrics, report.json/md/png."""
