@@ -38,10 +38,14 @@ class GroupEngine:
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
-    async def generate(self, request):
+    def names(self, request):
+        """The personas the request's constraint names, in its order."""
         rx = request.structured.regex
-        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
+        return sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
             regex_escape(c.name)))
+
+    async def generate(self, request):
+        names = self.names(request)
         bad = len(self.calls) < self.bad_calls
         self.calls.append(request)
         text = "\n".join(f"{c.name}: {'BAD' if bad else 'Fine'} reply {len(self.calls)} of {c.id}."
@@ -130,9 +134,7 @@ class CappedEngine(GroupEngine):
     (as the grammar closes a line that fills it, mid-word), the last line of the turn ending normally."""
 
     async def generate(self, request):
-        rx = request.structured.regex
-        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
-            regex_escape(c.name)))
+        names = self.names(request)
         self.calls.append(request)
         lines = []
         for k, c in enumerate(names):
@@ -177,9 +179,7 @@ class OutOfTokensEngine(GroupEngine):
         self.tail = tail
 
     async def generate(self, request):
-        rx = request.structured.regex
-        names = sorted((c for c in self.roster if regex_escape(c.name) in rx), key=lambda c: rx.index(
-            regex_escape(c.name)))
+        names = self.names(request)
         self.calls.append(request)
         if len(names) == 1:  # a later step that needs one more line: written whole
             return SimpleNamespace(text=f"{names[0].name}: Fine reply of {names[0].id}.", finish_reason="stop")

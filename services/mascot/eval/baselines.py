@@ -219,8 +219,7 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
     Lines without a known name continue the previous reply; replies that end up empty are dropped.
     """
     by_name = {c.name: c.id for c in roster}
-    names = "|".join(re.escape(n) for n in sorted(by_name, key=len, reverse=True))
-    pat = re.compile(r"^\s*(" + names + r")\s*:\s*(.*)$")
+    pat = _line_pattern(roster)
     out: list[list[str]] = []
     for line in text.splitlines():
         m = pat.match(line)
@@ -229,6 +228,12 @@ def parse_group_turn(text: str, roster: Sequence[PersonaCard]) -> list[tuple[str
         elif out and line.strip():
             out[-1][1] = (out[-1][1] + " " + line.strip()).strip()
     return [(pid, t) for pid, t in out if t]
+
+
+def _line_pattern(roster: Sequence[PersonaCard]) -> re.Pattern:
+    """``Name: reply`` of a group turn's line, for a roster persona's name (longest names first): groups name, reply."""
+    names = "|".join(re.escape(n) for n in sorted((c.name for c in roster), key=len, reverse=True))
+    return re.compile(r"^\s*(" + names + r")\s*:\s*(.*)$")
 
 
 def group_order(roster: Sequence[PersonaCard], start: int) -> list[PersonaCard]:
@@ -271,8 +276,8 @@ def _tail_cut(text: str, roster: Sequence[PersonaCard], finish_reason: str) -> b
     if finish_reason != "length":
         return False
     last = text.rsplit("\n", 1)[-1].strip()
-    names = "|".join(re.escape(c.name) for c in roster)
-    return bool(last) and not re.fullmatch(rf"({names})\s*:\s*", last)
+    bare = _line_pattern(roster).match(last)
+    return bool(last) and not (bare and not bare.group(2).strip())
 
 
 def _line_finish(line: str, out_of_tokens: bool) -> str:

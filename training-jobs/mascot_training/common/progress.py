@@ -115,7 +115,7 @@ class StepProgress:
         self.done = 0
         self.t0 = clock()
         self.t_last = self.t0  # when the last step ended
-        self.last_s = math.nan  # how long the last step (or batch of ``n``) took
+        self.last_s = 0.0  # how long the last step (or batch of ``n``) took
         self.lines: list[str] = []
         self._bar: Any = None
         self._task: Any = None
@@ -145,9 +145,7 @@ class StepProgress:
         """The progress line of the current state (what :meth:`step` writes)."""
         elapsed = self.clock() - self.t0
         of = f"/{self.total} ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        per = f" {elapsed / self.done:.1f} s/{self.unit}" if self.done else ""
-        if self.done and math.isfinite(self.last_s):
-            per += f" (last {self.last_s:.1f} s)"
+        per = f" {elapsed / self.done:.1f} s/{self.unit} (last {self.last_s:.1f} s)" if self.done else ""
         eta = f", ETA {format_duration(self.eta_s())}" if self.total and self.done else ""
         shown = [(k, v) for k, v in (values or {}).items() if v is not None]
         extra = "".join(f", {k} {_fmt(v)}" for k, v in shown)
