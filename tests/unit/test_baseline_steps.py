@@ -96,6 +96,11 @@ async def test_a_refused_step_is_generated_again_before_the_user_speaks(roster, 
     assert len(eng.calls) == 3 and ctx.speaker.calls == 0
     seeds = [c.sampling.seed for c in eng.calls]
     assert len(set(seeds)) == 3  # each attempt samples anew
+    # sampled as the speakers sample (ReplySampling's defaults = the speaker and guard config defaults), the
+    # repetition penalty rising by one step per regeneration
+    assert [c.sampling.repetition_penalty for c in eng.calls] == pytest.approx([1.0, 1.1, 1.2])
+    assert {(c.sampling.top_p, c.sampling.frequency_penalty, c.sampling.temperature) for c in eng.calls} == {
+        (0.9, 0.3, 0.7)}
     first = d["turns"][1]
     assert [r["attempt"] for r in first["rejections"]] == [0, 0, 0, 1, 1, 1]
     assert "rejections" not in d
@@ -241,3 +246,52 @@ async def test_a_multiagentesc_reply_cut_by_its_token_budget_loses_its_unfinishe
     out = await run_baseline("multiagentesc", ctx, SIT, seed=5)
     agent = [t for t in out["turns"] if t["role"] == "agent"]
     assert [t["text"] for t in agent] == ["I hear how worried you are."] and agent[0]["cut_reason"] == "unfinished"
+
+
+def test_reply_sampling_follows_the_speakers_retry_policy():
+    from mascot.core.config import MascotConfig
+    from mascot.core.engine import SamplingParams
+    from mascot.speaker.reply import RetryPolicy
+
+    cfg = MascotConfig()
+    rs = baselines.ReplySampling()
+    # its defaults are the product's: a changed speaker or guard default must change both
+    assert (rs.top_p, rs.frequency_penalty, rs.repetition_penalty, rs.penalty_step, rs.retry_temperature) == (
+        cfg.speaker.top_p, cfg.speaker.frequency_penalty, cfg.speaker.repetition_penalty,
+        cfg.guard.retry_penalty_step, cfg.guard.retry_temperature)
+    policy = RetryPolicy(max_attempts=3, penalty_step=0.1, retry_temperature=0.7)
+    base = SamplingParams(max_tokens=48, temperature=0.0, top_p=0.9, seed=5, frequency_penalty=0.3)
+    for attempt in range(3):  # the same repetition penalty and temperature the speakers use on that attempt
+        mine, theirs = rs.params(48, 0.0, 5, attempt), policy.sampling(base, attempt)
+        assert (mine.repetition_penalty, mine.temperature) == pytest.approx(
+            (theirs.repetition_penalty, theirs.temperature))
+    assert rs.params(48, 0.0, 5).top_p == 1.0  # greedy first attempt: no nucleus
+    assert baselines.ReplySampling(repetition_penalty=9.95).params(8, 0.5, 1, attempt=4).repetition_penalty == 10.0
+    for bad in ({"top_p": 0.0}, {"frequency_penalty": 3.0}, {"repetition_penalty": 0.0}, {"penalty_step": -0.1},
+                {"retry_temperature": 0.0}):
+        with pytest.raises(ValueError):
+            baselines.ReplySampling(**bad)
+
+
+async def test_multiagentesc_samples_its_reply_as_a_speaker_and_its_votes_plainly():
+    from mascot.core.personas import PersonaCatalog as Catalog
+
+    eng = EscEngine()
+    calls = []
+    generate = eng.generate
+
+    async def spy(request):
+        calls.append(request)
+        return await generate(request)
+
+    eng.generate = spy
+    ctx = BaselineContext(engine=eng, speaker=UserStub(), roster=[], supporter=Catalog.load().get("supporter"),
+                          agent_turns=1, user_speak_prob=0.0, max_tokens=32, temperature=0.7, sft_adapter=None,
+                          embedder=None, mode="support", step_attempts=1,
+                          sampling=baselines.ReplySampling(frequency_penalty=0.5))
+    await run_baseline("multiagentesc", ctx, SIT, seed=5)
+    replies = [c for c in calls if "Write the supporter's next reply" in c.prompt]
+    others = [c for c in calls if c not in replies]
+    assert replies and others
+    assert {c.sampling.frequency_penalty for c in replies} == {0.5}
+    assert {c.sampling.frequency_penalty for c in others} == {0.0}

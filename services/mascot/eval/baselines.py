@@ -17,7 +17,10 @@ probability ``user_speak_prob`` (seeded), until ``agent_turns`` agent turns exis
 
 Like the product's speakers, whose refused reply is generated again up to ``guard.max_attempts`` times, a baseline
 step whose every reply the reply checks refuse is generated again (a new seed) up to ``step_attempts`` times before
-the user speaks; two steps that deliver nothing after their attempts end the dialogue early. A prompting baseline's
+the user speaks; two steps that deliver nothing after their attempts end the dialogue early. Replies are sampled as
+the speakers sample theirs (:class:`ReplySampling`: the ``speaker`` section's top-p, frequency and repetition penalty,
+and on a regeneration the ``guard`` section's higher repetition penalty), so a baseline is not refused more often for
+want of the decoding MASCOT gets. A prompting baseline's
 group turn lists the personas in round-robin order: the first turn starts at a persona drawn from the dialogue's
 seed, each later one after the last persona that spoke, so every persona speaks although a dialogue needs fewer
 lines than the roster has.
@@ -74,6 +77,52 @@ COT_INSTRUCTION = ("Before the agents answer, think step by step: how does the u
                    "should each agent contribute? Write only your reasoning, in a few sentences.")
 
 
+@dataclass(frozen=True)
+class ReplySampling:
+    """How a baseline's replies are sampled: the product speakers' settings (``speaker`` and ``guard`` config
+    sections), so baselines and MASCOT share the decoding.
+
+    Attributes:
+        top_p: Nucleus mass in (0, 1].
+        frequency_penalty: Per earlier occurrence in the generated text, in [-2, 2]. In a group turn the text is the
+            whole turn, so a line is also pushed away from the words of the lines before it in that turn.
+        repetition_penalty: Of the first attempt, in (0, 10].
+        penalty_step: Added to the repetition penalty per regeneration (attempt ``k`` gets ``k`` steps, at most 10).
+        retry_temperature: Temperature of a regeneration when the reply temperature is 0.
+
+    Raises:
+        ValueError: a value outside its range.
+    """
+
+    top_p: float = 0.9
+    frequency_penalty: float = 0.3
+    repetition_penalty: float = 1.0
+    penalty_step: float = 0.1
+    retry_temperature: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if self.penalty_step < 0 or self.retry_temperature <= 0:
+            raise ValueError("penalty_step must be >= 0 and retry_temperature > 0")
+
+    def params(self, max_tokens: int, temperature: float, seed: int, attempt: int = 0,
+               stop: tuple[str, ...] = ()) -> SamplingParams:
+        """Sampling of a reply's attempt ``attempt`` (0 = first), as the speakers' retry policy builds it: the
+        repetition penalty rises by ``penalty_step`` per regeneration and a greedy regeneration samples at
+        ``retry_temperature``. ``seed`` is the attempt's own (the caller varies it)."""
+        if attempt > 0 and temperature == 0:
+            temperature = self.retry_temperature
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                              top_p=self.top_p if temperature > 0 else 1.0, seed=seed, stop=stop,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=min(10.0, self.repetition_penalty + self.penalty_step * attempt))
+
+
 @dataclass
 class BaselineContext:
     """What a baseline needs.
@@ -98,6 +147,8 @@ class BaselineContext:
             user's calls would wait past their deadline.
         step_attempts: Generations of a step whose every reply the checks refuse (the eval passes
             ``guard.max_attempts``, the product speakers' regenerations per reply), >= 1.
+        sampling: How replies are sampled (the eval passes the speakers' settings); reasoning, analysis and vote
+            calls keep their own plain sampling.
     """
 
     def __post_init__(self) -> None:
@@ -126,6 +177,7 @@ class BaselineContext:
     guard: Any = None
     max_in_flight: int = 0
     step_attempts: int = 3
+    sampling: ReplySampling = ReplySampling()
 
     def slots(self) -> Any:
         """The semaphore bounding generations in flight (created in the running event loop), or None."""
@@ -154,14 +206,20 @@ async def _generate(ctx: BaselineContext, build, history: list[HistoryTurn], con
 
 async def _generate_result(ctx: BaselineContext, build, history: list[HistoryTurn],
                            context: Sequence[tuple[str, str]], max_tokens: int, temperature: float, seed: int,
-                           regex: str | None = None, adapter: str | None = None, stop: tuple[str, ...] = ()) -> Any:
-    """:func:`_generate` returning the engine's whole result (text and ``finish_reason``)."""
+                           regex: str | None = None, adapter: str | None = None, stop: tuple[str, ...] = (),
+                           attempt: int | None = None) -> Any:
+    """:func:`_generate` returning the engine's whole result (text and ``finish_reason``). ``attempt``: a reply
+    generation's attempt number, sampled with ``ctx.sampling`` (:meth:`ReplySampling.params`); None (reasoning,
+    analysis, votes): plain sampling, top-p 0.95 when sampling."""
     eng = ctx.engine
     msgs = fit_history(build, history, context, eng.render_chat, eng.count_tokens, eng.max_context_tokens - max_tokens)
     structured = StructuredOutput(regex=regex) if regex and eng.supports_structured_output else None
-    request = GenerationRequest(eng.render_chat(msgs), SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=0.95 if temperature > 0 else 1.0, seed=seed,
-        stop=stop), adapter=adapter, structured=structured)
+    if attempt is None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                top_p=0.95 if temperature > 0 else 1.0, seed=seed, stop=stop)
+    else:
+        params = ctx.sampling.params(max_tokens, temperature, seed, attempt, stop)
+    request = GenerationRequest(eng.render_chat(msgs), params, adapter=adapter, structured=structured)
     slots = ctx.slots()
     try:
         if slots is None:
@@ -244,9 +302,11 @@ def group_order(roster: Sequence[PersonaCard], start: int) -> list[PersonaCard]:
 
 async def _prompting_step(system: str, ctx: BaselineContext, history, context, seed: int,
                           temperature: float | None = None, lines: int | None = None,
-                          order: Sequence[PersonaCard] | None = None) -> tuple[list[tuple[str, str, str]], str]:
+                          order: Sequence[PersonaCard] | None = None, attempt: int = 0
+                          ) -> tuple[list[tuple[str, str, str]], str]:
     """One group turn: ``([(persona_id, line, finish_reason)], reasoning)``; ``order``: the personas in the order
-    their lines are written (default the roster's); ``finish_reason`` as :func:`_line_finish` reads the line."""
+    their lines are written (default the roster's); ``finish_reason`` as :func:`_line_finish` reads the line;
+    ``attempt``: the step's attempt number (the lines' sampling, :class:`ReplySampling`)."""
     roster = list(order) if order else ctx.roster
     temperature = ctx.temperature if temperature is None else temperature
     cot = system in ("zero-shot-cot", "few-shot-cot", "self-consistency")
@@ -262,7 +322,7 @@ async def _prompting_step(system: str, ctx: BaselineContext, history, context, s
     res = await _generate_result(ctx, lambda h, c: _group_messages(roster, h, c, few_shot=few,
                                                                    reasoning=reasoning if cot else None),
                                  history, context, max_tokens, temperature, seed + 1,
-                                 regex=group_regex(roster, lines=n_lines), adapter=adapter)
+                                 regex=group_regex(roster, lines=n_lines), adapter=adapter, attempt=attempt)
     replies = parse_group_turn(res.text, roster)
     tail_cut = _tail_cut(res.text, roster, res.finish_reason)
     return [(pid, t, _line_finish(t, tail_cut and k == len(replies) - 1)) for k, (pid, t) in enumerate(replies)], \
@@ -289,13 +349,13 @@ def _line_finish(line: str, out_of_tokens: bool) -> str:
 
 
 async def _self_consistency_step(ctx: BaselineContext, history, context, seed: int,
-                                 lines: int | None = None, order: Sequence[PersonaCard] | None = None
-                                 ) -> tuple[list, str]:
+                                 lines: int | None = None, order: Sequence[PersonaCard] | None = None,
+                                 attempt: int = 0) -> tuple[list, str]:
     import asyncio
 
     temp = ctx.temperature if ctx.temperature > 0 else 0.7
     samples = await asyncio.gather(*(_prompting_step("self-consistency", ctx, history, context, seed * 10 + k, temp,
-                                                     lines, order) for k in range(SC_SAMPLES)))
+                                                     lines, order, attempt) for k in range(SC_SAMPLES)))
     texts = ["\n".join(t for _, t, _ in s) or "(empty)" for s, _ in samples]
     best = ctx.embedder.medoid_index(texts)
     return samples[best][0], f"medoid of {SC_SAMPLES} samples: #{best}"
@@ -306,7 +366,8 @@ def _esc_messages(role_prompt: str, history, context, names) -> list[dict]:
             {"role": "user", "content": _conversation_text(history, names, context)}]
 
 
-async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int) -> tuple[list, str]:
+async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int, attempt: int = 0
+                              ) -> tuple[list, str]:
     names = {ctx.supporter.id: ctx.supporter.name}
     meeting = ctx.mode == "meeting"
     strategies = MEETING_STRATEGIES if meeting else ESCONV_STRATEGIES
@@ -338,7 +399,8 @@ async def _multiagentesc_step(ctx: BaselineContext, history, context, seed: int)
                   f"Write the supporter's next reply using the strategy '{strategy}', in at most "
                   f"{ctx.supporter.max_answer_words} words. Write only the reply.")
         res = await _generate_result(ctx, lambda h, c, p=prompt: _esc_messages(p, h, c, names), history, context,
-                                     ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",))
+                                     ctx.max_tokens, ctx.temperature, seed + 20 + k, stop=("\nUser:",),
+                                     attempt=attempt)
         responses.append((res.text.strip(), res.finish_reason))
     best = 0
     if len(responses) > 1:
@@ -418,12 +480,13 @@ async def run_baseline(system: str, ctx: BaselineContext, sit: Situation, seed: 
         for attempt in range(ctx.step_attempts):  # a step the checks refuse whole is generated again
             s_try = s + 7919 * attempt
             if system == "self-consistency":
-                replies, think = await _self_consistency_step(ctx, history, sit.context, s_try, needed, order)
+                replies, think = await _self_consistency_step(ctx, history, sit.context, s_try, needed, order,
+                                                              attempt)
             elif single:
-                replies, think = await _multiagentesc_step(ctx, history, sit.context, s_try)
+                replies, think = await _multiagentesc_step(ctx, history, sit.context, s_try, attempt)
             else:
                 replies, think = await _prompting_step(system, ctx, history, sit.context, s_try, lines=needed,
-                                                       order=order)
+                                                       order=order, attempt=attempt)
             for k, (pid, text, finish) in enumerate(replies):
                 if n_agent >= ctx.agent_turns:
                     break

@@ -35,7 +35,7 @@ from typing import Any, Callable
 from mascot.core.config import MascotConfig, deep_merge
 from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl
 from mascot.core.situations import Situation, load_situations
-from mascot.eval.baselines import BaselineContext, run_baseline
+from mascot.eval.baselines import BaselineContext, ReplySampling, run_baseline
 from mascot.eval.data import check_no_overlap
 
 logger = logging.getLogger(__name__)
@@ -357,7 +357,12 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
                                temperature=cfg.speaker.temperature,
                                sft_adapter=SFT_ADAPTER_NAME if opts.sft_adapter else None, embedder=embedder,
                                mode=opts.mode, timeout_s=cfg.server.call_timeout_s, guard=cfg.guard.settings(),
-                               max_in_flight=opts.concurrency, step_attempts=cfg.guard.max_attempts)
+                               max_in_flight=opts.concurrency, step_attempts=cfg.guard.max_attempts,
+                               sampling=ReplySampling(top_p=cfg.speaker.top_p,
+                                                      frequency_penalty=cfg.speaker.frequency_penalty,
+                                                      repetition_penalty=cfg.speaker.repetition_penalty,
+                                                      penalty_step=cfg.guard.retry_penalty_step,
+                                                      retry_temperature=cfg.guard.retry_temperature))
 
         import grpc
 
