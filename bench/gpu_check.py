@@ -24,12 +24,11 @@ both by construction (``--memory-share``). Skipped without CUDA; ``--skip-shared
 
 Without vLLM (it does not import: no GPU build installed, or ``--no-vllm``): one line says why, and the transformers
 path of our own code runs on the GPU instead of the vLLM parts (:func:`transformers_figures`): our
-:class:`~mascot.core.engine.transformers.TransformersEngine` on the same shape with random weights (bf16 for ``8b``),
-tokens/s at batch 1 and 16 (and 16 with a LoRA mixed in), peak GPU memory, and ``model.generate`` of the same model
-for comparison. The engine has no device option (it loads on the CPU and builds its inputs there), so it is first
-run as it is with its model on the GPU and what stops it is recorded (``engine_as_is``), then through
-:func:`device_engine_class` (the engine's own code, inputs and samplers on the model's device). Then one LoRA GRPO
-optimiser step of the persona phase with transformers generation on the tiny model (``train_persona``; a subprocess).
+:class:`~mascot.core.engine.transformers.TransformersEngine` with ``device="cuda"`` on the same shape with random
+weights (bf16 for ``8b``): one grammar-constrained request with the speakers' penalties (its text must match the
+regex), tokens/s at batch 1 and 16 (and 16 with a LoRA mixed in), peak GPU memory, and ``model.generate`` of the same
+model for comparison. Then one LoRA GRPO optimiser step of the persona phase with transformers generation on the tiny
+model (``train_persona``; a subprocess).
 TRL, datasets, pydantic and xgrammar can travel to such a machine as wheels: ``bench/gpu_check_wheels.txt``.
 
 The figures are printed as one JSON line (the last line of stdout) and written to ``$OUT/gpu_check.json`` when
@@ -47,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -203,32 +203,6 @@ def random_weights_on(device: str, weights: bool = False):
             cls.from_pretrained = own
 
 
-def device_engine_class(device: str) -> type:
-    """:class:`~mascot.core.engine.transformers.TransformersEngine` with what it lacks to run on ``device``: its worker
-    builds the batch tensors (ids, masks, positions, padding, row indices) on the CPU and samples with CPU
-    ``torch.Generator`` s, so with the model on a GPU the first forward pass fails. Here the worker thread runs under
-    ``torch.device(device)`` (factory calls default to ``device``) and each request's generator lives on ``device``;
-    every other line is the engine's own."""
-    import random
-
-    import torch
-
-    from mascot.core.engine.transformers import TransformersEngine
-
-    class DeviceEngine(TransformersEngine):
-        def _run(self) -> None:
-            with torch.device(device):
-                super()._run()
-
-        @staticmethod
-        def _generator(j):
-            g = torch.Generator(device=device)
-            g.manual_seed(j.request.sampling.seed if j.request.sampling.seed is not None else random.getrandbits(63))
-            return g
-
-    return DeviceEngine
-
-
 class _BatchErrors:
     """Catches what the engine logs when a batch fails (``engine batch failed``, with the exception): the engine
     answers the caller only ``generation failed: <type>``; this keeps the message and the engine line it came from."""
@@ -313,23 +287,20 @@ def hf_generate_figures(model, tok, prompt: str, device: str, new_tokens: int = 
 
 async def transformers_figures(model: Path, weights: bool, lora: Path, dtype: str, device: str,
                                new_tokens: int = 128) -> dict:
-    """Our transformers engine on ``device`` with ``model``'s shape (random weights unless ``weights``): first as it is
-    (``engine_as_is``: what stops it, or ``ok``), then, if needed, through :func:`device_engine_class`: tokens/s of one
+    """Our transformers engine on ``device`` with ``model``'s shape (random weights unless ``weights``): a request under
+    a regex with repetition and frequency penalties and top-p (``grammar_ok``: its text matches), tokens/s of one
     request, of 16 concurrent ones (one batch), of 16 with a LoRA on every other row, peak GPU memory of each, and
     :func:`hf_generate_figures` of the same model."""
-    import gc
-    import inspect
 
     import torch
 
-    from mascot.core.engine import GenerationRequest, SamplingParams
+    from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
     from mascot.core.engine.transformers import TransformersEngine
 
     figures: dict = {"engine": "transformers", "device": device, "dtype": dtype,
                      "platform": "gpu" if device == "cuda" else "cpu"}
     if device == "cuda":
         figures["gpu"] = torch.cuda.get_device_name()
-    takes_device = "device" in inspect.signature(TransformersEngine.__init__).parameters
     kw = dict(dtype=dtype, max_model_len=4096, max_batch_size=16, batch_wait_ms=50.0)
     messages = [{"role": "user", "content": "I lost my job today and I feel awful."}]
 
@@ -343,41 +314,8 @@ async def transformers_figures(model: Path, weights: bool, lora: Path, dtype: st
         _sync()
         return res, time.perf_counter() - t0
 
-    engine_cls = TransformersEngine
-    if device != "cpu" and not takes_device:
-        # 1. as it is: the model on the device (the engine itself cannot put it there), the rest the engine's own
-        engine = TransformersEngine(str(model), **kw)
-        t0 = time.perf_counter()
-        with random_weights_on(device, weights):
-            await engine.start()
-        load_s = round(time.perf_counter() - t0, 1)
-        prompt = engine.render_chat(messages)
-        with _BatchErrors() as caught:
-            try:
-                r = await asyncio.wait_for(engine.generate(req(0, 4)), 300)
-                figures["engine_as_is"] = {"ok": True, "tokens": len(r.token_ids)}
-            except Exception as e:  # noqa: BLE001 - what stops the engine is the finding
-                figures["engine_as_is"] = {"caller_saw": f"{type(e).__name__}: {e}",
-                                           **(caught.errors[0] if caught.errors else _describe(e))}
-        figures["engine_as_is"]["load_s"] = load_s
-        figures["engine_as_is"]["model_device"] = str(next(engine.model.parameters()).device)
-        figures["engine_as_is"]["engine_has_device_option"] = False
-        print(f"transformers engine as it is, model on {device}: {json.dumps(figures['engine_as_is'])}")
-        await engine.close()
-        ok = figures["engine_as_is"].get("ok")
-        engine.model = None
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if not ok:
-            engine_cls = device_engine_class(device)
-            figures["engine_run_via"] = ("bench/gpu_check.py device_engine_class: worker under torch.device(device), "
-                                         "per-request torch.Generator on the device; model built on the device")
-    elif takes_device:
-        kw["device"] = device
-    # 2. the figures
-    engine = engine_cls(str(model), **kw)
+    kw["device"] = device
+    engine = TransformersEngine(str(model), **kw)
     t0 = time.perf_counter()
     with random_weights_on(device, weights):
         await engine.start()
@@ -389,6 +327,12 @@ async def transformers_figures(model: Path, weights: bool, lora: Path, dtype: st
         with _BatchErrors() as caught:
             try:
                 await engine.generate(req(0, 8))  # warm-up (CUDA context, kernels)
+                rx = r"Anchor: [a-z ]{1,40}\nBeacon: [a-z ]{1,40}"
+                g = await engine.generate(GenerationRequest(prompt, SamplingParams(
+                    max_tokens=200, temperature=0.7, top_p=0.9, seed=3, repetition_penalty=1.2,
+                    frequency_penalty=0.3), structured=StructuredOutput(regex=rx)))
+                figures["grammar_ok"] = bool(re.fullmatch(rx, g.text))
+                figures["grammar_text"] = g.text[:120]
                 _reset_peak()
                 (one,), dt = await timed([req(1)])
                 figures["engine_b1_tok_s"] = round(len(one.token_ids) / dt, 1)
@@ -641,6 +585,34 @@ def shared_engine_check(weights: str, timeout_s: float = 1800) -> dict:
                               "throughput_shared_over_separate": float(thr.group(1))}}
 
 
+def engine_tests_on(device: str, timeout_s: float = 300) -> dict:
+    """The transformers engine's own tests (``tests/integration/test_engine.py``: batching with mixed LoRA adapters
+    equal to sequential output, continuous batching, the prefix cache, streaming, stop strings, grammars, jump-forward,
+    close) on a machine where the engine's default ``device: auto`` puts them on ``device`` (a CUDA GPU). The file runs
+    from a copy beside ``tests/conftest.py``, so the integration folder's own fixtures (the chart, a Kubernetes mock)
+    are not imported where their packages are absent.
+
+    Returns:
+        ``{"exit_code", "summary" (pytest's last line), "seconds"}``.
+    """
+    import shutil
+
+    copy = ROOT / "tests" / "test_engine_gpu_copy.py"
+    shutil.copy(ROOT / "tests" / "integration" / "test_engine.py", copy)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", str(copy), "-q", "-p", "no:cacheprovider"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"exit_code": None, "summary": f"timed out after {timeout_s:.0f} s", "device": device}
+    finally:
+        copy.unlink(missing_ok=True)
+    print(p.stdout[-4000:] + p.stderr[-2000:])
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    return {"exit_code": p.returncode, "summary": lines[-1] if lines else "", "device": device,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def transformers_path(args: argparse.Namespace, why: str) -> dict:
     """What runs instead of the vLLM parts where vLLM does not import (``why``): :func:`transformers_figures` on the
     chosen shape, then (unless ``--skip-grpo``) :func:`grpo_transformers_check`."""
@@ -649,8 +621,11 @@ def transformers_path(args: argparse.Namespace, why: str) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"vLLM not importable ({why}): running the transformers engine path on {device} instead of the vLLM parts")
     skipped = "vLLM does not import here: " + why
+    engine_tests = None
     if not args.skip_tests:
         print(f"pytest -m vllm: skipped, {skipped}")
+        if device == "cuda":
+            engine_tests = engine_tests_on(device)
     tmp = Path(tempfile.mkdtemp(prefix="mascot-gpu-check-"))
     if args.weights:
         model, weights = Path(args.weights), True
@@ -664,6 +639,8 @@ def transformers_path(args: argparse.Namespace, why: str) -> dict:
     if not args.skip_grpo:
         figures.update(grpo_transformers_check(args.no_vllm))
     figures["vllm_tests"] = {"skipped": skipped}
+    if engine_tests is not None:
+        figures["engine_tests"] = engine_tests
     if not args.skip_shared:
         figures["shared_engine"] = {"skipped": skipped + " (bench/shared_engine.py --engine vllm)"}
     return figures

@@ -62,6 +62,9 @@ class EngineConfig(_Section):
     adapters: dict[str, str] = Field(default_factory=dict)
     #: torch intra-op threads; 0 keeps torch's default (transformers engine).
     threads: int = Field(0, ge=0, le=256)
+    #: transformers: where the model runs: ``auto`` (the first CUDA GPU when torch sees one, else the CPU), ``cpu``,
+    #: ``cuda`` or ``cuda:N``; a GPU torch does not see is refused at start. vLLM picks its devices itself.
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     #: vllm: adapters usable in one batch (``max_loras``); more are held in memory and swapped in on use.
     max_loras: int = Field(4, ge=1, le=256)
     #: vllm: highest adapter rank served (``max_lora_rank``, rounded up to a rank vLLM accepts).

@@ -73,7 +73,8 @@ def build_engine(cfg: Any, metrics: Any = None, component: str = "engine") -> En
                                   max_model_len=cfg.max_model_len, max_batch_size=cfg.max_batch_size,
                                   batch_wait_ms=cfg.batch_wait_ms, adapters=cfg.adapters, metrics=metrics,
                                   component=component, threads=cfg.threads,
-                                  prefix_cache_tokens=cfg.prefix_cache_tokens, jump_forward=cfg.jump_forward)
+                                  prefix_cache_tokens=cfg.prefix_cache_tokens, jump_forward=cfg.jump_forward,
+                                  device=cfg.device)
     if cfg.kind == "vllm":
         from mascot.core.engine.vllm import VllmEngine
 

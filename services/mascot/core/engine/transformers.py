@@ -21,6 +21,7 @@ import functools
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -219,6 +220,29 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cpu``, ``cuda`` and ``cuda:N`` as given.
+
+    Raises:
+        ValueError: not one of those names, or a CUDA device torch does not see (no GPU, no CUDA build of torch, or
+            ``N`` past the visible GPUs).
+    """
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if not m:
+        raise ValueError(f"engine device {device!r} is not auto, cpu, cuda or cuda:N")
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(m.group(1) or 0) >= seen:
+        raise ValueError(f"engine device {device!r}: torch sees {seen} CUDA GPU(s) (torch {torch.__version__}); "
+                         "use device auto or cpu, or run where the GPU is visible")
+    return device
+
+
 class TransformersEngine(HFTokenizerMixin):
     """Engine on ``transformers`` + ``peft``; see the module docstring.
 
@@ -235,6 +259,8 @@ class TransformersEngine(HFTokenizerMixin):
         threads: torch intra-op threads (0 keeps the default).
         continuous_batching: Admit requests that arrive during a batch between its decode steps.
         prefix_cache_tokens: Budget of the prefix cache in tokens (0 disables it; see :class:`_PrefixCache`).
+        device: ``auto`` (the first CUDA GPU when torch sees one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``: where
+            the model, its KV cache and the decode batch live; the grammar bitmask is filled on the CPU and moved.
         jump_forward: Under a grammar, feed the text the grammar forces next (``Action: `` after an ``Agent:``
             line, the rest of a persona's name) in one forward step instead of one step per token (jump-forward
             decoding, as in SGLang; xgrammar ``GrammarMatcher.find_jump_forward_string``). The text obeys the same
@@ -246,8 +272,11 @@ class TransformersEngine(HFTokenizerMixin):
     def __init__(self, model: str, *, dtype: str = "float32", max_model_len: int = 2048,
                  max_batch_size: int = 16, batch_wait_ms: float = 2.0, adapters: dict[str, str] | None = None,
                  metrics: Any = None, component: str = "engine", threads: int = 0,
-                 continuous_batching: bool = True, prefix_cache_tokens: int = 0, jump_forward: bool = True) -> None:
+                 continuous_batching: bool = True, prefix_cache_tokens: int = 0, jump_forward: bool = True,
+                 device: str = "auto") -> None:
         self.model_id = model
+        #: Where the model runs, resolved at :meth:`start` (``cpu``, ``cuda``, ``cuda:N``).
+        self.device = device
         self.dtype = dtype
         self._max_model_len = max_model_len
         self.max_context_tokens = max_model_len
@@ -288,7 +317,9 @@ class TransformersEngine(HFTokenizerMixin):
 
         Raises:
             OSError: the model directory or hub id cannot be resolved.
+            ValueError: ``device`` names a GPU that torch does not see, or is not a device name.
         """
+        self.device = resolve_device(self.device)
         await asyncio.to_thread(self._load)
         self._worker = threading.Thread(target=self._run, name="mascot-engine", daemon=True)
         self._worker.start()
@@ -318,8 +349,11 @@ class TransformersEngine(HFTokenizerMixin):
 
         if self._threads:
             torch.set_num_threads(self._threads)
+        self.device = resolve_device(self.device)  # start() resolved it already; a direct _load() too
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_id)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_id, dtype=getattr(torch, self.dtype))
+        if self.device != "cpu":
+            self.model.to(self.device)
         if self.model.config._attn_implementation == "sdpa":
             _register_attention()
             self.model.set_attn_implementation(GQA_SDPA)
@@ -511,10 +545,10 @@ class TransformersEngine(HFTokenizerMixin):
         m, layers = hit
         rest = j.prompt_ids[m:]
         cache = _kv_cache(layers)
-        mask = torch.ones((1, len(j.prompt_ids)), dtype=torch.long)
-        pos = torch.arange(m, len(j.prompt_ids), dtype=torch.long).unsqueeze(0)
+        mask = torch.ones((1, len(j.prompt_ids)), dtype=torch.long, device=self.device)
+        pos = torch.arange(m, len(j.prompt_ids), dtype=torch.long, device=self.device).unsqueeze(0)
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([rest], dtype=torch.long), attention_mask=mask,
+            out = self.model(input_ids=torch.tensor([rest], dtype=torch.long, device=self.device), attention_mask=mask,
                              position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1,
                              **self._adapter_kw([j]))
         j.cached_tokens = m
@@ -543,6 +577,7 @@ class TransformersEngine(HFTokenizerMixin):
         for i, j in enumerate(jobs):
             input_ids[i, width - len(j.prompt_ids):] = torch.tensor(j.prompt_ids)
             mask[i, width - len(j.prompt_ids):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)  # built on the CPU, moved once
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = _kv_cache()
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
@@ -557,11 +592,10 @@ class TransformersEngine(HFTokenizerMixin):
         return {"adapter_names": [_PEFT_BASE if j.request.adapter in (None, BASE_ADAPTER) else j.request.adapter
                                   for j in rows]}
 
-    @staticmethod
-    def _generator(j: _Job) -> Any:
+    def _generator(self, j: _Job) -> Any:
         import torch
 
-        g = torch.Generator()
+        g = torch.Generator(device=self.device)
         g.manual_seed(j.request.sampling.seed if j.request.sampling.seed is not None else random.getrandbits(63))
         return g
 
@@ -575,7 +609,7 @@ class TransformersEngine(HFTokenizerMixin):
         """The rows ``keep`` of a decode state (finished rows leave the batch)."""
         import torch
 
-        idx = torch.tensor(keep, dtype=torch.long)
+        idx = torch.tensor(keep, dtype=torch.long, device=state["mask"].device)
         state["cache"].batch_select_indices(idx)
         return TransformersEngine._trim({
             "rows": [state["rows"][i] for i in keep], "cache": state["cache"], "mask": state["mask"][idx],
@@ -612,7 +646,7 @@ class TransformersEngine(HFTokenizerMixin):
                 return t
             shape = list(t.shape)
             shape[dim] = extra
-            return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+            return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
 
         layers = []
         for x, y in zip(a["cache"].layers, b["cache"].layers):
@@ -665,14 +699,15 @@ class TransformersEngine(HFTokenizerMixin):
                 n = len(rows)
                 matchers = state["matchers"]
                 if any(m is not None for m in matchers):
-                    bitmask = xgr.allocate_token_bitmask(n, self.model.config.vocab_size)
+                    with torch.device("cpu"):  # xgrammar fills it on the CPU
+                        bitmask = xgr.allocate_token_bitmask(n, self.model.config.vocab_size)
                     live = []
                     for i, m in enumerate(matchers):
                         if m is not None and not rows[i].done:
                             m.fill_next_token_bitmask(bitmask, i)
                             live.append(i)
                     if live:
-                        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=live)
+                        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=live)
                 feed: list[list[int]] = [[self._pad] for _ in rows]  # ids each row feeds next: sampled + forced
                 for i, j in enumerate(rows):
                     if j.done:
@@ -715,7 +750,9 @@ class TransformersEngine(HFTokenizerMixin):
         for r, f in enumerate(feed):
             ids[r, k - len(f):] = torch.tensor(f, dtype=torch.long)
             step_mask[r, k - len(f):] = 1
-        pos = (state["pos"] + torch.arange(k, dtype=torch.long).unsqueeze(0) - (k - lengths)).clamp(min=0)
+        dev = state["mask"].device  # built on the CPU, moved once
+        ids, step_mask, lengths = ids.to(dev), step_mask.to(dev), lengths.to(dev)
+        pos = (state["pos"] + torch.arange(k, dtype=torch.long, device=dev).unsqueeze(0) - (k - lengths)).clamp(min=0)
         mask = torch.cat([state["mask"], step_mask], dim=1)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=state["cache"],
                          use_cache=True, logits_to_keep=1, **self._adapter_kw(state["rows"]))
@@ -747,9 +784,9 @@ class TransformersEngine(HFTokenizerMixin):
 
         if job is not None and (sp.repetition_penalty != 1.0 or sp.frequency_penalty):
             if job.seen is None:  # per-request vocabulary tensors, updated with each chosen token
-                job.seen = torch.zeros(logits.shape[0], dtype=torch.bool)
-                job.seen[torch.tensor(job.prompt_ids + job.ids, dtype=torch.long)] = True
-                job.counts = torch.zeros(logits.shape[0], dtype=logits.dtype)
+                job.seen = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+                job.seen[torch.tensor(job.prompt_ids + job.ids, dtype=torch.long, device=logits.device)] = True
+                job.counts = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device)
                 for t in job.ids:
                     job.counts[t] += 1
             if sp.repetition_penalty != 1.0:  # vLLM's meaning: prompt and output ids, once each
