@@ -147,3 +147,56 @@ def test_a_store_missing_some_personas_is_a_config_error(tmp_path, shared_data):
     cfg = load(phase2_config(tmp_path, **{"speakers.store": str(store), "personas": ["anchor"],
                                           "phase2.min_distinct": 1}))
     assert cfg.personas == ["anchor"]
+
+
+def _worst_block(tokenizer, personas: list[str], agent_turns: int, agent_tokens: int, user_tokens: int) -> list:
+    """Agent turns of exactly ``agent_tokens`` tokens, each followed by a user turn of ``user_tokens``: the longest
+    block a rollout with these budgets can hold."""
+    from mascot.core.dialogue import HistoryTurn
+
+    word = tokenizer(" okay")["input_ids"][0]
+
+    def text(n: int) -> str:
+        return tokenizer.decode([word] * n)
+
+    block = []
+    for k in range(agent_turns):
+        block += [HistoryTurn("agent", text(agent_tokens), personas[k % len(personas)]),
+                  HistoryTurn("user", text(user_tokens))]
+    return block
+
+
+def test_group_rm_length_is_checked_against_the_longest_block_before_judging(real_model_dir):
+    from mascot_training.collaborative.group_rm import check_rm_length
+    from mascot_training.common.reward_model import load_rm_tokenizer
+
+    tok = load_rm_tokenizer(str(real_model_dir))
+    ids = [c.id for c in ROSTER]
+    short, long = _worst_block(tok, ids, 1, 8, 8), _worst_block(tok, ids, 2, 40, 30)
+    need = check_rm_length(tok, 4096, ROSTER, [short, long])
+    assert need == check_rm_length(tok, 4096, ROSTER, [long]) > check_rm_length(tok, 4096, ROSTER, [short])
+    assert check_rm_length(tok, need, ROSTER, [short, long]) == need  # exactly enough is enough
+    with pytest.raises(ValueError, match=rf"rm\.max_length={need - 1} .*at least {need}\b"):
+        check_rm_length(tok, need - 1, ROSTER, [short, long])
+
+
+def test_cpu_recipe_group_rm_holds_its_longest_possible_block(real_model_dir):
+    """collaborative_cpu.yaml's reward model length holds the roster of every support persona and a block of its
+    suffix length with every reply at the speakers' and the user's token budgets (it once did not, and the run
+    stopped after its rollouts)."""
+    from pathlib import Path
+
+    import yaml
+
+    from mascot_training.collaborative.group_rm import check_rm_length
+    from mascot_training.common.reward_model import load_rm_tokenizer
+
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "training-jobs" / "configs" / "collaborative_cpu.yaml")
+                         .read_text())
+    assert cfg["personas"] == []  # every support persona
+    cards = PersonaCatalog.load().in_set(cfg["mode"])
+    tok = load_rm_tokenizer(str(real_model_dir))
+    block = _worst_block(tok, [c.id for c in cards], cfg["phase2"]["suffix_agent_turns"],
+                         cfg["speakers"]["max_tokens"], cfg["user"]["max_tokens"])
+    max_length = cfg["phase2"]["group_reward"]["rm"]["max_length"]
+    assert check_rm_length(tok, max_length, cards, [block]) <= max_length

@@ -65,6 +65,29 @@ async def judge_blocks(judges: list, cards: list, items: list[tuple[Prefix, list
     return means, {"unparseable": unparseable, "judge_calls": calls}
 
 
+def check_rm_length(tokenizer: Any, max_length: int, cards: list, blocks: list[list]) -> int:
+    """The tokens the longest of ``blocks`` needs in the group reward model's input with the roster and no prefix
+    history (what :func:`mascot.core.formatting.group_reward_model_text` never drops), plus the special-token room.
+
+    Raises:
+        ValueError: that exceeds ``max_length``; the message names ``phase2.group_reward.rm.max_length``, the length
+            needed and the roster's share, so the fix is known before any block is judged.
+    """
+    from mascot.core.formatting import SPECIAL_TOKEN_ROOM, group_reward_text
+
+    def count(block: list) -> int:
+        return len(tokenizer(group_reward_text(cards, [], block, []))["input_ids"])
+
+    need = max((count(b) for b in blocks), default=0) + SPECIAL_TOKEN_ROOM
+    if need > max_length:
+        roster = count([])
+        raise ValueError(f"phase2.group_reward.rm.max_length={max_length} cannot hold the group reward model's input: "
+                         f"the roster takes {roster} tokens and the longest block with it {need} (special tokens "
+                         f"included); raise rm.max_length to at least {need}, or shorten speakers.max_tokens and "
+                         "user.max_tokens (the rollouts are kept: the same command resumes at this stage)")
+    return need
+
+
 async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: str) -> dict:
     """Judge the blocks, build pairs and train the group RM into ``OUT/group_rm/model``; returns the manifest.
 
@@ -74,7 +97,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
         ``train_loss``.
 
     Raises:
-        ValueError: the rollouts stage has not run, or no pair reaches δ (the message says what to change).
+        ValueError: the rollouts stage has not run, ``rm.max_length`` cannot hold the longest block
+            (:func:`check_rm_length`, before judging), or no pair reaches δ (the message says what to change).
     """
     out = Path(out)
     gr = cfg.phase2.group_reward
@@ -107,6 +131,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
     for row in read_jsonl(blocks_path):
         kept = [b for b in row["blocks"] if not b["dropped"] and b["block"]]
         groups.append((prefixes[row["prefix_id"]], [history_from_dicts(b["block"]) for b in kept]))
+    tokenizer = load_rm_tokenizer(base)
+    check_rm_length(tokenizer, gr.rm.max_length, cards, [b for _, bs in groups for b in bs])
     with mf.stage_dir(out, STAGE, conf, inputs) as (part, man):
         judges = build_stage_judges(judge_specs(cfg), engine, f"sqlite:///{(part / 'judge-cache.db').resolve()}")
         items = [(p, b) for p, bs in groups for b in bs]
@@ -129,7 +155,6 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
             raise ValueError(f"no training pair of blocks reaches phase2.group_reward.pairs.delta={gr.pairs.delta} "
                              f"({len(rows)} held out): lower delta, raise group_reward.k or prefixes, or use a judge "
                              "that discriminates (the tiny random judge scores every block alike)")
-        tokenizer = load_rm_tokenizer(base)
         from datasets import Dataset
         from mascot.core.formatting import group_reward_model_text
 
