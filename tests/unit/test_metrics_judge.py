@@ -1,11 +1,13 @@
 """The metrics judge on planted inputs whose answer is known, with the real bundled MiniLM encoder: a reply that is its
-persona's own card text is consistent with that persona and not with another, a copy of an earlier turn contributes
-nothing, an off-topic reply is irrelevant, form faults cost points; deterministic; served by JudgeService like the
+persona's own card text is near that persona and not another (but, copied, earns no more than the middle score), a
+copy of an earlier turn contributes nothing, a copy of the user's message answers nothing, an off-topic reply is
+irrelevant, form faults (leaked prompt text included) cost points; deterministic; served by JudgeService like the
 model judges (cache, report fields)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -14,7 +16,8 @@ from mascot.core.embedding import SentenceEncoder, identity_text
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import Judge, agent_item, collective_item
-from mascot.judge.metrics import (MARGIN_STEPS, OVERLAP_STEPS, MetricsJudgeBackend, form_score, step_score)
+from mascot.judge.metrics import (ECHO_WORDS, MARGIN_STEPS, OVERLAP_STEPS, MetricsJudgeBackend, copies, form_score,
+                                  step_score)
 
 USER = "I failed my driving test again and I feel stupid."
 ON_TOPIC = "Failing the driving test twice is really frustrating. What happened during the test this time?"
@@ -51,21 +54,58 @@ def test_thresholds_map_to_one_to_five():
     ("- that sounds really hard\n- and it makes sense.", ["markup"]),
     ("ok", ["short", "unfinished"]),
     (" ".join(["word"] * 80) + ".", ["long"]),
+    ("That sounds really hard, and it makes sense.\nTone: Calm and empathetic.", ["prompt leak"]),
+    ("Your task now: respond to the user's last message in your role.", ["prompt leak"]),
+    ("I hear you. My advice: book another lesson and practise the turn.", []),
+    ("I stay with the feeling and reflect it back gently, with you.", ["card echo"]),
+    ("I will stay with that feeling and gently reflect it back to you.", []),  # no six words in a row: not a copy
+    ("Action plan for today: book another lesson and practise the turn.", []),
 ])
 def test_form_faults(reply, faults):
-    score, found = form_score(reply, max_words=60, names=("anchor", "The Anchor"))
+    card = "Stays with the feeling and reflects it back. I stay with the feeling and reflect it back gently."
+    score, found = form_score(reply, max_words=60, names=("anchor", "The Anchor"), cards=[card])
     assert found == faults and score == 5 - len(faults)
 
 
-def test_a_reply_that_is_its_own_card_is_consistent_and_is_not_anothers(backend, catalog):
+def test_copies_counts_consecutive_words_ignoring_case_and_punctuation():
+    src = "My dog died last week, and the house feels so empty."
+    assert copies("the HOUSE feels so empty... and quiet", src, n=5)
+    assert not copies("the house feels very empty", src, n=5)
+    assert copies(src, src) and ECHO_WORDS == 6
+    assert not copies("short", src) and not copies(src, "short")
+
+
+def _margin(rationale: str) -> float:
+    return float(re.search(r"persona margin (-?\d+\.\d+)", rationale).group(1))
+
+
+def test_a_reply_that_is_its_own_card_is_near_it_and_not_anothers_but_a_copy_earns_at_most_3(backend, catalog):
     roster = catalog.in_set("support")
     history = [HistoryTurn("user", USER)]
     for card in roster:
         own = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, identity_text(card)))
-        assert own.status == "ok" and own.scores["persona_consistency"] == 5, (card.id, own.rationale)
+        assert own.status == "ok" and _margin(own.rationale) >= MARGIN_STEPS[0], (card.id, own.rationale)
+        assert own.scores["persona_consistency"] == 3 and "card echo" in own.rationale, (card.id, own.rationale)
         other = next(c for c in roster if c.id != card.id)
         wrong = judge(backend, rb.AGENT, agent_item(backend, other, roster, history, identity_text(card)))
         assert wrong.scores["persona_consistency"] <= 2, (card.id, other.id, wrong.rationale)
+
+
+def test_a_copy_of_the_users_message_answers_nothing(backend, catalog):
+    roster = catalog.in_set("support")
+    card, history = roster[0], [HistoryTurn("user", USER)]
+    for copy in (USER, "I failed my driving test again and I feel stupid, you said.",
+                 "So you failed your driving test again and feel stupid."):
+        v = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, copy))
+        assert v.scores["response_relevance"] == 1 and "echo of the user" in v.rationale, (copy, v.rationale)
+    on = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, ON_TOPIC))
+    assert on.scores["response_relevance"] >= 4 and "echo" not in on.rationale, on.rationale
+
+
+def test_a_first_reply_has_no_earlier_turn_to_repeat(backend, catalog):
+    roster = catalog.in_set("support")
+    v = judge(backend, rb.AGENT, agent_item(backend, roster[0], roster, [HistoryTurn("user", USER)], ON_TOPIC))
+    assert v.scores["social_contribution"] == 3 and "overlap with earlier turns n/a" in v.rationale, v.rationale
 
 
 def test_relevance_follows_the_users_message(backend, catalog):
@@ -92,11 +132,13 @@ def test_collective_block_scores_fidelity_and_originality(backend, catalog):
     history = [HistoryTurn("user", USER)]
     distinct = [HistoryTurn("agent", identity_text(c), c.id) for c in roster[:3]]
     repeated = [HistoryTurn("agent", ON_TOPIC, roster[0].id), HistoryTurn("agent", ON_TOPIC, roster[1].id)]
+    swapped = [HistoryTurn("agent", identity_text(c), d.id) for c, d in zip(roster[:3], roster[1:4])]
     good = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, distinct))
     bad = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, repeated))
-    assert good.scores["fidelity"] == 5 and set(good.scores) == set(rb.COLLECTIVE_CRITERIA)
+    wrong = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, swapped))
+    assert good.scores["fidelity"] == 3 and set(good.scores) == set(rb.COLLECTIVE_CRITERIA)  # copied cards: capped
     assert bad.scores["originality_specificity"] < good.scores["originality_specificity"]
-    assert bad.scores["fidelity"] < good.scores["fidelity"]
+    assert wrong.scores["fidelity"] < good.scores["fidelity"], wrong.rationale
 
 
 def test_deterministic_and_complete(backend, catalog):

@@ -14,10 +14,18 @@ Signals (cosines of L2-normalised MiniLM embeddings):
   score 3.
 - **relevance**: cosine of the reply to the latest user message before it (to the seed context when the history
   has no user message; no signal, the middle score, when there is neither).
-- **overlap**: the highest cosine of the reply to an earlier agent turn (0 when there is none).
+- **overlap**: the highest cosine of the reply to an earlier agent turn (no signal, the middle score, when there is
+  none: a first reply has nothing to repeat, and a constant 5 would only pad every score alike).
 - **form**: 5 minus one point for each of: fewer than :data:`MIN_WORDS` words, more than the persona's
-  ``max_answer_words``, a leading speaker label (a roster persona's name or id, or a chat role such as ``User``,
-  followed by a colon), list or markdown markup, no closing punctuation.
+  ``max_answer_words``, a speaker label (a roster persona's name or id, or a chat role such as ``User``, followed by a
+  colon) opening the reply, leaked prompt text (a line opening with a directive or prompt field such as ``Tone:``),
+  list or markdown markup, no closing punctuation, a card echo (below).
+
+Copies are not credited (measured on a small default model trained on this judge, whose replies learned to repeat
+the user's message and their persona card): a reply that repeats :data:`ECHO_WORDS` consecutive words of the latest
+user message, or whose cosine to it reaches :data:`ECHO_COSINE`, scores relevance 1 (a copy answers nothing); a reply
+that repeats :data:`ECHO_WORDS` consecutive words of a roster card's identity text has the form fault ``card echo``
+and its persona score is capped at 3 (the margin then measures the card's wording, not the persona's voice).
 
 Agent rubric: ``persona_consistency`` <- margin, ``response_relevance`` <- relevance, ``social_contribution`` <-
 overlap (less is better), ``emotional_expressiveness`` <- form, ``empathetic_support_quality`` <- the mean of the
@@ -53,11 +61,21 @@ OVERLAP_STEPS = (0.50, 0.60, 0.70, 0.85)
 MIN_WORDS = 5
 #: Part of the cache key of every verdict: raise it when a threshold or a signal changes, so cached verdicts of
 #: the old mapping are not reused.
-VERSION = "metrics-2"
+VERSION = "metrics-3"
+#: A run of this many consecutive words shared with a text (case and punctuation ignored) is a copy of it.
+ECHO_WORDS = 6
+#: A reply this close to the user's message (MiniLM cosine) repeats it rather than answering it.
+ECHO_COSINE = 0.9
+#: Fields of the director's directive and the speaker prompt that, opening a line of a reply, are leaked prompt text.
+PROMPT_FIELDS = ("tone", "action", "directive", "task", "instruction", "instructions", "persona")
+#: Openings of a line that address the model the way the prompt does (``Your task now:``), then a colon.
+PROMPT_OPENINGS = ("your task", "your role", "your reply", "your answer", "your response")
 #: Chat roles that, followed by a colon, start a reply with a speaker label (besides the roster's names and ids).
 ROLE_LABELS = ("user", "assistant", "system", "director", "speaker", "agent", "ai", "bot")
 _LEAD = re.compile(r"^\s*([^:\n]{1,40}):\s")
 _MARKUP = re.compile(r"(^|\n)\s*([-*•]|\d+[.)]|#+)\s|\*\*|__|`")
+_LINE_LEAD = re.compile(r"(?m)^\s*([^:\n]{1,40}):")
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
 def step_score(value: float, steps: Sequence[float], higher_is_better: bool = True) -> int:
@@ -79,14 +97,34 @@ def speaker_label(reply: str, names: Sequence[str] = ()) -> bool:
     return lead in ROLE_LABELS or lead in {" ".join(n.split()).lower() for n in names if n.strip()}
 
 
-def form_score(reply: str, max_words: int, names: Sequence[str] = ()) -> tuple[int, list[str]]:
+def prompt_leak(reply: str) -> bool:
+    """Whether a line of ``reply`` opens with a field of the director's directive or the speaker prompt
+    (:data:`PROMPT_FIELDS`, e.g. ``Tone:``) or addresses the model as the prompt does (:data:`PROMPT_OPENINGS`,
+    e.g. ``Your task now:``), then a colon (case-insensitive)."""
+    leads = (" ".join(m.group(1).split()).strip("*_ ").lower() for m in _LINE_LEAD.finditer(reply))
+    return any(lead in PROMPT_FIELDS or lead.startswith(PROMPT_OPENINGS) for lead in leads)
+
+
+def copies(reply: str, source: str, n: int = ECHO_WORDS) -> bool:
+    """Whether ``reply`` repeats ``n`` consecutive words of ``source`` (lower-cased words, punctuation ignored)."""
+    r, s = _WORD.findall(reply.lower()), _WORD.findall(source.lower())
+    if len(r) < n or len(s) < n:
+        return False
+    grams = {tuple(s[i:i + n]) for i in range(len(s) - n + 1)}
+    return any(tuple(r[i:i + n]) in grams for i in range(len(r) - n + 1))
+
+
+def form_score(reply: str, max_words: int, names: Sequence[str] = (),
+               cards: Sequence[str] = ()) -> tuple[int, list[str]]:
     """5 minus one per form fault of ``reply`` (see the module docstring; ``names``: the roster's persona names
-    and ids, for the speaker-label rule); returns the score and the faults."""
+    and ids, for the speaker-label rule; ``cards``: the roster's identity texts, for the card-echo rule); returns the
+    score (1 at least) and the faults."""
     n = len(words(reply))
     finished = reply.rstrip().endswith((".", "!", "?", '"', "'", ")"))
     faults = [name for name, bad in (
         ("short", n < MIN_WORDS), ("long", n > max_words), ("speaker label", speaker_label(reply, names)),
-        ("markup", bool(_MARKUP.search(reply))), ("unfinished", not finished),
+        ("prompt leak", prompt_leak(reply)), ("markup", bool(_MARKUP.search(reply))), ("unfinished", not finished),
+        ("card echo", any(copies(reply, c) for c in cards)),
     ) if bad]
     return max(1, 5 - len(faults)), faults
 
@@ -164,17 +202,23 @@ class MetricsJudgeBackend:
         user = next((t.text for t in reversed(before) if t.role == "user" and t.text.strip()), "")
         anchor = user or " ".join(text for _, text in context)
         relevance = float(r @ vec(anchor)) if anchor.strip() else None
+        echo = relevance is not None and (relevance >= ECHO_COSINE or copies(reply, anchor))
         earlier = [t.text for t in before if t.role == "agent" and t.text.strip()]
-        overlap = max((float(r @ vec(t)) for t in earlier), default=0.0)
+        overlap = max((float(r @ vec(t)) for t in earlier), default=None)
         if any(t.strip() == reply.strip() for t in earlier):
             overlap = 1.0
         names = [n for c in cards for n in (c.id, c.name)]
-        form, faults = form_score(reply, card.max_answer_words, names)
+        form, faults = form_score(reply, card.max_answer_words, names, [identity_text(c) for c in cards])
+        if echo:
+            faults = [*faults, "echo of the user"]
+        margin_score = 3 if margin is None else step_score(margin, MARGIN_STEPS)
+        if "card echo" in faults:
+            margin_score = min(margin_score, 3)
         return {"margin": margin, "own": own, "best_other": max(others) if others else None,
                 "relevance": relevance, "overlap": overlap, "form": form, "faults": faults,
-                "margin_score": 3 if margin is None else step_score(margin, MARGIN_STEPS),
-                "relevance_score": 3 if relevance is None else step_score(relevance, RELEVANCE_STEPS),
-                "overlap_score": step_score(overlap, OVERLAP_STEPS, higher_is_better=False)}
+                "margin_score": margin_score,
+                "relevance_score": 3 if relevance is None else 1 if echo else step_score(relevance, RELEVANCE_STEPS),
+                "overlap_score": 3 if overlap is None else step_score(overlap, OVERLAP_STEPS, higher_is_better=False)}
 
     def _embed_all(self, texts: Sequence[str]) -> dict[str, Any]:
         unique = list(dict.fromkeys(t for t in texts if t.strip()))
@@ -219,5 +263,5 @@ def _rationale(measured: Sequence[dict[str, Any]]) -> str:
 
     faults = sorted({f for m in measured for f in m["faults"]})
     text = (f"metrics over {len(measured)} turn(s): persona margin {avg('margin')}, relevance {avg('relevance')}, "
-            f"overlap with earlier turns {avg('overlap')}, form faults: {', '.join(faults) or 'none'}")
+            f"overlap with earlier turns {avg('overlap')}, faults: {', '.join(faults) or 'none'}")
     return text[:300]
