@@ -1,11 +1,14 @@
 """A few turns of real language through the gateway on the default model: the reply checks on (product defaults),
 and the fixed defect detectors of the quality bench find nothing in what was delivered."""
 
+import re
+
 import pytest
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.personas import PersonaCatalog
+from mascot.director.directive import tone_words
 from mascot.eval.defects import analyse
 from mascot.app.runjob import transcript_line
 from mascot.speaker.prompts import persona_system_prompt
@@ -39,6 +42,9 @@ async def test_real_model_self_play_delivers_no_defect(real_engine, real_model_d
     fig = analyse([line], prompts, {i: c.name for i, c in cards.items()})
     assert fig["agent_turns"] >= 2, line
     assert (fig["echoes"], fig["loops"], fig["near_duplicates"], fig["empty"]) == (0, 0, 0, 0), fig["examples"]
+    vocab = set(tone_words(list(cards.values())))  # the Tone under the grammar: words of the vocabulary only
+    tones = [t.directive.tone for t in got.conversation.turns if t.HasField("directive")]
+    assert tones and all(set(re.findall(r"[a-z]+", x.lower())) - {"and"} <= vocab for x in tones), tones
     words = [w for t in line["turns"][1:] for w in t["text"].split()]
     assert len(words) >= 20 and sum(w.isalpha() for w in words) / len(words) > 0.7  # English words, not noise
     await client.ch.close()

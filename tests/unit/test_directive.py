@@ -4,7 +4,7 @@ import pytest
 
 from mascot.core.dialogue import HistoryTurn, consecutive_turns, fallback_persona
 from mascot.core.personas import PersonaCatalog
-from mascot.director.directive import (DirectiveError, check_cap, directive_regex, fallback_directive,
+from mascot.director.directive import (DirectiveError, check_cap, directive_regex, fallback_directive, tone_regex,
                                        parse_directive)
 
 CAT = PersonaCatalog.load()
@@ -115,6 +115,25 @@ def test_tone_is_one_to_four_words_under_the_grammar():
     for tone in ("Gentle and calm, no more than 2-", "Gentle and calm, and I'm going!", "", " calm",
                  "calm and warm and kind", "Gentle and calm, no-teesace"):
         assert not rx.fullmatch(head + tone), tone
+
+
+def test_tone_words_come_from_the_vocabulary_under_the_grammar():
+    from mascot.director.directive import TONE_WORDS, tone_words
+
+    vocab = tone_words(ROSTER)
+    assert set(TONE_WORDS) <= set(vocab) and "attentive" in vocab and "and" not in vocab
+    assert len(vocab) == len(set(vocab))
+    rx = re.compile(directive_regex(ROSTER, max_action_chars=80, max_tone_chars=32, verbs=["Ask"], tones=vocab))
+    head = "Agent: The Anchor\nAction: Ask what the store said when they went back\nTone: "
+    for tone in ("Gentle and calm", "Warm, curious", "Calm", "Practical and encouraging", "Soft, kind and steady"):
+        assert rx.fullmatch(head + tone), tone
+    for tone in ("Gentle and uncertain, Amentaeclanteflo", "likekinggameyard", "Gentle and calm, no more than 2-",
+                 "calm", "Calm and warm and kind and soft", "Gentle and", "Calmx"):
+        assert not rx.fullmatch(head + tone), tone
+    short = re.compile(tone_regex(4, vocab))  # words over the length bound are not offered
+    assert short.fullmatch("Calm, kind") and not short.fullmatch("Gentle")
+    with pytest.raises(ValueError, match="max_tone_chars=2"):
+        tone_regex(2, vocab)
 
 
 def test_the_is_no_helper_name_word_in_the_content_rules():

@@ -164,6 +164,9 @@ class DirectorConfig(_Section):
     #: Under ``constrained``: the Action opens with an imperative verb (``mascot.director.directive.ACTION_VERBS``)
     #: other than those of the last ``fresh_verbs`` directives (0 = any verb).
     action_verbs: bool = True
+    #: Under ``constrained``: the Tone's words come from a fixed vocabulary (``mascot.director.directive.TONE_WORDS``
+    #: and the roster's default-tone words) instead of any letters.
+    tone_vocabulary: bool = True
     fresh_verbs: int = Field(2, ge=0, le=10)
     min_action_words: int = Field(4, ge=1, le=50)
     #: Temperature of a re-prompt when ``temperature`` is 0 (a greedy retry of the same prompt changes little).

@@ -19,6 +19,7 @@ from mascot.director.directive import (
     directive_regex,
     fallback_directive,
     parse_directive,
+    tone_words,
 )
 
 from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
@@ -117,7 +118,8 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         structured = StructuredOutput(regex=directive_regex(
             choosable, max_action_chars=cfg.max_action_chars, max_tone_chars=cfg.max_tone_chars,
             max_think_chars=cfg.max_think_chars,
-            verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None))
+            verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None,
+            tones=tone_words(roster) if getattr(cfg, "tone_vocabulary", True) else ()))
     decision = Decision(directive=fallback_directive(roster[0]), source=FALLBACK)
     failed: list[tuple[str, str]] = []
     for attempt in range(1 + cfg.max_retries):

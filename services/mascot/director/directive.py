@@ -183,10 +183,39 @@ def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
     return verbs or list(ACTION_VERBS)
 
 
-def tone_regex(max_chars: int) -> str:
-    """A Tone under the grammar: one to four words (a letter, then lower-case letters), a comma or a space between
-    them ("Gentle and calm", "Warm, curious"), each word at most ``min(16, max_chars)`` characters. Free text
-    let a small model run on ("Gentle and calm, no more than 2-")."""
+#: Tone words a constrained directive may use (with the roster's default-tone words, :func:`tone_words`). Letters
+#: alone let SmolLM2-135M spell new words ("Gentle and uncertain, Amentaeclanteflo"), which then reached the speaker's
+#: prompt and the next directives.
+TONE_WORDS = ("gentle", "calm", "warm", "kind", "soft", "steady", "patient", "attentive", "empathetic", "caring",
+              "tender", "thoughtful", "curious", "open", "honest", "sincere", "respectful", "supportive",
+              "reassuring", "encouraging", "hopeful", "positive", "upbeat", "cheerful", "bright", "playful", "light",
+              "friendly", "relaxed", "quiet", "serious", "grounded", "practical", "clear", "direct", "firm",
+              "confident", "concise", "neutral", "precise", "constructive", "organised", "compassionate", "lively")
+
+
+def tone_words(roster: Sequence[PersonaCard] = ()) -> list[str]:
+    """:data:`TONE_WORDS` and the words of the roster's default tones (lower-case, letters only, in that order, no
+    repeats; "and" left out), the vocabulary of :func:`tone_regex`."""
+    extra = [w for c in roster for w in re.findall(r"[a-z]+", c.default_tone.lower()) if w != "and"]
+    return list(dict.fromkeys([*TONE_WORDS, *extra]))
+
+
+def tone_regex(max_chars: int, vocabulary: Sequence[str] = ()) -> str:
+    """A Tone under the grammar: one to three words joined by " and " or ", " ("Gentle and calm", "Warm, curious"),
+    the first capitalised. With ``vocabulary`` (lower-case words; :func:`tone_words`) every word is one of them (those
+    longer than ``max_chars`` left out); without it, a word is a letter and then lower-case letters, at most
+    ``min(16, max_chars)`` characters. Free text let a small model run on ("Gentle and calm, no more than 2-").
+
+    Raises:
+        ValueError: ``vocabulary`` holds no word of at most ``max_chars`` characters.
+    """
+    if vocabulary:
+        kept = sorted({w for w in vocabulary if w.isalpha() and len(w) <= max_chars}, key=lambda w: (-len(w), w))
+        if not kept:
+            raise ValueError(f"no tone word fits director.max_tone_chars={max_chars}")
+        first = "(" + "|".join(w[0].upper() + w[1:] for w in kept) + ")"
+        word = "(" + "|".join(kept) + ")"
+        return rf"{first}(( and |, ){word}){{0,2}}"
     w = rf"[A-Za-z][a-z]{{0,{max(0, min(16, max_chars) - 1)}}}"
     return rf"{w}(,? {w}){{0,3}}"
 
@@ -195,13 +224,15 @@ ACTION_MIN_CHARS = 16
 
 
 def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
-                    max_think_chars: int = 0, verbs: Sequence[str] | None = None) -> str:
+                    max_think_chars: int = 0, verbs: Sequence[str] | None = None,
+                    tones: Sequence[str] = ()) -> str:
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
     An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it). With
     ``verbs`` the Action opens with one of them and is one sentence (then a space and at least
     :data:`ACTION_MIN_CHARS` more characters, no sentence end but an optional last one), so a small model can neither
-    run on into a second sentence nor stop at a bare "Offer a solution." that the content rules refuse.
+    run on into a second sentence nor stop at a bare "Offer a solution." that the content rules refuse. With
+    ``tones`` the Tone's words come from that vocabulary (:func:`tone_regex`).
     """
     names = "|".join(regex_escape(c.name) for c in roster)
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
@@ -212,4 +243,4 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
     return (rf"{head}Agent: ({names})\nAction: {action}\n"
-            rf"Tone: {tone_regex(max_tone_chars)}")
+            rf"Tone: {tone_regex(max_tone_chars, tones)}")
