@@ -96,7 +96,8 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
                 sample__max_tokens=16, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
                 persona_grpo__max_steps=1,
-                publish__gate={"prompts": 2, "max_tokens": 12, "min_mean_words": 0.0, "min_distinct_2": 0.0})
+                publish__gate={"prompts": 2, "max_tokens": 12, "min_mean_words": 0.0, "min_distinct_2": 0.0,
+                              "max_loop_rate": 1.0, "max_echo_rate": 1.0})
     (tmp_path / "p1.yaml").write_text(yaml.safe_dump(cfg1))
     p = _train(["persona-alignment", "--config", "p1.yaml", "--out", "runs/p1"], tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

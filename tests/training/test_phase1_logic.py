@@ -135,3 +135,32 @@ def test_read_jsonl_drops_a_torn_line(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text(json.dumps({"a": 1}) + "\n" + '{"a": 2')
     assert read_jsonl(p) == [{"a": 1}] and p.read_text().endswith("\n")
+
+
+def test_publish_gate_refuses_looping_and_card_copying_replies():
+    """The gate's verdict on planted replies: healthy ones pass; a reply that loops (as a phase 1 adapter's did:
+    "... a more productive tomorrow tomorrow tomorrow ...") or copies its card counts against the share limits."""
+    from mascot.core.personas import PersonaCatalog
+    from mascot.eval.defects import card_source_text
+    from mascot_training.persona.config import GateConfig
+    from mascot_training.persona.publish_personas import gate_verdict
+
+    card = PersonaCatalog.load().get("catalyst")
+    healthy = ["That sounds like a lot to carry. What part of tomorrow worries you most?",
+               "Moving somewhere new is brave. Which places near you could you try this week?",
+               "Finishing it after months is a real win. What finally got you unstuck?",
+               "It hurts when ideas go unheard. What happened the last time you spoke up?"]
+    loop = "I'm here to help you create a more productive tomorrow tomorrow tomorrow tomorrow tomorrow tomorrow."
+    copy = " ".join(card_source_text(card).split()[:12]) + "."
+    cfg = GateConfig(prompts=4, max_tokens=48, min_mean_words=3.0, min_distinct_2=0.3)
+    ok = gate_verdict(healthy, card, cfg)
+    assert ok["passed"] and ok["reason"] == "" and ok["loop_rate"] == ok["echo_rate"] == 0.0
+    one = gate_verdict([loop, *healthy[1:]], card, cfg)  # one in four: inside the default share of 0.25
+    assert one["passed"] and one["loop_rate"] == 0.25
+    two = gate_verdict([loop, copy, copy, healthy[3]], card, cfg)
+    assert not two["passed"] and two["echo_rate"] == 0.5
+    assert "copy the persona's prompt or card" in two["reason"] and "loop" not in two["reason"]
+    loops = gate_verdict([loop, loop + " Again.", *healthy[2:]], card, cfg)
+    assert not loops["passed"] and "50% of the replies loop, over gate.max_loop_rate 0.25" in loops["reason"]
+    strict = gate_verdict([loop, *healthy[1:]], card, GateConfig(max_loop_rate=0.0))
+    assert not strict["passed"]

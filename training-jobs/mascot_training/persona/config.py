@@ -84,12 +84,18 @@ class GrpoConfig(GrpoOptimConfig):
 
 
 class GateConfig(_S):
-    """Evaluation gate before publish: refuse adapters whose replies collapsed in length or diversity."""
+    """Evaluation gate before publish: refuse adapters whose replies collapsed in length or diversity, loop, or copy
+    the persona's prompt or card."""
 
     prompts: int = Field(8, ge=1)
     max_tokens: int = Field(64, ge=4)
     min_mean_words: float = Field(2.0, ge=0.0)
     min_distinct_2: float = Field(0.2, ge=0.0, le=1.0)
+    #: Most share of replies that loop (a word 4-gram three times, or a repeated sentence); the base model loops now
+    #: and then at 48 tokens, so not 0.
+    max_loop_rate: float = Field(0.25, ge=0.0, le=1.0)
+    #: Most share of replies that copy 8 words in a row of the persona's prompt or card.
+    max_echo_rate: float = Field(0.25, ge=0.0, le=1.0)
 
 
 class PublishConfig(PublishTarget):

@@ -1,8 +1,9 @@
 """Stage ``publish`` of phase 1: gate every persona LoRA adapter and publish those that pass as ``staged``.
 
 The gate (:func:`gate`) refuses adapters whose replies collapsed: it generates with the adapter on the base model
-(transformers + PEFT) and checks mean answer words and distinct-2 (Li et al. 2016, section 4.3) of the visible
-answers against ``publish.gate``. Passing adapters go to the run's store or the gateway
+(transformers + PEFT) and checks mean answer words, distinct-2 (Li et al. 2016, section 4.3) and the shares of
+looping answers and of answers that copy the persona's prompt or card (:func:`gate_verdict`) against
+``publish.gate``. Passing adapters go to the run's store or the gateway
 (:func:`mascot_training.common.publish.publish_to`).
 """
 
@@ -48,14 +49,13 @@ def gate(base_model: str, adapter_dir: str | Path, card: Any, cfg: GateConfig, *
         seed: Sampling seed.
 
     Returns:
-        ``{"passed": bool, "mean_words": float, "distinct_2": float, "replies": int, "reason": str, "texts":
-        [{"message", "reply"}]}``; ``reason`` is '' when passed. distinct-2 is 0.0 when no answer holds two words.
+        :func:`gate_verdict`'s fields and ``"texts": [{"message", "reply"}]``; ``reason`` is '' when passed.
+        distinct-2 is 0.0 when no answer holds two words.
     """
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mascot.core.diversity import distinct_n
     from mascot.speaker.prompts import persona_system_prompt
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,17 +76,43 @@ def gate(base_model: str, adapter_dir: str | Path, card: Any, cfg: GateConfig, *
                              max_new_tokens=cfg.max_tokens, pad_token_id=tok.pad_token_id)
     outs = tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     answers = [split_think(o)[1].strip() for o in outs]
+    verdict = gate_verdict(answers, card, cfg)
+    return {**verdict,
+            "texts": [{"message": GATE_MESSAGES[i % len(GATE_MESSAGES)], "reply": a} for i, a in enumerate(answers)]}
+
+
+def gate_verdict(answers: list[str], card: Any, cfg: GateConfig) -> dict:
+    """The gate's decision on an adapter's visible ``answers`` (at least one): mean words, distinct-2 (Li et al.
+    2016, section 4.3), and the share of answers that loop (a word 4-gram three times, or a repeated sentence) or
+    echo the persona's prompt or card (a shared word 8-gram): the quality bench's detectors
+    (:mod:`mascot.eval.defects`).
+
+    Returns:
+        ``{"passed", "mean_words", "distinct_2", "loop_rate", "echo_rate", "replies", "reason"}``; ``reason`` lists
+        every threshold of ``cfg`` missed ('' when passed).
+    """
+    from mascot.core.diversity import distinct_n
+    from mascot.eval.defects import echo_sources, is_echo, is_loop
+
     mean_words = sum(len(a.split()) for a in answers) / len(answers)
     d2 = distinct_n(answers, 2) or 0.0
+    sources = echo_sources([card])[card.id]
+    loops = sum(is_loop(a) for a in answers) / len(answers)
+    echoes = sum(is_echo(a, sources) for a in answers) / len(answers)
     reasons = []
     if mean_words < cfg.min_mean_words:
         reasons.append(f"mean answer length {mean_words:.2f} words is below gate.min_mean_words "
                        f"{cfg.min_mean_words}")
     if d2 < cfg.min_distinct_2:
         reasons.append(f"distinct-2 {d2:.3f} is below gate.min_distinct_2 {cfg.min_distinct_2}")
+    if loops > cfg.max_loop_rate:
+        reasons.append(f"{loops:.0%} of the replies loop, over gate.max_loop_rate {cfg.max_loop_rate}")
+    if echoes > cfg.max_echo_rate:
+        reasons.append(f"{echoes:.0%} of the replies copy the persona's prompt or card, over gate.max_echo_rate "
+                       f"{cfg.max_echo_rate}")
     return {"passed": not reasons, "mean_words": round(mean_words, 4), "distinct_2": round(d2, 4),
-            "replies": len(answers), "reason": "; ".join(reasons),
-            "texts": [{"message": GATE_MESSAGES[i % len(GATE_MESSAGES)], "reply": a} for i, a in enumerate(answers)]}
+            "loop_rate": round(loops, 4), "echo_rate": round(echoes, 4), "replies": len(answers),
+            "reason": "; ".join(reasons)}
 
 
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, adapters: dict[str, Path],
