@@ -164,3 +164,21 @@ def test_publish_gate_refuses_looping_and_card_copying_replies():
     assert not loops["passed"] and "50% of the replies loop, over gate.max_loop_rate 0.25" in loops["reason"]
     strict = gate_verdict([loop, *healthy[1:]], card, GateConfig(max_loop_rate=0.0))
     assert not strict["passed"]
+
+
+def test_judging_stages_key_their_cache_on_the_rubric_and_metrics_mapping_versions(monkeypatch):
+    """A judge or group_rm stage resumed with another rubric or metrics-judge mapping judges again: the versions are
+    part of the stage's cache key (its config), so old verdicts are not kept."""
+    from mascot.core.config import JudgeSpec
+    from mascot.judge import metrics, rubric
+    from mascot_training.common.judges import judging_versions
+    from mascot_training.common.manifest import digest_obj
+
+    local = [JudgeSpec(name="local", kind="local")]
+    both = [*local, JudgeSpec(name="cpu", kind="metrics")]
+    assert judging_versions(local) == {"rubric": rubric.rubric_version()}
+    before = judging_versions(both)
+    assert before == {"rubric": rubric.rubric_version(), "metrics": metrics.VERSION}
+    monkeypatch.setattr(metrics, "VERSION", metrics.VERSION + "-next")
+    assert digest_obj(judging_versions(both)) != digest_obj(before)
+    assert judging_versions(local) == {"rubric": rubric.rubric_version()}  # no metrics judge: its mapping is moot

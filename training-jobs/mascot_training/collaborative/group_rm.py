@@ -27,6 +27,7 @@ from mascot_training.collaborative.simulate import Prefix
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
 from mascot_training.common.data import in_heldout_split
+from mascot_training.common.judges import judging_versions
 from mascot_training.common.preference_pairs import build_pairs
 from mascot_training.common.reward_model import SIGMA_FLOOR, fit_reward_model, load_rm_tokenizer
 
@@ -104,7 +105,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
     gr = cfg.phase2.group_reward
     blocks_path = out / "rollouts" / "blocks.jsonl"
     prefixes_path = out / "rollouts" / "prefixes.jsonl"
-    conf = {"group_reward": gr.model_dump(mode="json"), "personas": active_personas(cfg), "run_id": cfg.run_id}
+    conf = {"group_reward": gr.model_dump(mode="json"), "personas": active_personas(cfg), "run_id": cfg.run_id,
+            "versions": judging_versions(gr.judge.judges)}
     if gr.source == "judge":
         inputs: dict[str, str] = {}
         if mf.is_done(out, STAGE, conf, inputs):

@@ -32,6 +32,21 @@ def build_stage_judges(cfg: Any, engine: Any, cache_url: str) -> list:
     return list(build_judges(jc, engine if needs_engine else None, name).values())
 
 
+def judging_versions(judges: Any) -> dict[str, str]:
+    """What a judging stage's verdicts depend on besides its config and inputs, for its cache key: the rubric's
+    version, and the metrics judge's mapping version when a judge of ``judges`` (specs with ``kind``) is one. A run
+    directory resumed with another rubric or mapping judges again instead of keeping the old verdicts.
+    """
+    from mascot.judge import rubric as rb
+
+    out = {"rubric": rb.rubric_version()}
+    if any(getattr(j, "kind", None) == "metrics" for j in judges):
+        from mascot.judge.metrics import VERSION
+
+        out["metrics"] = VERSION
+    return out
+
+
 async def close_judges(judges: list) -> None:
     """Close every judge backend (HTTP clients) and their shared cache."""
     for j in judges:

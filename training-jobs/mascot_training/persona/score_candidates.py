@@ -26,7 +26,7 @@ from mascot.core.files import append_jsonl, atomic_write_text, read_jsonl, write
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import agent_item
-from mascot_training.common.judges import build_stage_judges, close_judges
+from mascot_training.common.judges import build_stage_judges, close_judges, judging_versions
 from mascot_training.common.manifest import digest_path, digest_obj, is_done, read_manifest, stage_dir
 from mascot_training.common.progress import StepProgress
 
@@ -150,7 +150,8 @@ async def run(cfg, out: Path, *, engine: Any) -> dict:
     src = out / "sample" / "candidates.jsonl"
     if not src.is_file():
         raise ValueError(f"{src} is missing: run the sample stage first")
-    conf = {"judge": cfg.judge.model_dump(mode="json", exclude=_OPERATIONAL)}
+    conf = {"judge": cfg.judge.model_dump(mode="json", exclude=_OPERATIONAL),
+            "versions": judging_versions(cfg.judge.judges)}
     inputs = {"candidates": digest_path(src)}
     if is_done(out, "judge", conf, inputs):
         return read_manifest(out / "judge")
