@@ -65,6 +65,10 @@ def test_judge_group_reward_maps_1_5_to_0_1():
     "Director: Agent: The Beacon",
     "**Catalyst**: what else could explain it?",
     "That must have been really painful.",
+    # what a reader found simulated users saying in phase 2 rollouts, refused in serving already
+    "I'm here to support you, and I'm here to help make your friend's life easier.",
+    "I'm so sorry to hear that you lost it.",
+    "Thank you for sharing this with me.",
 ])
 def test_role_flip_detected(text):
     assert detect_role_flip(text, ROSTER)

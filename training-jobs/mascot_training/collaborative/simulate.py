@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from mascot.core.dialogue import HistoryTurn, directive_message, history_from_dicts, history_to_dicts
 from mascot.core.engine.base import render_chat
+from mascot.core.guard import SUPPORTER_PATTERNS
 from mascot.core.personas import PersonaCard
 from mascot.director.directive import DirectiveError, ParsedDirective, check_cap, parse_directive
 from mascot.director.prompts import build_messages
@@ -58,7 +59,9 @@ def detect_role_flip(text: str, roster: Sequence[PersonaCard]) -> str:
 
     Checks, in order: the text opens with a speaker tag of an agent, the director or an assistant (``Anchor:``,
     ``The Anchor:``, ``Director:``, ``Assistant:``); it uses a supporter phrase addressed to the person
-    (:data:`_SUPPORTER_PATTERNS`, e.g. "it sounds like you", "you're not alone", "have you tried").
+    (:data:`_SUPPORTER_PATTERNS`, e.g. "it sounds like you", "you're not alone", "have you tried", or one of the
+    phrases serving refuses in a simulated user's sentence, :data:`mascot.core.guard.SUPPORTER_PATTERNS`, e.g. "I'm
+    here to support", "sorry to hear that").
     """
     head = text.lstrip().split("\n", 1)[0]
     tags = {"director", "assistant", "agent", "supporter", "companion"}
@@ -68,7 +71,8 @@ def detect_role_flip(text: str, roster: Sequence[PersonaCard]) -> str:
     m = re.match(r"^\s*\**([A-Za-z][A-Za-z _]{0,40})\**\s*:", head)
     if m and m.group(1).strip().lower() in tags:
         return f"speaker tag '{m.group(1).strip()}:'"
-    s = _SUPPORTER_RE.search(text)
+    s = _SUPPORTER_RE.search(text) or next(
+        (m for m in (p.search(text.replace("’", "'")) for p in SUPPORTER_PATTERNS) if m), None)
     if s:
         return f"supporter phrase '{s.group(0)}'"
     return ""
