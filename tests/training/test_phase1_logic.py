@@ -141,7 +141,7 @@ def test_publish_gate_refuses_looping_and_card_copying_replies():
     """The gate's verdict on planted replies: healthy ones pass; a reply that loops (as a phase 1 adapter's did:
     "... a more productive tomorrow tomorrow tomorrow ...") or copies its card counts against the share limits."""
     from mascot.core.personas import PersonaCatalog
-    from mascot.eval.defects import card_source_text
+    from mascot.core.defects import card_source_text
     from mascot_training.persona.config import GateConfig
     from mascot_training.persona.publish_personas import gate_verdict
 

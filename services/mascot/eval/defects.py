@@ -21,33 +21,14 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Sequence
 
-from mascot.core.guard import char_ngrams, jaccard, ngrams, split_sentences, words
+from mascot.core.defects import ECHO_NGRAM, LOOP_COUNT, LOOP_NGRAM, card_source_text, is_echo, is_loop  # noqa: F401
+from mascot.core.guard import char_ngrams, jaccard, words
 from mascot.app.runjob import percentile
 
-ECHO_NGRAM, LOOP_NGRAM, LOOP_COUNT, NEAR_DUPLICATE = 8, 4, 3, 0.8
+NEAR_DUPLICATE = 0.8
 _CLEAN_END_RE = re.compile(r"([.!?…][\"'”’)\]]*|[\U0001F300-\U0001FAFF\u2600-\u27BF]\ufe0f?)\s*$")
-
-
-def is_echo(reply: str, sources: Iterable[str]) -> bool:
-    """True when ``reply`` shares a word 8-gram with any source text."""
-    grams = ngrams(words(reply), ECHO_NGRAM)
-    return bool(grams) and any(grams & ngrams(words(s), ECHO_NGRAM) for s in sources)
-
-
-def is_loop(reply: str) -> bool:
-    """True when a word 4-gram occurs 3+ times in ``reply``, or a line or sentence of it repeats."""
-    w = words(reply)
-    c = Counter(tuple(w[i:i + LOOP_NGRAM]) for i in range(len(w) - LOOP_NGRAM + 1))
-    if c and max(c.values()) >= LOOP_COUNT:
-        return True
-    for parts in ([ln for ln in reply.splitlines() if ln.strip()], split_sentences(reply)):
-        keys = [" ".join(words(p)) for p in parts]
-        keys = [k for k in keys if k]
-        if len(set(keys)) < len(keys):
-            return True
-    return False
 
 
 def is_near_duplicate(reply: str, earlier: Sequence[str]) -> bool:
@@ -74,11 +55,6 @@ def is_degenerate_directive(directive: dict, persona_names: Sequence[str], previ
     if not [w for w in words(tone) if w not in name_words]:
         return True
     return bool(previous_action) and jaccard(char_ngrams(action), char_ngrams(previous_action)) >= NEAR_DUPLICATE
-
-
-def card_source_text(card) -> str:
-    """A persona card's fields a reply must not copy from (goal, role, expertise, moves, style), as one text."""
-    return " ".join([card.goal, card.role, *card.expertise, *card.allowed_moves, *card.forbidden_moves, *card.style])
 
 
 def echo_sources(cards: Sequence) -> dict[str, list[str]]:

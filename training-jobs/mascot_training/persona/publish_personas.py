@@ -85,18 +85,19 @@ def gate_verdict(answers: list[str], card: Any, cfg: GateConfig) -> dict:
     """The gate's decision on an adapter's visible ``answers`` (at least one): mean words, distinct-2 (Li et al.
     2016, section 4.3), and the share of answers that loop (a word 4-gram three times, or a repeated sentence) or
     echo the persona's prompt or card (a shared word 8-gram): the quality bench's detectors
-    (:mod:`mascot.eval.defects`).
+    (:mod:`mascot.core.defects`).
 
     Returns:
         ``{"passed", "mean_words", "distinct_2", "loop_rate", "echo_rate", "replies", "reason"}``; ``reason`` lists
         every threshold of ``cfg`` missed ('' when passed).
     """
+    from mascot.core.defects import card_source_text, is_echo, is_loop
     from mascot.core.diversity import distinct_n
-    from mascot.eval.defects import echo_sources, is_echo, is_loop
+    from mascot.speaker.prompts import persona_system_prompt
 
     mean_words = sum(len(a.split()) for a in answers) / len(answers)
     d2 = distinct_n(answers, 2) or 0.0
-    sources = echo_sources([card])[card.id]
+    sources = [persona_system_prompt(card), card_source_text(card)]
     loops = sum(is_loop(a) for a in answers) / len(answers)
     echoes = sum(is_echo(a, sources) for a in answers) / len(answers)
     reasons = []
