@@ -31,7 +31,9 @@ from mascot_training.persona.config import GateConfig, PersonaAlignmentConfig
 
 pytestmark = pytest.mark.slow
 
-GATE = {"prompts": 4, "max_tokens": 24}
+# the tiny random model's text repeats 4-grams by nature (half its "healthy" replies loop): the loop and echo
+# limits are tested on planted replies (test_phase1_logic); here the gate's collapse checks are
+GATE = {"prompts": 4, "max_tokens": 24, "max_loop_rate": 1.0, "max_echo_rate": 1.0}
 
 
 def _personas() -> list[str]:
@@ -321,7 +323,7 @@ def test_gate_passes_healthy_and_refuses_collapsed(base, healthy, collapsed):
     cfg = GateConfig(**GATE)
     ok = publish_personas.gate(base, healthy[0] / "sft" / "adapter", card, cfg)
     bad = publish_personas.gate(base, collapsed, card, cfg)
-    assert ok["passed"] and ok["reason"] == "" and ok["replies"] == 4
+    assert ok["passed"] and ok["reason"] == "" and ok["replies"] == 4, ok
     assert ok["distinct_2"] >= cfg.min_distinct_2 and ok["mean_words"] >= cfg.min_mean_words
     assert not bad["passed"] and "distinct-2" in bad["reason"] and bad["distinct_2"] < 0.15, bad
     assert bad["distinct_2"] < ok["distinct_2"] / 3
