@@ -16,7 +16,7 @@ from mascot.core.embedding import SentenceEncoder, identity_text
 from mascot.core.personas import PersonaCatalog
 from mascot.judge import rubric as rb
 from mascot.judge.judging import Judge, agent_item, collective_item
-from mascot.judge.metrics import (ECHO_WORDS, MARGIN_STEPS, OVERLAP_STEPS, MetricsJudgeBackend, copies, form_score,
+from mascot.judge.metrics import (ECHO_WORDS, MARGIN_STEPS, OVERLAP_STEPS, MetricsJudgeBackend, form_score,
                                   step_score)
 
 USER = "I failed my driving test again and I feel stupid."
@@ -67,12 +67,14 @@ def test_form_faults(reply, faults):
     assert found == faults and score == 5 - len(faults)
 
 
-def test_copies_counts_consecutive_words_ignoring_case_and_punctuation():
+def test_copies_count_consecutive_words_ignoring_case_and_punctuation():
+    from mascot.core.guard import shares_ngram
+
     src = "My dog died last week, and the house feels so empty."
-    assert copies("the HOUSE feels so empty... and quiet", src, n=5)
-    assert not copies("the house feels very empty", src, n=5)
-    assert copies(src, src) and ECHO_WORDS == 6
-    assert not copies("short", src) and not copies(src, "short")
+    assert shares_ngram("the HOUSE feels so empty... and quiet", [src], 5)
+    assert not shares_ngram("the house feels very empty", [src], 5)
+    assert shares_ngram(src, [src], ECHO_WORDS) and ECHO_WORDS == 6
+    assert not shares_ngram("short", [src], ECHO_WORDS) and not shares_ngram(src, ["short"], ECHO_WORDS)
 
 
 def _margin(rationale: str) -> float:

@@ -10,15 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from mascot.core.guard import ngrams, split_sentences, words
+from mascot.core.guard import shares_ngram, split_sentences, words
 
 ECHO_NGRAM, LOOP_NGRAM, LOOP_COUNT = 8, 4, 3
 
 
 def is_echo(reply: str, sources: Iterable[str]) -> bool:
     """True when ``reply`` shares a word 8-gram with any source text."""
-    grams = ngrams(words(reply), ECHO_NGRAM)
-    return bool(grams) and any(grams & ngrams(words(s), ECHO_NGRAM) for s in sources)
+    return shares_ngram(reply, sources, ECHO_NGRAM)
 
 
 def is_loop(reply: str) -> bool:

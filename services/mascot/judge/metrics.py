@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from mascot.core.embedding import SentenceEncoder, identity_text
 from mascot.core.errors import InvalidArgument
-from mascot.core.guard import words
+from mascot.core.guard import shares_ngram, words
 from mascot.judge import rubric as rb
 
 #: Score 5, 4, 3, 2 from these lower bounds of the margin; below the last, 1.
@@ -75,7 +75,6 @@ ROLE_LABELS = ("user", "assistant", "system", "director", "speaker", "agent", "a
 _LEAD = re.compile(r"^\s*([^:\n]{1,40}):\s")
 _MARKUP = re.compile(r"(^|\n)\s*([-*•]|\d+[.)]|#+)\s|\*\*|__|`")
 _LINE_LEAD = re.compile(r"(?m)^\s*([^:\n]{1,40}):")
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 
 def step_score(value: float, steps: Sequence[float], higher_is_better: bool = True) -> int:
@@ -105,15 +104,6 @@ def prompt_leak(reply: str) -> bool:
     return any(lead in PROMPT_FIELDS or lead.startswith(PROMPT_OPENINGS) for lead in leads)
 
 
-def copies(reply: str, source: str, n: int = ECHO_WORDS) -> bool:
-    """Whether ``reply`` repeats ``n`` consecutive words of ``source`` (lower-cased words, punctuation ignored)."""
-    r, s = _WORD.findall(reply.lower()), _WORD.findall(source.lower())
-    if len(r) < n or len(s) < n:
-        return False
-    grams = {tuple(s[i:i + n]) for i in range(len(s) - n + 1)}
-    return any(tuple(r[i:i + n]) in grams for i in range(len(r) - n + 1))
-
-
 def form_score(reply: str, max_words: int, names: Sequence[str] = (),
                cards: Sequence[str] = ()) -> tuple[int, list[str]]:
     """5 minus one per form fault of ``reply`` (see the module docstring; ``names``: the roster's persona names
@@ -124,7 +114,7 @@ def form_score(reply: str, max_words: int, names: Sequence[str] = (),
     faults = [name for name, bad in (
         ("short", n < MIN_WORDS), ("long", n > max_words), ("speaker label", speaker_label(reply, names)),
         ("prompt leak", prompt_leak(reply)), ("markup", bool(_MARKUP.search(reply))), ("unfinished", not finished),
-        ("card echo", any(copies(reply, c) for c in cards)),
+        ("card echo", shares_ngram(reply, cards, ECHO_WORDS)),
     ) if bad]
     return max(1, 5 - len(faults)), faults
 
@@ -202,7 +192,7 @@ class MetricsJudgeBackend:
         user = next((t.text for t in reversed(before) if t.role == "user" and t.text.strip()), "")
         anchor = user or " ".join(text for _, text in context)
         relevance = float(r @ vec(anchor)) if anchor.strip() else None
-        echo = relevance is not None and (relevance >= ECHO_COSINE or copies(reply, anchor))
+        echo = relevance is not None and (relevance >= ECHO_COSINE or shares_ngram(reply, [anchor], ECHO_WORDS))
         earlier = [t.text for t in before if t.role == "agent" and t.text.strip()]
         overlap = max((float(r @ vec(t)) for t in earlier), default=None)
         if any(t.strip() == reply.strip() for t in earlier):
