@@ -122,9 +122,11 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     adapter = json.loads((out1 / "adapters" / "anchor" / "v1" / "manifest.json").read_text())
     assert Path(adapter["base_model"]).name == real_model_dir.name and set(adapter["data_ids"]) <= train_ids
 
-    cfg2 = _set(yaml.safe_load(P2.read_text()), personas=personas, data__limit=1, speakers__max_tokens=12,
-                user__max_tokens=12, phase2__num_generations=2, phase2__suffix_agent_turns=1,
-                phase2__prefix_agent_turns=[0], phase2__group_reward__k=2,
+    # replies go through serving's reply checks (a reply with no finished sentence within its budget is refused), so
+    # the speakers get room for one sentence; 3 blocks so that one refused block still leaves a pair
+    cfg2 = _set(yaml.safe_load(P2.read_text()), personas=personas, data__limit=1, speakers__max_tokens=32,
+                user__max_tokens=16, phase2__num_generations=2, phase2__suffix_agent_turns=1,
+                phase2__prefix_agent_turns=[0], phase2__group_reward__k=3,
                 phase2__group_reward__pairs={"delta": 0.0, "max_per_group": 1, "heldout_fraction": 0.25},
                 phase2__group_reward__rm={"epochs": 1, "batch_size": 2, "max_length": 768},
                 director__max_tokens=48, director__warm_start_steps=1, director_grpo__batch_size=2,
@@ -138,6 +140,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     assert {pid: a["source"] for pid, a in speakers["adapters"].items()} == {p: "store:v1" for p in personas}
     rollouts = json.loads((out2 / "rollouts" / "manifest.json").read_text())
     assert set(rollouts["data_ids"]) <= train_ids
+    assert rollouts["metrics"]["blocks"] >= 2 and rollouts["metrics"]["speaker_attempts_per_reply"] >= 1.0
     dg = json.loads((out2 / "director_grpo" / "manifest.json").read_text())
     assert dg["metrics"]["steps"] == 1 and set(dg["persona_distribution_after"]) >= {"invalid"}
     assert (out2 / "director_grpo" / "curves.png").is_file() or dg["metrics"]["reward_first"] is None

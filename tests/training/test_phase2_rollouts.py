@@ -8,7 +8,11 @@ import re
 
 import pytest
 
+from dataclasses import replace
+
 from mascot.core.dialogue import HistoryTurn
+from mascot.core.engine.base import GenerationResult
+from mascot.core.guard import GuardSettings
 from mascot.core.personas import PersonaCatalog
 from mascot.director.directive import DirectiveError, parse_directive
 from mascot.director.prompts import build_messages
@@ -19,6 +23,7 @@ from mascot_training.collaborative.simulate import (
     RolloutRunner,
     RolloutSettings,
 )
+from mascot.speaker.reply import RetryPolicy
 from tests.helpers.engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -151,6 +156,64 @@ async def test_role_flip_drops_the_episode_and_is_counted(tok):
     assert all(t.role == "agent" for r in rs for t in r.block)  # the flipped turn is not kept
 
 
+class LengthEngine(ScriptedEngine):
+    """A scripted engine whose speaker replies all end at the token budget (``finish_reason`` length)."""
+
+    async def stream(self, request):
+        async for item in super().stream(request):
+            if isinstance(item, GenerationResult):
+                item = replace(item, finish_reason="length")
+            yield item
+
+
+def checked_runner(tok, speak, *, p=0.0, n=2, engine_cls=ScriptedEngine):
+    eng = engine_cls(lambda p_: "unused", speak)
+    return eng, RolloutRunner(eng, tok, ROSTER, RolloutSettings(
+        suffix_agent_turns=n, user_speak_prob=p, max_consecutive_turns=2, speaker_max_tokens=16,
+        frequency_penalty=0.3, repetition_penalty=1.0, guard=GuardSettings(), retry=RetryPolicy(max_attempts=3)))
+
+
+async def test_checked_rollouts_drop_the_unfinished_tail_and_use_serving_penalties(tok):
+    """With serving's reply checks on, a reply cut at the token budget loses its unfinished last sentence (serving
+    never shows it), and the speakers decode with the configured penalties."""
+    eng, run = checked_runner(tok, lambda prompt: "That roundabout sounds stressful. What did you notice right before "
+                                                  "you froze, and what did you tell", n=1, engine_cls=LengthEngine)
+    r = Rollout(PREFIX, 0, 3)
+    await run.run([r], scripted(tok, lambda r_, s: directive("The Catalyst", r_, s)), sequences=False)
+    assert not r.dropped and [(t.persona_id, t.text) for t in r.block] == [("catalyst",
+                                                                             "That roundabout sounds stressful.")]
+    assert all(req.sampling.frequency_penalty == 0.3 for req in eng.requests)
+    assert run.speaker_replies >= 1 and run.speaker_attempts >= run.speaker_replies
+
+
+async def test_checked_rollouts_drop_an_episode_whose_speaker_is_refused_on_every_attempt(tok):
+    card = CAT.get("catalyst")
+    echo = f"I will {card.goal[0].lower()}{card.goal[1:]}"
+
+    def speak(prompt):
+        if "You are chatting with a few supportive helpers" in prompt:
+            return USER_LINE
+        return echo if "You are The Catalyst" in prompt else SPEAKER_LINE if "Step 0" in prompt else \
+            "What would help you most right now?"
+
+    eng, run = checked_runner(tok, speak, p=1.0)
+    r, ok = Rollout(PREFIX, 0, 1), Rollout(PREFIX, 1, 2)
+
+    def script(r_, s):
+        return directive("The Catalyst" if r_.index == 0 else "The Beacon", r_, s)
+
+    # the Catalyst copies its own card on every attempt; the Beacon speaks normally in the other rollout
+    await run.run([r, ok], scripted(tok, script), sequences=False)
+    assert "refused by the reply checks on every attempt" in r.dropped and "echo" in r.dropped
+    assert r.block == [] and run.dropped_refused == 1
+    speaker_requests = [q for q in eng.requests if "You are chatting with a few supportive helpers" not in q.prompt]
+    catalyst = [q for q in speaker_requests if "You are The Catalyst" in q.prompt]
+    # three attempts for the refused turn, each with a higher repetition penalty
+    pens = sorted({q.sampling.repetition_penalty for q in catalyst})
+    assert len(pens) == 3 and pens[0] == 1.0 and pens[-1] > pens[0]
+    assert not ok.dropped and ok.personas == ["beacon", "beacon"]
+
+
 # ------------------------------------------------------------------------------------------------- through TRL
 
 G = 4
@@ -275,10 +338,24 @@ async def test_rollouts_stage_builds_prefixes_and_blocks(tok, tmp_path, shared_d
     def director(prompt):  # a fresh Action per decision of a conversation (the serving director refuses copies)
         return f"Agent: The Beacon\nAction: {actions[prompt.count('Agent: The Beacon') % 4]}\nTone: Warm"
 
-    eng = ScriptedEngine(director, speakers())
+    lines = ["Let us look at that moment together.", "What did the examiner say to you afterwards?",
+             "You kept going back, and that persistence counts.", "Which part of the route felt hardest today?",
+             "Could a calm practice drive on that road help?", "Feeling ashamed after this makes complete sense."]
+    said = {"user": 0, "agent": 0}
+
+    def speak(prompt):  # distinct lines: serving's reply checks (on by default) refuse a copy of an earlier turn
+        who = "user" if "You are chatting with a few supportive helpers" in prompt else "agent"
+        said[who] += 1
+        return (f"I keep thinking about attempt number {said[who]}, honestly." if who == "user"
+                else lines[said[who] % len(lines)])
+
+    eng = ScriptedEngine(director, speak)
     m = await rollouts.run(cfg, tmp_path, engine=eng, tokenizer=tok, adapters={}, inputs={"base": "x"})
     assert m["metrics"]["prefixes"] == 3 and m["metrics"]["blocks"] == 6
     assert m["metrics"]["dropped_role_flip"] == {"prefixes": 0, "blocks": 0}
+    assert m["metrics"]["dropped_refused"] == {"prefixes": 0, "blocks": 0}
+    assert 1.0 <= m["metrics"]["speaker_attempts_per_reply"] < 2.0  # a few first attempts copy an earlier line
+    assert all(q.sampling.frequency_penalty == 0.3 for q in eng.requests if "You are the director" not in q.prompt)
     from mascot.core.files import read_jsonl
 
     pre = [Prefix.from_dict(d) for d in read_jsonl(tmp_path / "rollouts" / "prefixes.jsonl")]
@@ -343,7 +420,11 @@ async def test_rollouts_stage_runs_prefixes_at_once_with_the_same_rows(tok, tmp_
 async def test_rollouts_stage_counts_role_flips(tok, tmp_path, shared_data, tiny_model_dir):
     from mascot_training.collaborative import rollouts
 
+    from mascot.core.config import GuardConfig
+
+    # reply checks off: with them on, serving's user checks refuse the supporter sentence before anyone sees it
     cfg = _cfg(shared_data, tiny_model_dir, user_speak_prob=1.0)
+    cfg = cfg.model_copy(update={"guard": GuardConfig(enabled=False)})
     eng = ScriptedEngine(lambda p: "Agent: The Beacon\nAction: Name one strength you heard.\nTone: Warm",
                          speakers(flip=True))
     with pytest.raises(ValueError, match="every prefix was dropped"):

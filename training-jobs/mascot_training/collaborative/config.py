@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mascot.core.adapters.store import AdapterStore, backend_errors, open_store
+from mascot.core.config import GuardConfig
 from mascot_training.common.config import (
     GrpoOptimConfig,
     JudgeStageConfig,
@@ -45,6 +46,11 @@ class SpeakersConfig(_S):
     max_tokens: int = Field(96, ge=4, le=4096)
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
+    #: Serving's speaker penalties (the ``speaker`` section's defaults), applied to the simulated user too as serving
+    #: does: a CTRL-style penalty on tokens already in the prompt or reply (1 = off) and one per earlier occurrence
+    #: in the reply (vLLM's ``repetition_penalty`` / ``frequency_penalty``).
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    frequency_penalty: float = Field(0.3, ge=-2.0, le=2.0)
 
 
 class UserSimConfig(_S):
@@ -159,6 +165,11 @@ class CollaborativeConfig(RunConfig):
     max_model_len: int = Field(2048, ge=512)
     speakers: SpeakersConfig = SpeakersConfig()
     user: UserSimConfig = UserSimConfig()
+    #: Serving's reply checks (same keys and defaults as the serving config's ``guard`` section) on the frozen
+    #: speakers and simulated user of every rollout, so the director learns from the text serving would show:
+    #: regenerated first sentences, cut loops and copies, no unfinished tail. ``enabled: false`` takes replies as
+    #: generated.
+    guard: GuardConfig = GuardConfig()
     phase2: Phase2Config = Phase2Config()
     director: DirectorPolicyConfig = DirectorPolicyConfig()
     director_grpo: DirectorGrpoConfig = DirectorGrpoConfig()

@@ -12,8 +12,8 @@ rollout.
 
 R_group: ``rm`` = ẑ of the group RM (``OUT/group_rm/model``) on
 :func:`mascot.core.formatting.group_reward_model_text`; ``judge`` = (s − 1)/4 of the judge's mean collective score.
-A dropped episode (role flip), a failed or timed-out group reward gets reward None: TRL turns it into advantage 0
-and it is counted (``mascot_reward_failures_total{reason}``).
+A dropped episode (role flip, or a speaker reply refused on every attempt), a failed or timed-out group reward gets
+reward None: TRL turns it into advantage 0 and it is counted (``mascot_reward_failures_total{reason}``).
 """
 
 from __future__ import annotations
@@ -438,13 +438,14 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
                                   max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
         return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
 
-    measured_flips = 0
+    measured_flips = measured_refused = 0
 
     def measure() -> dict | None:
-        nonlocal measured_flips
-        before_flips = runner.dropped_role_flips
+        nonlocal measured_flips, measured_refused
+        before_flips, before_refused = runner.dropped_role_flips, runner.dropped_refused
         got = heldout_reward(trainer, runner, loop, heldout, group_reward_fn, cfg, g.heldout_samples)
         measured_flips += runner.dropped_role_flips - before_flips  # counted in its rollout outcomes instead
+        measured_refused += runner.dropped_refused - before_refused
         return got
 
     before, held_before = dist(), measure()
@@ -455,6 +456,9 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
     m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
          "reward_last": rewards[-1] if rewards else None, **stats.summary(),
          "dropped_role_flip": runner.dropped_role_flips - measured_flips,
+         "dropped_refused": runner.dropped_refused - measured_refused,
+         "speaker_attempts_per_reply": round(runner.speaker_attempts / runner.speaker_replies, 3)
+         if runner.speaker_replies else None,
          "persona_distribution_before": before, "persona_distribution_after": after,
          "valid_rate_before": round(1 - before["invalid"], 4), "valid_rate_after": round(1 - after["invalid"], 4)}
     if heldout:
@@ -507,7 +511,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
             "phase2": cfg.phase2.model_dump(mode="json", exclude={"rollout_concurrency"}),
             "lora": cfg.lora.model_dump(mode="json"),
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
-            "user": cfg.user.model_dump(mode="json")}
+            "user": cfg.user.model_dump(mode="json"), "guard": cfg.guard.model_dump(mode="json")}
     inputs = {**inputs, "prefixes": mf.digest_path(src)}
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)

@@ -7,11 +7,14 @@
 2. Blocks (``group_reward.source = rm``): K = ``group_reward.k`` continuations of N agent turns per prefix by the
    same system, the group RM's training data once judged.
 
-An episode whose simulated user flips role (:func:`mascot_training.collaborative.simulate.detect_role_flip`) is
-dropped and counted (``metrics.dropped_role_flip``). Prefixes and blocks are appended per prefix and fsynced, so a
-killed stage resumes where it stopped. ``phase2.rollout_concurrency`` prefixes run at once (rows land in the order
-they finish). Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and ``blocks.jsonl``
-(``{"prefix_id", "blocks": [Rollout.record(), ...]}``).
+The frozen speakers and user decode with serving's penalties and under serving's reply checks (the run config's
+``guard`` section, as in serving), so blocks hold the text serving would show. An episode whose simulated user flips
+role (:func:`mascot_training.collaborative.simulate.detect_role_flip`) or whose speaker's reply is refused on every
+attempt is dropped and counted (``metrics.dropped_role_flip``, ``metrics.dropped_refused``;
+``metrics.speaker_attempts_per_reply`` counts this process's generations per delivered reply). Prefixes and
+blocks are appended per prefix and fsynced, so a killed stage resumes where it stopped. ``phase2.rollout_concurrency``
+prefixes run at once (rows land in the order they finish). Files: ``prefixes.jsonl`` (:meth:`Prefix.to_dict` rows) and
+``blocks.jsonl`` (``{"prefix_id", "blocks": [Rollout.record(), ...]}``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.files import append_jsonl, read_jsonl
 from mascot.core.personas import PersonaCatalog
+from mascot.speaker.reply import RetryPolicy
 from mascot_training.collaborative.config import CollaborativeConfig
 from mascot_training.collaborative.simulate import Prefix, Rollout, RolloutRunner, RolloutSettings, rollout_seed
 from mascot_training.common import manifest as mf
@@ -45,7 +49,14 @@ def settings(cfg: CollaborativeConfig) -> RolloutSettings:
         speaker_temperature=cfg.speakers.temperature, speaker_top_p=cfg.speakers.top_p,
         user_max_tokens=cfg.user.max_tokens, user_temperature=cfg.user.temperature, user_top_p=cfg.user.top_p,
         personality=cfg.user.personality, max_sequence_tokens=cfg.max_model_len,
-        director_max_tokens=cfg.director.max_tokens)
+        director_max_tokens=cfg.director.max_tokens, repetition_penalty=cfg.speakers.repetition_penalty,
+        frequency_penalty=cfg.speakers.frequency_penalty, guard=cfg.guard.settings() if cfg.guard.enabled else None,
+        retry=RetryPolicy(max_attempts=cfg.guard.max_attempts, penalty_step=cfg.guard.retry_penalty_step,
+                          retry_temperature=cfg.guard.retry_temperature))
+
+
+def _refused(why: str) -> bool:
+    return "refused by the reply checks" in why
 
 
 def serving_director_config(cfg: CollaborativeConfig) -> Any:
@@ -69,16 +80,17 @@ def plan(cfg: CollaborativeConfig) -> list[tuple[str, Any, int]]:
 
 
 async def build_prefix(runner: RolloutRunner, decide: Any, prefix_id: str, sit: Any, k: int, seed: int
-                       ) -> Prefix | None:
-    """The prefix: opening + k agent turns by the serving system; None when the simulated user flipped role."""
+                       ) -> tuple[Prefix | None, str]:
+    """``(prefix, "")``: the opening + k agent turns by the serving system; ``(None, why)`` when the episode was
+    dropped (the simulated user flipped role, or a speaker's reply was refused on every attempt)."""
     start = Prefix(prefix_id, sit.id, sit.situation, sit.emotion, k, [HistoryTurn("user", sit.opening)],
                    [tuple(c) for c in sit.context])
     r = Rollout(start, 0, rollout_seed(seed, prefix_id, "prefix"))
     if k:
         await runner.run([r], decide, turns=k, sequences=False)
     if r.dropped:
-        return None
-    return Prefix(prefix_id, sit.id, sit.situation, sit.emotion, k, list(r.history), list(start.context))
+        return None, r.dropped
+    return Prefix(prefix_id, sit.id, sit.situation, sit.emotion, k, list(r.history), list(start.context)), ""
 
 
 async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: Any, adapters: dict[str, str],
@@ -100,7 +112,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
                                                           "rollout_concurrency": True}),
             "data": cfg.data.model_dump(mode="json"), "personas": active_personas(cfg), "mode": cfg.mode,
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
-            "user": cfg.user.model_dump(mode="json"),
+            "user": cfg.user.model_dump(mode="json"), "guard": cfg.guard.model_dump(mode="json"),
             "director": cfg.director.model_dump(mode="json", exclude={"warm_start_steps", "warm_start_lr"})}
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)
@@ -122,10 +134,10 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
             async with slots:
                 prefix = None
                 if prefix_id not in done_prefixes:
-                    prefix = await build_prefix(runner, decide, prefix_id, sit, k, p2.seed)
+                    prefix, why = await build_prefix(runner, decide, prefix_id, sit, k, p2.seed)
                     if prefix is None:
-                        append_jsonl(drop_path, {"prefix_id": prefix_id, "where": "prefix"})
-                        bar.step(prefix=prefix_id, dropped="role flip")
+                        append_jsonl(drop_path, {"prefix_id": prefix_id, "where": "prefix", "why": why})
+                        bar.step(prefix=prefix_id, dropped=why[:60])
                         return
                     append_jsonl(pre_path, prefix.to_dict())
                 if want_blocks and prefix_id not in done_blocks:
@@ -144,15 +156,21 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
         blocks = [b for row in read_jsonl(blk_path) for b in row["blocks"]]
         chosen = collections.Counter(p for b in blocks if not b["dropped"] for p in b["personas"])
         total = sum(chosen.values())
+        drops = read_jsonl(drop_path)
         man["data_ids"] = sorted({p["situation_id"] for p in prefixes})
         man["metrics"] = {
             "prefixes": len(prefixes), "prefix_k": dict(collections.Counter(str(p["k"]) for p in prefixes)),
             "blocks": sum(1 for b in blocks if not b["dropped"]),
-            "dropped_role_flip": {"prefixes": len(read_jsonl(drop_path)),
-                                  "blocks": sum(1 for b in blocks if b["dropped"])},
+            "dropped_role_flip": {"prefixes": sum(1 for d in drops if not _refused(d.get("why", ""))),
+                                  "blocks": sum(1 for b in blocks if b["dropped"] and not _refused(b["dropped"]))},
+            "dropped_refused": {"prefixes": sum(1 for d in drops if _refused(d.get("why", ""))),
+                                "blocks": sum(1 for b in blocks if _refused(b["dropped"]))},
+            "speaker_attempts_per_reply": round(runner.speaker_attempts / runner.speaker_replies, 3)
+            if runner.speaker_replies else None,
             "serving_persona_distribution": {p: round(n / total, 4) for p, n in sorted(chosen.items())} if total
             else {}}
         if not prefixes:
-            raise ValueError("every prefix was dropped (the simulated user flipped role each time); check the user "
-                             "simulator's model and prompt")
+            raise ValueError("every prefix was dropped (the simulated user flipped role, or a speaker's reply was "
+                             "refused by the reply checks, each time: see dropped.jsonl); check the user simulator's "
+                             "and the speakers' model and prompts")
     return mf.read_manifest(out / STAGE)

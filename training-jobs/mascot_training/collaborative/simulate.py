@@ -123,7 +123,8 @@ class Rollout:
         env_mask: 1 for director tokens, 0 for speaker/user/template tokens (same length as ``completion_ids``).
         directives: The raw text of every directive generated, in order.
         invalid: The parse or cap error that ended the rollout ("" when none).
-        dropped: Why the episode was dropped (simulated user flipped role; "" when kept).
+        dropped: Why the episode was dropped (simulated user flipped role, a speaker reply refused by the reply
+            checks; "" when kept).
         window_full: The director sequence reached the model window before N agent turns; the rollout stopped there.
     """
 
@@ -264,9 +265,17 @@ class RolloutSettings:
     #: of ``director_max_tokens`` stops early (``window_full``) rather than train on a prompt serving would trim.
     max_sequence_tokens: int = 1 << 30
     director_max_tokens: int = 64
-    #: Reply checks on the frozen speakers and user (:class:`mascot.core.guard.GuardSettings`); None = off, the
-    #: replies are taken as generated (a refused reply would change the episode's length and the reward).
+    #: Sampling penalties of the frozen speakers and user (serving's ``speaker`` section: the user simulator decodes
+    #: with the speakers' settings there too).
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    #: Reply checks on the frozen speakers and user (:class:`mascot.core.guard.GuardSettings`, serving's ``guard``
+    #: section); None = off, the replies are taken as generated. On, a reply is what serving would show: a failing
+    #: first sentence is regenerated (``retry``), a later one cuts the reply, an unfinished tail after the token
+    #: budget is dropped; a speaker reply refused on every attempt drops the episode, a refused user reply is silence.
     guard: Any = None
+    #: Regeneration of a refused reply (:class:`mascot.speaker.reply.RetryPolicy`); None = serving's defaults.
+    retry: Any = None
 
 
 DecideFn = Callable[[list[Rollout], int], Awaitable[list[DirectorOutput]]]
@@ -289,6 +298,10 @@ class RolloutRunner:
         self.adapters = dict(adapters or {})
         self.cards = {c.id: c for c in roster}
         self.dropped_role_flips = 0
+        #: Episodes dropped because a speaker's reply was refused on every attempt (reply checks on).
+        self.dropped_refused = 0
+        #: Generations per delivered speaker reply: attempts summed, replies delivered.
+        self.speaker_attempts = self.speaker_replies = 0
 
     # -- director chat ---------------------------------------------------------------------------------------
     def director_text(self, r: Rollout) -> str:
@@ -339,11 +352,19 @@ class RolloutRunner:
             self.engine, card, self.roster, r.history, r.prefix.context, d.action, d.tone,
             max_tokens=self.s.speaker_max_tokens, temperature=self.s.speaker_temperature, top_p=self.s.speaker_top_p,
             seed=rollout_seed(r.seed, step, "speaker"), adapter=self.adapters.get(card.id), **self._checks()))
+        if out.rejected or not out.text.strip():
+            # serving would ask the director for another persona: what follows is not this directive's consequence
+            reasons = ", ".join(sorted({x["reason"] for x in out.rejections})) or "empty"
+            r.dropped = f"{card.name}'s reply was refused by the reply checks on every attempt ({reasons})"
+            self.dropped_refused += 1
+            return
+        self.speaker_attempts += out.attempts
+        self.speaker_replies += 1
         r.history.append(HistoryTurn("agent", out.text, card.id, directive_text))
 
     async def maybe_user(self, r: Rollout, step: int) -> None:
         """With probability p (seeded per rollout and step) the frozen user speaks; a role flip drops the episode."""
-        if random.Random(rollout_seed(r.seed, step, "bernoulli")).random() >= self.s.user_speak_prob:
+        if r.dropped or random.Random(rollout_seed(r.seed, step, "bernoulli")).random() >= self.s.user_speak_prob:
             return
         out = await self._collect(user_reply(
             self.engine, r.prefix.situation, r.prefix.emotion, self._personality(), self.roster, r.history,
@@ -363,7 +384,11 @@ class RolloutRunner:
         from mascot.speaker.reply import RetryPolicy
 
         g = self.s.guard if self.s.guard is not None else GuardSettings(enabled=False)
-        return {"guard": g, "policy": RetryPolicy(max_attempts=3 if g.enabled else 1)}
+        policy = self.s.retry if self.s.retry is not None else RetryPolicy()
+        if not g.enabled:
+            policy = RetryPolicy(max_attempts=1)
+        return {"guard": g, "policy": policy, "repetition_penalty": self.s.repetition_penalty,
+                "frequency_penalty": self.s.frequency_penalty}
 
     def _personality(self) -> str:
         from mascot.core.personas.personality import personality_text
