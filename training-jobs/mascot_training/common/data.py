@@ -18,11 +18,19 @@ def in_train_split(item_id: str, train_fraction: float, salt: str) -> bool:
     return int.from_bytes(h[:8], "big") / 2**64 < train_fraction
 
 
+def heldout_unit(item_id: str) -> str:
+    """The situation id of a phase 1 group id (``situation|persona``) or a phase 2 prefix id (``situation#j``); any
+    other id is its own unit."""
+    return item_id.split("|", 1)[0].split("#", 1)[0]
+
+
 def in_heldout_split(item_id: str, fraction: float) -> bool:
     """True when a group (phase 1: context x persona) or a prefix (phase 2) is held out: its reward model pairs only
-    measure the reward model, and GRPO (``heldout_eval``) measures the policy on it without training on it. A fixed
-    hash of the id, so every stage and every resumed run holds out the same ones; about ``fraction`` (0-1) of them."""
-    return not in_train_split(item_id, 1 - fraction, "heldout")
+    measure the reward model, and GRPO (``heldout_eval``) measures the policy on it without training on it. Whole
+    situations are held out (:func:`heldout_unit`: every persona's group and every prefix of one situation go the same
+    way), so a held-out figure is on user messages training never saw. A fixed hash of the situation id, so every
+    stage and every resumed run holds out the same ones; about ``fraction`` (0-1) of the situations."""
+    return not in_train_split(heldout_unit(item_id), 1 - fraction, "heldout")
 
 
 def training_situations(cfg) -> list[Situation]:

@@ -4,8 +4,9 @@ Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) who
 δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement and
 pairs with identical texts are skipped (:func:`mascot_training.common.preference_pairs.build_pairs`). With δ = 0
 (smoke runs, whose untrained judge scores every candidate alike) a tie is kept once, in index order, and its
-direction is arbitrary: plumbing, not preference. Groups go to the held-out split by hash of their id (fraction
-``heldout_fraction``), used to measure the reward model and its μ, σ. Counts of everything dropped are reported.
+direction is arbitrary: plumbing, not preference. Whole situations (all their personas' groups) go to the held-out
+split by hash of the situation id (fraction ``heldout_fraction``), used to measure the reward model and its μ, σ on
+user messages it never trained on. Counts of everything dropped are reported.
 """
 
 from __future__ import annotations
