@@ -86,6 +86,20 @@ def test_directive_regex_accepts_roster_names_only():
     assert with_think.fullmatch("<think>hmm</think>\nAgent: Action Guide\nAction: a\nTone: b")
 
 
+def test_directive_regex_leaves_every_persona_reachable_after_a_leading_the():
+    """A model's first name token is often "The": every persona stays reachable after it (and without it), and the
+    parser maps both spellings to the persona, so constrained decoding cannot lock out the names without "The"."""
+    rx = re.compile(directive_regex(ROSTER, max_action_chars=40, max_tone_chars=10))
+    for card in ROSTER:
+        bare = card.name[4:] if card.name.startswith("The ") else card.name
+        for spelled in (f"The {bare}", bare):
+            text = f"Agent: {spelled}\nAction: Validate it.\nTone: Calm"
+            assert rx.fullmatch(text), text
+            assert parse_directive(text, ROSTER).persona_id == card.id
+    assert {c.name.startswith("The ") for c in ROSTER} == {True, False}  # the roster mixes both spellings
+    assert not rx.fullmatch("Agent: The The Anchor\nAction: Validate it.\nTone: Calm")
+
+
 @pytest.mark.parametrize("action, reason", [
     ("Acknowledge how brave you are, and I'm so proud of you.", "directive_voice"),
     ("Offer my support for the move to the new neighbourhood.", "directive_voice"),

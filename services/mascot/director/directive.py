@@ -103,6 +103,12 @@ def _norm(name: str) -> str:
     return n[4:] if n.startswith("the ") else n
 
 
+def _bare(name: str) -> str:
+    """``name`` without a leading "The " (any case); the name itself when nothing would remain."""
+    n = name.strip()
+    return n[4:].strip() if n.lower().startswith("the ") and n[4:].strip() else n
+
+
 def match_persona(name: str, roster: Sequence[PersonaCard]) -> str:
     """Map an ``Agent:`` value to exactly one persona id of ``roster``.
 
@@ -234,7 +240,10 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
     run on into a second sentence nor stop at a bare "Offer a solution." that the content rules refuse. With
     ``tones`` the Tone's words come from that vocabulary (:func:`tone_regex`).
     """
-    names = "|".join(regex_escape(c.name) for c in roster)
+    # Every name with or without a leading "The " (match_persona accepts both): with the names as written ("The Anchor",
+    # "The Catalyst", "The Beacon", "Empathetic Listener", "Action Guide") a model's likely first token "The" would
+    # leave only the "The" personas reachable, and constrained decoding would never pick the other two.
+    names = "|".join(sorted({regex_escape(_bare(c.name)) for c in roster}))
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
     if verbs:  # one sentence: no sentence end inside, an optional one at the end
         opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
@@ -242,5 +251,5 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
         action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{{ACTION_MIN_CHARS - 1},{longest}}}[.!?]?"
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
-    return (rf"{head}Agent: ({names})\nAction: {action}\n"
+    return (rf"{head}Agent: (The )?({names})\nAction: {action}\n"
             rf"Tone: {tone_regex(max_tone_chars, tones)}")
