@@ -71,7 +71,7 @@ def test_speakers_come_from_a_local_store_named_by_path_or_file_uri(form, local_
     assert _weights_digest(got["anchor"]["path"]) == _weights_digest(loras["anchor2"])
     assert _weights_digest(got["catalyst"]["path"]) == _weights_digest(loras["catalyst1"])
     assert got["anchor"]["digest"] == mf.digest_path(local_store / "anchor" / "v2")
-    assert m["metrics"] == {"quick": 0, "given": 2}  # no quick stand-in was trained
+    assert m["metrics"] == {"quick": 0, "given": 2, "base": 0}  # no quick stand-in was trained
     assert not (tmp_path / "out" / speakers.CACHE_DIR).exists()
 
 
@@ -85,6 +85,13 @@ def test_a_retired_version_is_never_a_speaker_and_a_store_without_the_persona_is
     st.update_registry(store, lambda reg: rg.retire(reg, "anchor", 1))
     with pytest.raises(ValueError, match=r"no phase 1 adapter for persona\(s\) \['anchor'\]"):
         speakers.run(_cfg(tiny_model_dir, str(store)), tmp_path / "out2", base_model=str(tiny_model_dir))
+    # speakers.missing: base - the persona phase 1 left without a live version speaks with the base model, as in
+    # serving; the others keep their adapters
+    cfg = CollaborativeConfig(model=str(tiny_model_dir), personas=PERSONAS,
+                              speakers={"store": str(store), "missing": "base"})
+    m = speakers.run(cfg, tmp_path / "out3", base_model=str(tiny_model_dir))
+    assert m["adapters"]["anchor"] == {"path": "", "source": "base", "digest": ""}
+    assert m["adapters"]["catalyst"]["source"] == "store:v1" and m["metrics"] == {"quick": 0, "given": 1, "base": 1}
 
 
 def test_a_store_copy_that_does_not_match_its_digest_is_refused(local_store, tiny_model_dir, tmp_path):
@@ -104,6 +111,8 @@ def test_the_phase2_config_check_reads_the_store_by_uri(local_store, tmp_path, s
         load(phase2_config(tmp_path, **{"speakers.store": f"file://{local_store}"}))
     cfg = load(phase2_config(tmp_path, **{"speakers.store": f"file://{local_store}", "personas": PERSONAS}))
     assert cfg.speakers.store == f"file://{local_store}"
+    cfg = load(phase2_config(tmp_path, **{"speakers.store": f"file://{local_store}", "speakers.missing": "base"}))
+    assert cfg.speakers.missing == "base"  # beacon will speak with the base model
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="has no registry.json"):
         load(phase2_config(tmp_path, **{"speakers.store": str(tmp_path / "empty"), "personas": PERSONAS}))

@@ -43,6 +43,10 @@ class SpeakersConfig(_S):
     store: str = ""
     #: Explicit ``{persona_id: adapter directory}``; wins over ``store`` for the personas it names.
     adapters: dict[str, Path] = Field(default_factory=dict)
+    #: An active persona with no adapter while others have one (e.g. phase 1's publish gate refused it): ``error``
+    #: stops the run; ``base`` lets it speak with the base model, as serving does for a persona without a stable
+    #: version (the speakers manifest records its source as ``base``).
+    missing: Literal["error", "base"] = "error"
     max_tokens: int = Field(96, ge=4, le=4096)
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
@@ -223,10 +227,11 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
                 break
             if hit is None:
                 missing.append(pid)
-        if missing:
+        if missing and cfg.speakers.missing == "error":
             out.append(f"no phase 1 adapter for persona(s) {missing} in speakers.store/speakers.adapters: add them, "
-                       "or set personas to those the store holds (the quick stand-ins are made only when no "
-                       "adapters are given at all)")
+                       "set personas to those the store holds, or set speakers.missing: base to let them speak "
+                       "with the base model as serving does (the quick stand-ins are made only when no adapters "
+                       "are given at all)")
     if cfg.director.init_adapter and not (Path(cfg.director.init_adapter) / "adapter_config.json").is_file():
         out.append(f"director.init_adapter {cfg.director.init_adapter} has no adapter_config.json")
     try:

@@ -67,6 +67,8 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
         loop.call(engine.start())
         adapters = {}
         for pid, a in results["speakers"]["adapters"].items():
+            if a["source"] == "base":  # speakers.missing: base - no adapter, the base model speaks
+                continue
             loop.call(engine.load_adapter(pid, a["path"]))
             adapters[pid] = pid
         init = cfg.director.init_adapter or None

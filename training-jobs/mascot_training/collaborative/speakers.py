@@ -97,12 +97,17 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
     for pid, d in cfg.speakers.adapters.items():
         if pid in personas:
             given[pid] = (Path(d), "path")
+    base_only: list[str] = []
     if given and set(given) != set(personas):
         missing = sorted(set(personas) - set(given))
-        raise ValueError(f"no phase 1 adapter for persona(s) {missing}: add them to speakers.adapters or the "
-                         "store, or drop them from personas")
+        if cfg.speakers.missing != "base":
+            raise ValueError(f"no phase 1 adapter for persona(s) {missing}: add them to speakers.adapters or the "
+                             "store, drop them from personas, or set speakers.missing: base")
+        base_only = missing
+        log.warning("speakers: no phase 1 adapter for %s; they speak with the base model (speakers.missing: base)",
+                    ", ".join(missing))
     config = {"personas": personas, "lora": cfg.lora.model_dump(mode="json"), "quick_steps": QUICK_STEPS,
-              "sources": {p: s for p, (_, s) in sorted(given.items())}}
+              "sources": {p: s for p, (_, s) in sorted(given.items())} | {p: "base" for p in base_only}}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}"} | {
         f"adapter:{p}": mf.digest_path(d) for p, (d, _) in sorted(given.items())}
     if mf.is_done(out, STAGE, config, inputs):
@@ -110,6 +115,9 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
     with mf.stage_dir(out, STAGE, config, inputs) as (partial, man):
         adapters = {}
         for pid in personas:
+            if pid in base_only:
+                adapters[pid] = {"path": "", "source": "base", "digest": ""}
+                continue
             if pid in given:
                 path, source = given[pid]
             else:
@@ -122,5 +130,5 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str) -> dict:
             adapters[pid] = {"path": str(path), "source": source, "digest": mf.digest_path(digest_dir)}
         man["adapters"] = adapters
         man["metrics"] = {"quick": sum(1 for a in adapters.values() if a["source"] == "quick"),
-                          "given": len(given)}
+                          "given": len(given), "base": len(base_only)}
     return mf.read_manifest(out / STAGE)
