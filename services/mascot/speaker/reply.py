@@ -64,6 +64,13 @@ class RetryPolicy:
     penalty_step: float = 0.1
     retry_temperature: float = 0.7
 
+    @classmethod
+    def from_guard(cls, guard: Any) -> "RetryPolicy":
+        """The policy of a ``guard`` config section (:class:`mascot.core.config.GuardConfig`): its attempts,
+        penalty step and retry temperature; one attempt when the checks are off."""
+        return cls(max_attempts=guard.max_attempts if guard.enabled else 1, penalty_step=guard.retry_penalty_step,
+                   retry_temperature=guard.retry_temperature)
+
     def sampling(self, base: SamplingParams, attempt: int) -> SamplingParams:
         """Sampling of attempt ``attempt`` (0 = ``base``): a new seed, a higher repetition penalty and, when
         ``base`` is greedy, ``retry_temperature`` (so every regeneration changes something that takes effect)."""

@@ -57,9 +57,7 @@ class SpeakerServicer(pb_grpc.SpeakerServiceServicer):
 
         g = self.guard
         return {"repetition_penalty": self.cfg.repetition_penalty, "frequency_penalty": self.cfg.frequency_penalty,
-                "guard": g.settings(), "policy": RetryPolicy(max_attempts=g.max_attempts if g.enabled else 1,
-                                                              penalty_step=g.retry_penalty_step,
-                                                              retry_temperature=g.retry_temperature)}
+                "guard": g.settings(), "policy": RetryPolicy.from_guard(g)}
 
     def _count_rejections(self, label: str, item: ReplyOutcome) -> None:
         """Count refused attempts (regenerate; the last one ``exclude`` when every attempt was refused) and a cut."""

@@ -31,7 +31,14 @@ from mascot.core.files import append_jsonl, read_jsonl
 from mascot.core.personas import PersonaCatalog
 from mascot.speaker.reply import RetryPolicy
 from mascot_training.collaborative.config import CollaborativeConfig
-from mascot_training.collaborative.simulate import Prefix, Rollout, RolloutRunner, RolloutSettings, rollout_seed
+from mascot_training.collaborative.simulate import (
+    REFUSED,
+    Prefix,
+    Rollout,
+    RolloutRunner,
+    RolloutSettings,
+    rollout_seed,
+)
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
 from mascot_training.common.data import training_situations
@@ -51,12 +58,11 @@ def settings(cfg: CollaborativeConfig) -> RolloutSettings:
         personality=cfg.user.personality, max_sequence_tokens=cfg.max_model_len,
         director_max_tokens=cfg.director.max_tokens, repetition_penalty=cfg.speakers.repetition_penalty,
         frequency_penalty=cfg.speakers.frequency_penalty, guard=cfg.guard.settings() if cfg.guard.enabled else None,
-        retry=RetryPolicy(max_attempts=cfg.guard.max_attempts, penalty_step=cfg.guard.retry_penalty_step,
-                          retry_temperature=cfg.guard.retry_temperature))
+        retry=RetryPolicy.from_guard(cfg.guard))
 
 
 def _refused(why: str) -> bool:
-    return "refused by the reply checks" in why
+    return REFUSED in why
 
 
 def serving_director_config(cfg: CollaborativeConfig) -> Any:

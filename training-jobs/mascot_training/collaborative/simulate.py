@@ -247,6 +247,11 @@ class PolicyDirector:
 # ----------------------------------------------------------------------------------------------- the runner
 
 
+#: The phrase of a ``Rollout.dropped`` reason that marks a speaker refused by the reply checks (the rollouts stage
+#: counts those drops apart from role flips).
+REFUSED = "refused by the reply checks"
+
+
 @dataclass
 class RolloutSettings:
     """What a :class:`RolloutRunner` needs from the run config (``phase2``, ``speakers``, ``user``, ``director``)."""
@@ -355,7 +360,7 @@ class RolloutRunner:
         if out.rejected or not out.text.strip():
             # serving would ask the director for another persona: what follows is not this directive's consequence
             reasons = ", ".join(sorted({x["reason"] for x in out.rejections})) or "empty"
-            r.dropped = f"{card.name}'s reply was refused by the reply checks on every attempt ({reasons})"
+            r.dropped = f"{card.name}'s reply was {REFUSED} on every attempt ({reasons})"
             self.dropped_refused += 1
             return
         self.speaker_attempts += out.attempts
