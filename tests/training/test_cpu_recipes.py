@@ -92,8 +92,10 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     train_ids = {s.id for s in load_situations(tmp_path / "runs" / "splits" / "train.jsonl", "support")}
     personas = ["anchor", "catalyst"]
 
+    # candidates go through serving's reply checks (one with no finished sentence within its budget is refused), so
+    # they get room for a sentence
     cfg1 = _set(yaml.safe_load(P1.read_text()), personas=personas, data__limit=1, sample__k=3,
-                sample__max_tokens=16, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
+                sample__max_tokens=32, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
                 persona_grpo__max_steps=1,
                 publish__gate={"prompts": 2, "max_tokens": 12, "min_mean_words": 0.0, "min_distinct_2": 0.0,
@@ -107,11 +109,14 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     assert not any(x.startswith("{'loss'") for x in lines)  # the trainer's own dict lines are gone
     sample = json.loads((out1 / "sample" / "manifest.json").read_text())
     assert set(sample["data_ids"]) <= train_ids and len(sample["data_ids"]) == 1
+    assert sample["config"]["guard"]["enabled"] and sample["metrics"]["attempts_per_candidate"] >= 1.0
     judge = json.loads((out1 / "judge" / "manifest.json").read_text())["metrics"]
     assert judge["judges"] == ["metrics"] and judge["unparseable"] == 0
     judged = [json.loads(x) for x in (out1 / "judge" / "judgements.jsonl").read_text().splitlines()]
     means = [m for j in judged for m in j["means"]]
-    assert len(means) == 6 and len(set(means)) > 1  # the metrics judge tells real replies apart
+    scored = [m for m in means if m is not None]  # a refused candidate is not judged
+    assert len(means) == 6 and len(scored) == 6 - sample["metrics"]["refused"]
+    assert len(set(scored)) > 1  # the metrics judge tells real replies apart
     assert json.loads((out1 / "pairs" / "manifest.json").read_text())["metrics"]["pairs"] > 0
     grpo = json.loads((out1 / "persona_grpo" / "manifest.json").read_text())["metrics"]
     # without a thinking mode the format reward is the verbosity ramp (1 for a short answer), not -1 for every reply

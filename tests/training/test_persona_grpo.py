@@ -219,10 +219,11 @@ def test_heldout_summary_averages_personas_measured_both_times() -> None:
          "beacon": {"heldout_before": {"reward": -0.5}, "heldout_after": {"reward": 0.25}},
          "catalyst": {"heldout_before": None, "heldout_after": None},
          "action_guide": {"steps": 3}}
+    none = {"heldout_refused_before": None, "heldout_refused_after": None, "heldout_completions": 0}
     assert pg.heldout_summary(m) == {"heldout_reward_before": 0.0, "heldout_reward_after": 0.625,
-                                     "heldout_personas": ["anchor", "beacon"]}
+                                     "heldout_personas": ["anchor", "beacon"], **none}
     assert pg.heldout_summary({"catalyst": m["catalyst"]}) == {
-        "heldout_reward_before": None, "heldout_reward_after": None, "heldout_personas": []}
+        "heldout_reward_before": None, "heldout_reward_after": None, "heldout_personas": [], **none}
 
 
 def test_heldout_reward_scores_seeded_samples(catalog: PersonaCatalog, tiny_model_dir: Path) -> None:
@@ -287,7 +288,7 @@ def test_stage_writes_lora_adapters_and_resumes(catalog: PersonaCatalog, tiny_mo
     from transformers import AutoModelForCausalLM
 
     cfg = PersonaAlignmentConfig(persona_grpo={"num_generations": 2, "batch_size": 4, "max_completion_length": 8,
-                                               "max_steps": 2})
+                                               "max_steps": 2}, guard={"enabled": False})
     personas = ["anchor", "catalyst"]
     prompts = {p: rows_for(catalog, p) for p in personas}
     calls, real = [], pg.train_persona

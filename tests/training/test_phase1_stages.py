@@ -20,7 +20,8 @@ def cfg(tiny_model_dir, shared_data):
     return PersonaAlignmentConfig(
         model=str(tiny_model_dir), personas=["anchor"], max_model_len=2048,
         data={"situations": shared_data / "empathetic_dialogues" / "test_situations.jsonl", "limit": 2},
-        sample={"k": 3, "max_tokens": 16}, pairs={"delta": 0.0})
+        sample={"k": 3, "max_tokens": 16}, pairs={"delta": 0.0},
+        guard={"enabled": False})  # random text never ends a sentence: the reply checks would refuse all of it
 
 
 def test_sample_judge_pairs_and_resume(cfg, tmp_path):

@@ -271,17 +271,64 @@ async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[Persona
 
     msgs = fit_history(build, history, context, engine.render_chat, engine.count_tokens,
                        engine.max_context_tokens - max_tokens)
-    others = [n for n in names.values() if n != card.name]
     sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                         stop=stop_strings(card.name, list(names.values())), repetition_penalty=repetition_penalty,
                         frequency_penalty=frequency_penalty)
-    ctx = ReplyContext(sources=persona_sources(card, msgs[0]["content"], action, tone),
-                       earlier=[t.text for t in history], tags=["User", "Director", *names.values()])
-    async for item in guarded_reply(engine, lambda: VisibleTextFilter(own_tag=card.name,
-                                                                      foreign_tags=["User", "Director", *others]),
+    ctx = persona_reply_context(card, names, msgs[0]["content"], action, tone, history)
+    async for item in guarded_reply(engine, lambda: persona_text_filter(card, names),
                                     engine.render_chat(msgs), sp, adapter, ctx, guard or GuardSettings(),
                                     policy or RetryPolicy()):
         yield item
+
+
+def persona_reply_context(card: PersonaCard, names: dict[str, str], system: str, action: str, tone: str,
+                          history: Sequence[HistoryTurn]) -> ReplyContext:
+    """What a persona's reply is checked against: its prompt texts (:func:`persona_sources`), the earlier turns of
+    ``history`` and every speaker tag (``names``: persona id -> display name, the roster's)."""
+    return ReplyContext(sources=persona_sources(card, system, action, tone), earlier=[t.text for t in history],
+                        tags=["User", "Director", *names.values()])
+
+
+def persona_text_filter(card: PersonaCard, names: dict[str, str]) -> VisibleTextFilter:
+    """The visible-text filter of ``card``'s replies: its own tag is dropped, another speaker's tag cuts the reply."""
+    return VisibleTextFilter(own_tag=card.name,
+                             foreign_tags=["User", "Director", *[n for n in names.values() if n != card.name]])
+
+
+def served_persona_text(card: PersonaCard, names: dict[str, str], system: str, history: Sequence[HistoryTurn],
+                        completion: str, finish_reason: str, guard: GuardSettings, action: str,
+                        tone: str) -> tuple[str, str]:
+    """What serving would deliver of one whole generated persona reply, without generating again.
+
+    The completion is cut at the first stop sequence serving decodes with (:func:`stop_strings`, finish reason
+    then ``stop``), passed through the visible-text filter and the sentence gate, exactly as a streamed attempt is
+    (:func:`guarded_reply`). Used where replies are sampled outside serving (phase 1's GRPO completions).
+
+    Args:
+        card: The speaking persona; ``names`` maps persona id -> display name for the roster (tags, stops).
+        system: The system message of the prompt the completion answers (the echo check's prompt text).
+        history: Visible turns before the reply (the copy check's earlier turns).
+        completion: The generated text; ``finish_reason``: ``"stop"`` (end of sequence) or ``"length"`` (token
+            budget reached: an unfinished last sentence is dropped).
+        guard: Thresholds of the reply checks.
+        action, tone: The directive the prompt carried.
+
+    Returns:
+        ``(text, reason)``: the delivered text and why the rest was cut (``""`` when nothing was); ``("",
+        reason)`` when serving would refuse this attempt (``echo``, ``loop``, ``duplicate``, ``short``,
+        ``unfinished``, ``empty``).
+    """
+    names = {**names, card.id: card.name}
+    cuts = [k for k in (completion.find(s) for s in stop_strings(card.name, list(names.values()))) if k != -1]
+    if cuts:
+        completion, finish_reason = completion[:min(cuts)], "stop"
+    filt = persona_text_filter(card, names)
+    gate = SentenceGate(persona_reply_context(card, names, system, action, tone, history), guard)
+    gate.feed(filt.feed(strip_control_chars(completion), final=True))
+    gate.finish("stop" if filt.truncated else finish_reason)
+    if gate.accepted:
+        return gate.released, gate.cut_reason or ""
+    return "", gate.rejected_reason or "empty"
 
 
 async def user_reply(engine: Any, situation: str, emotion: str, personality: str, roster: Sequence[PersonaCard],

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import Field
 
+from mascot.core.config import GuardConfig
+
 from mascot_training.common.config import (
     GrpoOptimConfig,
     JudgeStageConfig,
@@ -53,6 +55,10 @@ class SampleConfig(_S):
     #: group's seed is fixed by its position, so a rerun samples the same groups (texts may differ in the last
     #: digits of batched arithmetic).
     concurrency: int = Field(1, ge=1, le=64)
+    #: Sampling penalties of the candidates: the serving speaker's (``speaker`` section) defaults, so the judge and
+    #: the reward model see the replies serving would produce (vLLM's ``repetition_penalty`` / ``frequency_penalty``).
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    frequency_penalty: float = Field(0.3, ge=-2.0, le=2.0)
 
 
 class FormatRewardConfig(_S):
@@ -81,6 +87,11 @@ class GrpoConfig(GrpoOptimConfig):
     heldout_eval: bool = True
     #: Completions sampled per held-out prompt for that measure (same seeds before and after).
     heldout_samples: int = Field(4, ge=1, le=64)
+    #: Reward of a completion serving would refuse (the run's ``guard`` section: its first sentence echoes the
+    #: prompt, loops, copies an earlier turn, is too short or unfinished). The other completions are scored on the
+    #: text serving would deliver (cut back to its last passing sentence); ẑ is standardised and R_format >= -1, so
+    #: -2 ranks a refusal below nearly every delivered reply. Guard off: completions are scored as generated.
+    refused_reward: float = Field(-2.0, ge=-100.0, le=100.0)
 
 
 class GateConfig(_S):
@@ -119,6 +130,11 @@ class PersonaAlignmentConfig(RunConfig):
     persona_rm: PersonaRmConfig = PersonaRmConfig()
     persona_grpo: GrpoConfig = GrpoConfig()
     publish: PublishConfig = PublishConfig()
+    #: Serving's reply checks (same keys and defaults as the serving config's ``guard`` section): the sampled
+    #: candidates are the replies serving would deliver (refused ones are not judged) and GRPO scores completions on
+    #: their delivered text (``persona_grpo.refused_reward`` for a refusal). ``enabled: false`` takes text as
+    #: generated.
+    guard: GuardConfig = GuardConfig()
 
 
 def load(path: str | Path) -> PersonaAlignmentConfig:

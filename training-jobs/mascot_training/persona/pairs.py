@@ -1,10 +1,11 @@
 """``pairs`` stage: preference pairs from judged candidates.
 
 Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) whose judge means differ by at least
-δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement and
-pairs with identical texts are skipped (:func:`mascot_training.common.preference_pairs.build_pairs`). With δ = 0
-(smoke runs, whose untrained judge scores every candidate alike) a tie is kept once, in index order, and its
-direction is arbitrary: plumbing, not preference. Whole situations (all their personas' groups) go to the held-out
+δ (default 0.5), largest margin first, at most ``max_per_group`` (default 4); candidates with no valid judgement
+(``unjudged``), candidates the reply checks refused (``refused``) and pairs with identical texts are skipped
+(:func:`mascot_training.common.preference_pairs.build_pairs`). With δ = 0 (smoke runs, whose untrained judge
+scores every candidate alike) a tie is kept once, in index order, and its direction is arbitrary: plumbing, not
+preference. Whole situations (all their personas' groups) go to the held-out
 split by hash of the situation id (fraction ``heldout_fraction``), used to measure the reward model and its μ, σ on
 user messages it never trained on. Counts of everything dropped are reported.
 """
@@ -34,12 +35,15 @@ def run(cfg, out: Path) -> dict:
     if is_done(out, "pairs", conf, inputs):
         return read_manifest(out / "pairs")
     judged = {j["group_id"]: j for j in read_jsonl(judge_p)}
-    rows, totals = [], {"unjudged": 0, "identical": 0, "over_cap": 0, "groups_without_pairs": 0}
+    rows, totals = [], {"unjudged": 0, "identical": 0, "over_cap": 0, "groups_without_pairs": 0, "refused": 0}
     for g in read_jsonl(cand_p):
         j = judged.get(g["group_id"])
         if j is None:
             raise ValueError(f"group {g['group_id']} has no judgement: rerun the judge stage")
         pairs, dropped = build_pairs(g["candidates"], j["means"], cfg.pairs.delta, cfg.pairs.max_per_group)
+        refused = sum(1 for why in g.get("refused") or [] if why)
+        dropped["unjudged"] -= refused  # counted apart: the reply checks refused them, the judge never saw them
+        totals["refused"] += refused
         for k, v in dropped.items():
             totals[k] += v
         totals["groups_without_pairs"] += not pairs

@@ -39,8 +39,10 @@ from typing import Callable, Sequence
 from mascot.core import formatting
 from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dicts
 from mascot.core.files import atomic_write_text
+from mascot.core.guard import GuardSettings
 from mascot.core.personas import PersonaCard, PersonaCatalog
 from mascot.speaker.prompts import build_persona_messages
+from mascot.speaker.reply import served_persona_text
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import LoraConfig
 from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
@@ -75,8 +77,14 @@ def completion_text(completion: str | list[dict]) -> str:
 
 
 def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=None,
-                     rm_fn: RmFn | None = None) -> Callable[..., list[float | None]]:
+                     rm_fn: RmFn | None = None, guard: GuardSettings | None = None
+                     ) -> Callable[..., list[float | None]]:
     """A TRL reward function ``(prompts, completions, **kwargs) -> list[float | None]`` computing the composite reward.
+
+    With ``guard`` (serving's reply checks, enabled) each completion is first turned into the text serving would
+    deliver (:func:`mascot.speaker.reply.served_persona_text`; a completion of ``cfg.max_completion_length`` tokens,
+    per TRL's ``completion_ids``, ended at the budget, so its unfinished last sentence is dropped): that text is what
+    the reward model and R_format score, and a completion serving would refuse gets ``cfg.refused_reward``.
 
     Args:
         scorer: A :class:`mascot.reward.scorer.RewardScorer` (inputs fitted to its window, EOS appended, ẑ
@@ -87,10 +95,15 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         rm_fn: Maps RM input texts to standardised scores ẑ (None allowed); replaces the scorer's model (tests,
             a remote RM). With neither ``scorer`` nor ``rm_fn`` the RM term is dropped (format reward only).
 
+        guard: Thresholds of the reply checks; None (or disabled) scores completions as generated.
+
     Returns:
-        The function; its ``failures`` attribute counts masked samples by reason ("none", "nan", "timeout").
+        The function; its ``failures`` attribute counts masked samples by reason ("none", "nan", "timeout"), its
+        ``refusals`` attribute the completions refused by reason.
     """
     names = {c.id: c.name for c in catalog.cards.values()}
+    checks = guard if guard is not None and guard.enabled else None
+    refusals: collections.Counter = collections.Counter()
     if rm_fn is None and scorer is not None:
         def rm_fn(texts: Sequence[str]) -> list[float]:
             return [scorer.standardize(r) for r in scorer.score_texts(texts)]
@@ -101,17 +114,48 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         if metrics is not None:
             metrics.reward_failures.labels(reason).inc()
 
+    def served(prompt: list | str, t: str, pid: str, hist: list, ids: Sequence[int] | None) -> str | None:
+        """The delivered text of completion ``t`` (None: refused), or ``t`` itself without checks."""
+        if checks is None:
+            return t
+        card = catalog.get(pid)
+        system = prompt[0]["content"] if isinstance(prompt, list) and prompt and prompt[0]["role"] == "system" else ""
+        finish = "length" if ids is not None and len(ids) >= cfg.max_completion_length else "stop"
+        if cfg.format.think:  # the thinking text is never shown; only the answer is checked
+            think, answer = split_think(t)
+            prefix, t = f"<think>{think}</think>" if think is not None else "", answer
+        else:
+            prefix = ""
+        text, why = served_persona_text(card, names, system, history_from_dicts(hist or []), t, finish, checks,
+                                        FALLBACK_ACTION, card.default_tone)
+        if not text:
+            refusals[why] += 1
+            return None
+        return prefix + text
+
     def persona_reward(prompts: list, completions: list, persona_id: list[str], history: list, context: list,
-                       **_: object) -> list[float | None]:
-        texts = [completion_text(c) for c in completions]
-        r_fmt = [format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam, think=cfg.format.think) for t in texts]
+                       completion_ids: list | None = None, **_: object) -> list[float | None]:
+        ids = completion_ids if completion_ids is not None else [None] * len(completions)
+        raw = [completion_text(c) for c in completions]
+        shown = [served(p, t, pid, h, i) for p, t, pid, h, i in zip(prompts, raw, persona_id, history, ids)]
+        keep = [k for k, t in enumerate(shown) if t is not None]
+        out: list[float | None] = [cfg.refused_reward] * len(shown)
+        texts = [shown[k] for k in keep]
+        # a think tag from a model without a thinking mode stays a format error though serving hides it
+        r_fmt = [-1.0 if not cfg.format.think and ("<think>" in raw[k] or "</think>" in raw[k]) else
+                 format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam, think=cfg.format.think)
+                 for k, t in zip(keep, texts)]
         if rm_fn is None:
-            return [cfg.w_format * f for f in r_fmt]
+            for k, f in zip(keep, r_fmt):
+                out[k] = cfg.w_format * f
+            return out
+        if not keep:
+            return out
         inputs = []
-        for t, pid, hist, ctx in zip(texts, persona_id, history, context):
-            card = catalog.get(pid)
-            turns = history_from_dicts(hist or [])
-            pairs = [(s, c) for s, c in ctx or []]
+        for k, t in zip(keep, texts):
+            card = catalog.get(persona_id[k])
+            turns = history_from_dicts(history[k] or [])
+            pairs = [(s, c) for s, c in context[k] or []]
             answer = split_think(t)[1].strip()
             if scorer is not None:
                 inputs.append(scorer.build_inputs(card, turns, [answer], pairs, names)[0][0])
@@ -121,24 +165,26 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         if z is None:
             log.warning("reward model did not answer within %.1f s; %d samples masked", cfg.reward_timeout_s,
                         len(texts))
-            for _ in texts:
+            for k in keep:
                 fail("timeout")
-            return [None] * len(texts)
+                out[k] = None
+            return out
         if len(z) != len(texts):
             raise ValueError(f"reward model returned {len(z)} scores for {len(texts)} completions")
-        out: list[float | None] = []
-        for zi, fi in zip(z, r_fmt):
+        for k, zi, fi in zip(keep, z, r_fmt):
             if zi is None:
                 fail("none")
-                out.append(None)
+                out[k] = None
             elif not math.isfinite(float(zi)):
                 fail("nan")
-                out.append(None)
+                out[k] = None
             else:
-                out.append(composite_reward(float(zi), fi, cfg.w_rm, cfg.w_format))
+                out[k] = composite_reward(float(zi), fi, cfg.w_rm, cfg.w_format)
         return out
 
     persona_reward.failures = failures  # type: ignore[attr-defined]
+    persona_reward.refusals = refusals  # type: ignore[attr-defined]
+    persona_reward.checks = checks is not None  # type: ignore[attr-defined]
     return persona_reward
 
 
@@ -163,16 +209,21 @@ def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None =
                       **trl_generation_args(g.generation, max_model_len))
 
 
-def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples: int, seed: int) -> list[list[str]]:
+def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples: int, seed: int,
+                       with_ids: bool = False) -> list[list[str]] | tuple[list[list[str]], list[list[list[int]]]]:
     """``samples`` completions per row (``rows[i]["prompt"]``: chat messages), drawn as GRPO draws them with
     transformers generation (TRL 1.16 defaults: temperature ``g.temperature``, top-p 1, no top-k, at most
     ``g.max_completion_length`` new tokens); row i is seeded with ``seed + i``, so the same weights give the same
-    texts. Returns one list of ``samples`` decoded texts per row (special tokens dropped)."""
+    texts. Returns one list of ``samples`` decoded texts per row (special tokens dropped); ``with_ids`` also the
+    completions' token ids as TRL hands them to a reward function (through the end-of-sequence token, no
+    padding)."""
     import torch
 
     was_training = model.training
     model.eval()
     out: list[list[str]] = []
+    ids_out: list[list[list[int]]] = []
+    eos = tok.eos_token_id
     try:  # the global RNG is restored afterwards: measuring must not change what training samples next
         with torch.random.fork_rng(devices=[]):
             for i, row in enumerate(rows):
@@ -186,28 +237,38 @@ def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples:
                                          else tok.eos_token_id)
                 n = enc["input_ids"].shape[1]
                 out.append([tok.decode(seq[n:], skip_special_tokens=True) for seq in gen])
+                row_ids = []
+                for seq in gen:
+                    t = seq[n:].tolist()
+                    row_ids.append(t[:t.index(eos) + 1] if eos in t else t)
+                ids_out.append(row_ids)
     finally:
         model.train(was_training)
-    return out
+    return (out, ids_out) if with_ids else out
 
 
 def heldout_reward(model, tok, rows: Sequence[dict], reward_func: Callable, g: GrpoConfig, samples: int,
                    seed: int) -> dict | None:
     """The composite reward of the policy on held-out prompt rows: :func:`sample_completions` scored by
-    ``reward_func`` (the training reward). Returns ``{"reward": mean over the scored completions, "format": mean
-    R_format, "scored": n, "completions": n}`` (rounded to 4 places; ``reward`` None when none was scored), or None
-    without rows."""
+    ``reward_func`` (the training reward, refused completions included at their reward). Returns ``{"reward": mean
+    over the scored completions, "format": mean R_format of the raw completions, "scored": n, "completions": n,
+    "refused": n}`` (rounded to 4 places; ``reward`` None when none was scored; ``refused`` counts the completions
+    the reply checks refused, None when ``reward_func`` has no checks), or None without rows."""
     if not rows:
         return None
-    texts = sample_completions(model, tok, rows, g, samples, seed)
-    flat = [(row, t) for row, ts in zip(rows, texts) for t in ts]
-    rewards = reward_func(prompts=[r["prompt"] for r, _ in flat], completions=[t for _, t in flat],
-                          persona_id=[r["persona_id"] for r, _ in flat], history=[r["history"] for r, _ in flat],
-                          context=[r["context"] for r, _ in flat])
+    texts, ids = sample_completions(model, tok, rows, g, samples, seed, with_ids=True)
+    flat = [(row, t, i) for row, ts, iis in zip(rows, texts, ids) for t, i in zip(ts, iis)]
+    counter = getattr(reward_func, "refusals", None) if getattr(reward_func, "checks", False) else None
+    before = sum(counter.values()) if counter is not None else 0
+    rewards = reward_func(prompts=[r["prompt"] for r, _, _ in flat], completions=[t for _, t, _ in flat],
+                          persona_id=[r["persona_id"] for r, _, _ in flat],
+                          history=[r["history"] for r, _, _ in flat], context=[r["context"] for r, _, _ in flat],
+                          completion_ids=[i for _, _, i in flat])
     scored = [float(x) for x in rewards if x is not None]
-    fmt = [format_reward(t, l_max=g.format.l_max, lam=g.format.lam, think=g.format.think) for _, t in flat]
+    fmt = [format_reward(t, l_max=g.format.l_max, lam=g.format.lam, think=g.format.think) for _, t, _ in flat]
     return {"reward": round(sum(scored) / len(scored), 4) if scored else None,
-            "format": round(sum(fmt) / len(fmt), 4), "scored": len(scored), "completions": len(flat)}
+            "format": round(sum(fmt) / len(fmt), 4), "scored": len(scored), "completions": len(flat),
+            "refused": sum(counter.values()) - before if counter is not None else None}
 
 
 def split_heldout(rows: Sequence[dict], heldout_fraction: float) -> tuple[list[dict], list[dict]]:
@@ -224,7 +285,8 @@ def split_heldout(rows: Sequence[dict], heldout_fraction: float) -> tuple[list[d
 def heldout_summary(per_persona: dict[str, dict]) -> dict:
     """Stage-level ``heldout_reward_before`` / ``_after``: the mean held-out composite reward over the personas
     measured both times (each persona's mean weighs the same), with ``heldout_personas`` naming them; values None
-    when no persona was measured."""
+    when no persona was measured. ``heldout_refused_before`` / ``_after``: completions of those personas the reply
+    checks refused, over ``heldout_completions`` (None without checks)."""
     both = {p: m for p, m in per_persona.items()
             if (m.get("heldout_before") or {}).get("reward") is not None
             and (m.get("heldout_after") or {}).get("reward") is not None}
@@ -232,8 +294,14 @@ def heldout_summary(per_persona: dict[str, dict]) -> dict:
     def mean(key: str) -> float | None:
         return round(sum(m[key]["reward"] for m in both.values()) / len(both), 4) if both else None
 
+    def refused(key: str) -> int | None:
+        counts = [m[key].get("refused") for m in both.values()]
+        return sum(counts) if counts and all(c is not None for c in counts) else None
+
     return {"heldout_reward_before": mean("heldout_before"), "heldout_reward_after": mean("heldout_after"),
-            "heldout_personas": sorted(both)}
+            "heldout_personas": sorted(both), "heldout_refused_before": refused("heldout_before"),
+            "heldout_refused_after": refused("heldout_after"),
+            "heldout_completions": sum(m["heldout_after"].get("completions", 0) for m in both.values())}
 
 
 def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: GrpoConfig, lora: LoraConfig,
@@ -350,6 +418,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     train_cfg = g.model_dump(mode="json", exclude={"generation"}) | {"lora": cfg.lora.model_dump(mode="json")}
     if g.heldout_eval:  # which prompts are held out depends on the pairs stage's split
         train_cfg["heldout_fraction"] = cfg.pairs.heldout_fraction
+    if cfg.guard.enabled:  # the reward scores the text serving would deliver
+        train_cfg["guard"] = cfg.guard.model_dump(mode="json")
+    guard = cfg.guard.settings()
     config = train_cfg | {"personas": list(personas)}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
               "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts),
@@ -379,25 +450,30 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
                 log.info("persona %s already trained in %s; skipping", pid, pdir)
                 continue
             shutil.rmtree(pdir, ignore_errors=True)
-            reward = make_reward_func(scorer, catalog, g, metrics)
+            reward = make_reward_func(scorer, catalog, g, metrics, guard=guard)
             train_rows, held_rows = split[pid]
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
                 trainer, m = train_persona(base_model, train_rows, reward, g, cfg.lora, Path(work),
                                            callbacks=[trainer_progress(f"persona_grpo {pid}")],
                                            init_adapter=init_adapter, max_model_len=cfg.max_model_len,
-                                           heldout=held_rows, heldout_func=make_reward_func(scorer, catalog, g))
+                                           heldout=held_rows,
+                                           heldout_func=make_reward_func(scorer, catalog, g, guard=guard))
                 write_curves(trainer.state.log_history, partial / f"curves_{pid}.png", f"persona_grpo {pid}")
                 save_adapter(trainer, pdir)
                 release_trainer(trainer)  # the next persona's model (and vLLM engine) must not meet this one's
                 del trainer
             m["reward_failures"] = dict(reward.failures)
+            m["refused"] = dict(sorted(reward.refusals.items()))  # training completions the reply checks refused
             atomic_write_text(marker, json.dumps({"key": key, "metrics": m}) + "\n")
             man["metrics"][pid] = m
             f = fmt_value
             line = f"persona_grpo {pid}: {m['steps']} steps, reward {f(m['reward_first'])} -> {f(m['reward_last'])}"
             if m.get("heldout_before"):
-                line += (f"; held-out reward {f(m['heldout_before']['reward'])} -> {f(m['heldout_after']['reward'])} "
+                hb, ha = m["heldout_before"], m["heldout_after"]
+                line += (f"; held-out reward {f(hb['reward'])} -> {f(ha['reward'])} "
                          f"({m['heldout_prompts']} prompts x {g.heldout_samples} samples)")
+                if hb.get("refused") is not None:
+                    line += f"; refused {hb['refused']}/{hb['completions']} -> {ha['refused']}/{ha['completions']}"
             report(line)
         man.update(heldout_summary(man["metrics"]))
         man["data_ids"] = sorted({r.get("group_id", "") for p in personas for r in prompts[p]} - {""})

@@ -2,28 +2,35 @@
 
 The context of a group is a training situation's opening user message (its seed context in meeting mode); the
 prompt is exactly the speaker prompt serving uses (persona card, tagged history, a directive with the fallback
-action and the persona's default tone). Candidates are sampled at T 1.0, top-p 0.95 with per-candidate seeds,
-all K of a group submitted together so the engine batches them. Groups are appended to the partial directory as
-they finish, so a killed stage resumes where it stopped.
+action and the persona's default tone). Candidates are sampled at T 1.0, top-p 0.95 with per-candidate seeds and
+serving's speaker penalties, all K of a group submitted together so the engine batches them.
+
+With the run's ``guard`` section on (the default) each candidate is what serving would deliver
+(:func:`mascot.speaker.reply.persona_reply`): a first sentence the reply checks refuse is generated again, a later
+one cuts the reply there, an unfinished tail after the token budget is dropped. A candidate refused on every attempt
+is kept as ``""`` with its reason in ``refused`` (the judge skips it: serving never shows it). Each row records
+``refused``, ``cut`` (why an accepted reply was cut back), ``attempts`` and the refused attempts' texts
+(``rejections``). Groups are appended to the partial directory as they finish, so a killed stage resumes where it
+stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from pathlib import Path
 from typing import Any
 
 from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dicts
-from mascot.core.engine import GenerationRequest, SamplingParams
 from mascot.core.personas import PersonaCatalog
 from mascot.core.context import fit_history
-from mascot.speaker.prompts import build_persona_messages, stop_strings
+from mascot.speaker.prompts import build_persona_messages
+from mascot.speaker.reply import ReplyOutcome, RetryPolicy, persona_reply
 from mascot_training.common.config import active_personas
 from mascot_training.common.data import training_situations
 from mascot.core.files import append_jsonl, read_jsonl, write_jsonl
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.progress import StepProgress
-from mascot_training.common.rewards import split_think
 
 
 def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context,
@@ -58,18 +65,25 @@ async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: in
     history = history_from_dicts(g["history"])
     context = [tuple(c) for c in g["context"]]
     s = cfg.sample
-    msgs = group_prompt(engine, card, roster, history, context, s.max_tokens)
-    prompt = engine.render_chat(msgs)
-    stops = stop_strings(card.name, [c.name for c in roster])
-    results = await asyncio.gather(*(engine.generate(GenerationRequest(prompt, SamplingParams(
-        max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed + k, stop=stops),
-        adapter=adapter)) for k in range(s.k)))
-    cands, thinks = [], []
-    for r in results:
-        think, answer = split_think(r.text)
-        cands.append(answer.strip())
-        thinks.append((think or "").strip())
-    return {**g, "candidates": cands, "thinks": thinks, "raw": [r.text for r in results]}
+    guard = cfg.guard.settings()
+
+    async def one(k: int) -> ReplyOutcome:
+        out = None
+        async for item in persona_reply(engine, card, roster, history, context, FALLBACK_ACTION, card.default_tone,
+                                        max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                                        seed=seed + k, adapter=adapter, repetition_penalty=s.repetition_penalty,
+                                        frequency_penalty=s.frequency_penalty, guard=guard,
+                                        policy=RetryPolicy.from_guard(cfg.guard)):
+            if isinstance(item, ReplyOutcome):
+                out = item
+        assert out is not None
+        return out
+
+    results = await asyncio.gather(*(one(k) for k in range(s.k)))
+    refused = [(r.rejections[-1]["reason"] if r.rejections else "empty") if r.rejected else "" for r in results]
+    return {**g, "candidates": [r.text.strip() for r in results], "thinks": [r.think.strip() for r in results],
+            "refused": refused, "cut": [r.cut_reason for r in results], "attempts": [r.attempts for r in results],
+            "rejections": [r.rejections for r in results]}
 
 
 async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:
@@ -77,7 +91,7 @@ async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) ->
     inputs = {"situations": digest_path(cfg.data.situations), "sft": digest_path(out / "sft") if sft_adapter else "",
               "base_model": str(cfg.model or "default")}
     conf = {"sample": cfg.sample.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
-            "personas": active_personas(cfg), "mode": cfg.mode}
+            "personas": active_personas(cfg), "mode": cfg.mode, "guard": cfg.guard.model_dump(mode="json")}
     if is_done(out, "sample", conf, inputs):
         return read_manifest(out / "sample")
     todo = groups(cfg)
@@ -98,8 +112,14 @@ async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) ->
         order = {g["group_id"]: i for i, g in enumerate(todo)}
         rows = sorted(read_jsonl(path), key=lambda r: order.get(r["group_id"], len(order)))
         write_jsonl(path, rows)  # file order = group order
-        empty = sum(1 for r in rows for c in r["candidates"] if not c)
+        empty = sum(1 for r in rows for c, why in zip(r["candidates"], r["refused"]) if not c and not why)
+        refused = collections.Counter(why for r in rows for why in r["refused"] if why)
+        attempts = [a for r in rows for a, why in zip(r["attempts"], r["refused"]) if not why]
         manifest["data_ids"] = sorted({g["situation_id"] for g in todo})
         manifest["metrics"] = {"groups": len(rows), "candidates": sum(len(r["candidates"]) for r in rows),
-                               "empty_answers": empty, "policy": "sft" if sft_adapter else "base"}
+                               "empty_answers": empty, "refused": sum(refused.values()),
+                               "refused_by_reason": dict(sorted(refused.items())),
+                               "cut": sum(1 for r in rows for c in r["cut"] if c),
+                               "attempts_per_candidate": round(sum(attempts) / len(attempts), 3) if attempts else None,
+                               "policy": "sft" if sft_adapter else "base"}
     return read_manifest(out / "sample")

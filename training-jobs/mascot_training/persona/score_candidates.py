@@ -6,7 +6,8 @@ prompts, retry/drop rule and content-hash cache as JudgeService (:mod:`mascot_tr
 group and judge, the judge picked by the spec's ``name``; a deadline of ``judge.call_timeout_s`` per call;
 UNAVAILABLE / DEADLINE_EXCEEDED retried with backoff for ``judge.retry_budget_s`` seconds, :mod:`mascot.core.retry`).
 An empty answer is not sent to the judge: it scores 1 on every criterion (a degenerate output earns the lowest score,
-so it becomes a rejected example).
+so it becomes a rejected example). A candidate the reply checks refused on every attempt (``refused`` in the sample
+row) is neither judged nor scored: serving never shows it, so it is no example of anything the reward model scores.
 
 Resumption without counting twice: each judged group (scores, unparseable count, judge-model calls) is appended
 and fsynced to ``progress.jsonl`` in the partial directory (which survives a crash and a rerun) as soon as it is
@@ -125,8 +126,11 @@ def _remote_judge(cfg, channel: Any) -> GroupJudge:
 
 def _row(g: dict, per_cand: list[list[dict | None]], unparseable: int, calls: int) -> dict:
     scores, means = [], []
+    refused = g.get("refused") or [""] * len(g["candidates"])
     for i, c in enumerate(g["candidates"]):
-        if not c.strip():
+        if refused[i]:
+            s = None  # serving would never show it: no score, no pair
+        elif not c.strip():
             s = dict(EMPTY_SCORES)
         else:
             ok = [x for x in per_cand[i] if x]
