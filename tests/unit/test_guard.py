@@ -61,12 +61,14 @@ def test_a_failing_later_sentence_cuts_back_to_the_last_released_sentence():
 def test_an_echo_spanning_a_sentence_boundary_is_caught_like_the_bench_detector_catches_it():
     # "... normalise the user's. Feelings and give them a sense of comfort." copies an 8-gram of the
     # system prompt only across the full stop: each sentence alone is under 8 shared words.
-    text = "I am right here with you. Validate and normalise the user's. Feelings and give them a sense of comfort."
-    sources = CTX.sources
+    # (a card that says "the person's": talk of "the user" is refused on its own, as meta)
+    ctx = ReplyContext(sources=[SYSTEM.replace("the user's", "the person's")], tags=CTX.tags)
+    text = "I am right here with you. Validate and normalise the person's. Feelings and give them a sense of comfort."
+    sources = ctx.sources
     assert defects.is_echo(text, sources)
     assert all(not is_echo(s, sources) for s in split_sentences(text))
-    g, out = gate_run([text])
-    assert (out == g.released == "I am right here with you. Validate and normalise the user's."
+    g, out = gate_run([text], ctx=ctx)
+    assert (out == g.released == "I am right here with you. Validate and normalise the person's."
             and g.cut_reason == "echo")
     assert not defects.is_echo(g.released, sources)
 
@@ -177,3 +179,30 @@ def test_a_short_reply_repeating_an_earlier_short_turn_is_refused_like_the_bench
     assert out == "That's a great idea, truly." and g.accepted
     g, out = gate_run(["Thank you. Tell me what the store said when you went back.", ""], ctx=ctx)
     assert g.accepted and out.startswith("Thank you.")
+
+
+@pytest.mark.parametrize("text", [
+    "Here's a possible rephrasing of the sentence: I am sad.",
+    "Here is a revised version of your message with some suggested edits:",
+    "Your English is too informal for this.", "Your message is full of imperfections.", "Possible duplicates:",
+    "Your task now is to respond.", "Your style: Engaging and warm.", "Your next sentence is just curious:",
+    "The user gave a great example.", "As an AI language model, I cannot feel.", "(pauses nervously)",
+])
+def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
+    """Written by SmolLM2-135M in a supporter's place (phase 1 candidates): about the text or the task, not to the
+    person. A first sentence like this rejects the attempt; a later one cuts the reply."""
+    ctx = ReplyContext()
+    assert check_reply(text, ctx, GuardSettings()) == "meta"
+    gate = SentenceGate(ctx, GuardSettings())
+    gate.feed("That sounds really hard to carry. " + text + " ")
+    gate.finish("stop")
+    assert gate.released == "That sounds really hard to carry." and gate.cut_reason == "meta"
+
+
+@pytest.mark.parametrize("text", [
+    "Here's a thought: take a short walk tonight.", "Your message means a lot to me.", "I hear you (and I'm here).",
+    "Here are a few things that might help.", "Your role as a mother matters.", "Here's to new beginnings!",
+    "Your style of parenting sounds caring.", "Where did you leave the user manual?",
+])
+def test_supportive_sentences_that_share_words_with_meta_ones_pass(text):
+    assert check_reply(text, ReplyContext(), GuardSettings()) is None

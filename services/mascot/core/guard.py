@@ -20,7 +20,10 @@ Definitions (all on lower-cased text):
   an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
   whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
-  of an earlier turn, or between the whole reply and an earlier turn.
+  of an earlier turn, or between the whole reply and an earlier turn;
+- meta: a sentence about the text or the task instead of to the person (:data:`META_PATTERNS`): an offer of a
+  rewritten version, a critique of the person's writing, the prompt's words ("Your task now is", "Your style:"),
+  talk of "the user", an AI disclaimer, or a stage direction standing alone ("(pauses nervously)").
 """
 
 from __future__ import annotations
@@ -38,8 +41,32 @@ _LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|ins
                        r"\b\s*[:'’]", re.IGNORECASE)
 
 #: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
-REASONS = ("empty", "short", "echo", "loop", "duplicate", "unfinished", "supporter", "directive_name",
+REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "unfinished", "supporter", "directive_name",
            "directive_voice", "directive_copy", "directive_invalid")
+
+#: Sentences about the text or the task rather than to the person, as SmolLM2-135M writes them in a supporter's place
+#: (read in phase 1 candidates): "Here's a rewritten version of your message:", "Your English is too informal",
+#: "Possible duplicates:", "Your task now is to …", "Your style: Engaging", "The user gave a great example.", "As an
+#: AI language model", "(pauses nervously)". Matched on the sentence with curly apostrophes made straight.
+META_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
+    r"^\W*here(?:'s| is| are)\b[^.!?]{0,40}?\b(?:version|rephras\w*|rewrit\w*|revision|draft|edits?|response|reply"
+    r"|suggested|example of)\b",
+    r"\b(?:rewritten|revised|rephrased|edited|corrected|improved) (?:version|text|message|sentence)\b",
+    r"\byour (?:message|text|english|writing|sentence|grammar|wording)\b[^.!?]{0,30}?\b(?:informal|imperfections?"
+    r"|errors?|mistakes?|typos?|grammatical|rewrit\w*|edit\w*|correct\w*)",
+    r"^\W*possible duplicates?\b",
+    r"\byour (?:task|next sentence|instructions?)\b",
+    r"\byour (?:style|tone|role|goal|expertise|persona)\s*:",
+    r"\bthe user(?:'s)?\b(?! (?:manual|interface|guide|name)s?\b)",
+    r"\bas an ai\b", r"\b(?:ai|large) language model\b",
+    r"^\W*\([^()]{1,60}\)\W*$",
+))
+
+
+def is_meta(sentence: str) -> bool:
+    """True when ``sentence`` is about the text or the task rather than to the person (:data:`META_PATTERNS`)."""
+    text = sentence.replace("’", "'")
+    return any(p.search(text) for p in META_PATTERNS)
 
 
 def words(text: str) -> list[str]:
@@ -177,11 +204,13 @@ class ReplyContext:
 def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
     """The reason ``sentence`` may not follow ``released`` (the reply's text so far), or None when it may.
 
-    Reasons: ``echo``, ``loop``, ``duplicate`` (see the module docstring).
+    Reasons: ``echo``, ``meta``, ``loop``, ``duplicate`` (see the module docstring).
     """
     grams = ctx.source_grams(s.echo_ngram)
     if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags, grams):
         return "echo"
+    if is_meta(sentence):
+        return "meta"
     if released:  # an n-gram that spans the boundary with the text so far is an echo too
         bridge = words(released)[-(s.echo_ngram - 1):] + words(sentence)
         if ngrams(bridge, s.echo_ngram) & grams:
@@ -201,7 +230,7 @@ def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSett
 
 
 def check_reply(text: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
-    """The first reason a whole reply fails (``empty``, ``echo``, ``loop``, ``duplicate``), or None. Used for
+    """The first reason a whole reply fails (``empty``, ``echo``, ``meta``, ``loop``, ``duplicate``), or None. Used for
     replies generated in full (screened conversations, evaluation baselines)."""
     if len(words(text)) == 0:
         return "empty"
