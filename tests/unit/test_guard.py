@@ -187,6 +187,7 @@ def test_a_short_reply_repeating_an_earlier_short_turn_is_refused_like_the_bench
     "Your English is too informal for this.", "Your message is full of imperfections.", "Possible duplicates:",
     "Your task now is to respond.", "Your style: Engaging and warm.", "Your next sentence is just curious:",
     "The user gave a great example.", "As an AI language model, I cannot feel.", "(pauses nervously)",
+    "Here's an alternative:", "Dear John, I read your note.", "To: Bright Idea Team",
 ])
 def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
     """Written by SmolLM2-135M in a supporter's place (phase 1 candidates): about the text or the task, not to the
@@ -202,7 +203,8 @@ def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
 @pytest.mark.parametrize("text", [
     "Here's a thought: take a short walk tonight.", "Your message means a lot to me.", "I hear you (and I'm here).",
     "Here are a few things that might help.", "Your role as a mother matters.", "Here's to new beginnings!",
-    "Your style of parenting sounds caring.", "Where did you leave the user manual?",
+    "Your style of parenting sounds caring.", "Where did you leave the user manual?", "Dear me!",
+    "To be honest, that sounds exhausting.", "Here's an idea: call her tonight.",
 ])
 def test_supportive_sentences_that_share_words_with_meta_ones_pass(text):
     assert check_reply(text, ReplyContext(), GuardSettings()) is None

@@ -23,7 +23,8 @@ Definitions (all on lower-cased text):
   of an earlier turn, or between the whole reply and an earlier turn;
 - meta: a sentence about the text or the task instead of to the person (:data:`META_PATTERNS`): an offer of a
   rewritten version, a critique of the person's writing, the prompt's words ("Your task now is", "Your style:"),
-  talk of "the user", an AI disclaimer, or a stage direction standing alone ("(pauses nervously)").
+  talk of "the user", an AI disclaimer, a letter opener ("Dear John,", "To: …"), or a stage direction standing
+  alone ("(pauses nervously)").
 """
 
 from __future__ import annotations
@@ -47,14 +48,15 @@ REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "unfinished", 
 #: Sentences about the text or the task rather than to the person, as SmolLM2-135M writes them in a supporter's place
 #: (read in phase 1 candidates): "Here's a rewritten version of your message:", "Your English is too informal",
 #: "Possible duplicates:", "Your task now is to …", "Your style: Engaging", "The user gave a great example.", "As an
-#: AI language model", "(pauses nervously)". Matched on the sentence with curly apostrophes made straight.
+#: AI language model", "(pauses nervously)"; in phase 2 rollouts "Here's an alternative:" and letter openers ("To:
+#: Bright Idea", "Dear John,"). Matched on the sentence with curly apostrophes made straight.
 META_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"^\W*here(?:'s| is| are)\b[^.!?]{0,40}?\b(?:version|rephras\w*|rewrit\w*|revision|draft|edits?|response|reply"
-    r"|suggested|example of)\b",
+    r"|suggested|example of|alternative)\b",
     r"\b(?:rewritten|revised|rephrased|edited|corrected|improved) (?:version|text|message|sentence)\b",
     r"\byour (?:message|text|english|writing|sentence|grammar|wording)\b[^.!?]{0,30}?\b(?:informal|imperfections?"
     r"|errors?|mistakes?|typos?|grammatical|rewrit\w*|edit\w*|correct\w*)",
-    r"^\W*possible duplicates?\b",
+    r"^\W*possible duplicates?\b", r"^\W*(?:to|from|subject|re)\s*:", r"^\W*dear\s+[a-z]+\b(?!!)",
     r"\byour (?:task|next sentence|instructions?)\b",
     r"\byour (?:style|tone|role|goal|expertise|persona)\s*:",
     r"\bthe user(?:'s)?\b(?! (?:manual|interface|guide|name)s?\b)",
