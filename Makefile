@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 PIP := $(BIN)/pip -q --disable-pip-version-check
-SHARED ?= ../shared
+SHARED ?= $(if $(MASCOT_SHARED_DIR),$(MASCOT_SHARED_DIR),../shared)
 BUF_VERSION ?= 1.75.0
 # checkov (the Helm chart scan, tests/contract/test_helm_checkov.py) pins packages that clash with the main set, so it
 # gets its own virtual environment.
