@@ -12,7 +12,7 @@ from mascot.core.adapters.registry import parse_version_name
 from mascot.core.context import fit_history
 from mascot.core.dialogue import HistoryTurn, strip_control_chars
 from mascot.core.engine import BASE_ADAPTER, GenerationRequest, GenerationResult, SamplingParams, StreamDelta
-from mascot.core.guard import GuardSettings, ReplyContext, SentenceGate, supporter_reason
+from mascot.core.guard import GuardSettings, ReplyContext, SentenceGate, cut_back, supporter_reason
 from mascot.core.personas import PersonaCard
 from mascot.speaker.prompts import (
     VisibleTextFilter,
@@ -323,12 +323,9 @@ def served_persona_text(card: PersonaCard, names: dict[str, str], system: str, h
     if cuts:
         completion, finish_reason = completion[:min(cuts)], "stop"
     filt = persona_text_filter(card, names)
-    gate = SentenceGate(persona_reply_context(card, names, system, action, tone, history), guard)
-    gate.feed(filt.feed(strip_control_chars(completion), final=True))
-    gate.finish("stop" if filt.truncated else finish_reason)
-    if gate.accepted:
-        return gate.released, gate.cut_reason or ""
-    return "", gate.rejected_reason or "empty"
+    visible = filt.feed(strip_control_chars(completion), final=True)
+    return cut_back(visible, persona_reply_context(card, names, system, action, tone, history), guard,
+                    "stop" if filt.truncated else finish_reason)
 
 
 async def user_reply(engine: Any, situation: str, emotion: str, personality: str, roster: Sequence[PersonaCard],

@@ -5,9 +5,9 @@ Within each group (context x, persona ρ) keep every ordered pair (y_w, y_l) who
 (``unjudged``), candidates the reply checks refused (``refused``) and pairs with identical texts are skipped
 (:func:`mascot_training.common.preference_pairs.build_pairs`). With δ = 0 (smoke runs, whose untrained judge
 scores every candidate alike) a tie is kept once, in index order, and its direction is arbitrary: plumbing, not
-preference. Whole situations (all their personas' groups) go to the held-out
-split by hash of the situation id (fraction ``heldout_fraction``), used to measure the reward model and its μ, σ on
-user messages it never trained on. Counts of everything dropped are reported.
+preference. Whole situations (all their personas' groups) go to the held-out split by hash of the situation id
+(fraction ``heldout_fraction``), used to measure the reward model and its μ, σ on user messages it never trained
+on. Counts of everything dropped are reported.
 """
 
 from __future__ import annotations

@@ -94,7 +94,6 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         metrics: A :class:`mascot.core.metrics.Metrics`; failures go to ``reward_failures.labels(reason)``.
         rm_fn: Maps RM input texts to standardised scores ẑ (None allowed); replaces the scorer's model (tests,
             a remote RM). With neither ``scorer`` nor ``rm_fn`` the RM term is dropped (format reward only).
-
         guard: Thresholds of the reply checks; None (or disabled) scores completions as generated.
 
     Returns:
