@@ -73,6 +73,47 @@ def recent_speakers(history: Sequence[HistoryTurn], n: int) -> set[str]:
     return {t.persona_id for t in [t for t in history if t.role == "agent"][-n:]}
 
 
+def choosable_personas(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
+                       cfg: Any) -> tuple[set[str], list[PersonaCard]]:
+    """``(recent, choosable)``: the persona ids of the last ``cfg.rest_turns`` agent turns (at most all but one of the
+    roster), and the personas a decision may pick: neither recent nor at ``cfg.max_consecutive_turns`` (the whole
+    roster when that leaves none)."""
+    recent = recent_speakers(history, min(cfg.rest_turns, len(roster) - 1))
+    choosable = [c for c in roster if c.id not in recent
+                 and consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns] or list(roster)
+    return recent, choosable
+
+
+def decision_regex(roster: Sequence[PersonaCard], choosable: Sequence[PersonaCard],
+                   history: Sequence[HistoryTurn], cfg: Any) -> str:
+    """The grammar a constrained decision samples under (:func:`~mascot.director.directive.directive_regex`):
+    ``Agent`` among ``choosable``, an Action opening with a verb no recent directive opened with (``cfg.action_verbs``),
+    a Tone from the roster's vocabulary (``cfg.tone_vocabulary``), lengths from ``cfg``."""
+    return directive_regex(
+        choosable, max_action_chars=cfg.max_action_chars, max_tone_chars=cfg.max_tone_chars,
+        max_think_chars=cfg.max_think_chars,
+        verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None,
+        tones=tone_words(roster) if getattr(cfg, "tone_vocabulary", True) else ())
+
+
+def check_decision(parsed: ParsedDirective, roster: Sequence[PersonaCard], recent: set[str],
+                   choosable: Sequence[PersonaCard], history: Sequence[HistoryTurn], cfg: Any,
+                   names: Sequence[str]) -> None:
+    """The rules a parsed directive must pass to be served: the consecutive-turn cap, a rest for the ``recent``
+    personas (while another is ``choosable``) and, with ``cfg.check_content``, the content rules
+    (:func:`~mascot.director.directive.check_content` against every name in ``names``, the prompt's example and the
+    cards' goals).
+
+    Raises:
+        DirectiveError: the first rule broken, with its reason.
+    """
+    check_cap(parsed.persona_id, history, cfg.max_consecutive_turns)
+    if parsed.persona_id in recent and len(choosable) < len(roster):
+        raise DirectiveError(f"{parsed.persona_id} spoke in the last {len(recent)} agent turns; pick another agent")
+    if cfg.check_content:
+        check_content(parsed, names, history, (EXAMPLE_ACTION, *(c.goal for c in roster)), cfg.min_action_words)
+
+
 async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
                  context: Sequence[tuple[str, str]], cfg: Any, *, adapter: str | None = None,
                  seed: int | None = None, exclude: Sequence[str] = ()) -> Decision:
@@ -110,16 +151,10 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         allowed = [c for c in roster if consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns]
         card = random.Random(seed).choice(allowed or list(roster))
         return Decision(directive=fallback_directive(card), source=RANDOM, model_choice=card.id)
-    recent = recent_speakers(history, min(cfg.rest_turns, len(roster) - 1))
-    choosable = [c for c in roster if c.id not in recent
-                 and consecutive_turns(history, c.id) + 1 <= cfg.max_consecutive_turns] or list(roster)
+    recent, choosable = choosable_personas(roster, history, cfg)
     structured = None
     if cfg.constrained and engine.supports_structured_output:
-        structured = StructuredOutput(regex=directive_regex(
-            choosable, max_action_chars=cfg.max_action_chars, max_tone_chars=cfg.max_tone_chars,
-            max_think_chars=cfg.max_think_chars,
-            verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None,
-            tones=tone_words(roster) if getattr(cfg, "tone_vocabulary", True) else ()))
+        structured = StructuredOutput(regex=decision_regex(roster, choosable, history, cfg))
     decision = Decision(directive=fallback_directive(roster[0]), source=FALLBACK)
     failed: list[tuple[str, str]] = []
     for attempt in range(1 + cfg.max_retries):
@@ -141,13 +176,7 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         try:
             parsed = parse_directive(text, roster)
             decision.model_choice = parsed.persona_id
-            check_cap(parsed.persona_id, history, cfg.max_consecutive_turns)
-            if parsed.persona_id in recent and len(choosable) < len(roster):
-                raise DirectiveError(f"{parsed.persona_id} spoke in the last {len(recent)} agent turns; pick "
-                                     "another agent")
-            if cfg.check_content:
-                check_content(parsed, list(all_names.values()), history,
-                              (EXAMPLE_ACTION, *(c.goal for c in roster)), cfg.min_action_words)
+            check_decision(parsed, roster, recent, choosable, history, cfg, list(all_names.values()))
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
             decision.rejection_reasons.append(e.reason)

@@ -122,6 +122,12 @@ class DirectorPolicyConfig(_S):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     #: The serving cap: a directive giving a persona more turns in a row is invalid.
     max_consecutive_turns: int = Field(2, ge=1, le=16)
+    #: How the policy's directives are sampled in GRPO and measured: ``serving`` = under serving's grammar for the
+    #: turn (the personas it may pick, an Action opening with a fresh verb, the tone vocabulary) and refused when
+    #: serving's checks would refuse a first attempt (rest, cap, content), as the served director decides, with the
+    #: loss on the tokens the grammar left a choice for; ``free`` = unconstrained, only parsed and capped (a small
+    #: model then mostly learns the format). ``serving`` needs the transformers generation backend.
+    sampling: Literal["serving", "free"] = "serving"
     #: Optional warm start of a fresh director LoRA before GRPO (our addition; 0 = off): SFT steps on the serving
     #: director's decisions recorded by the rollouts stage (behaviour cloning of the constrained director), so an
     #: untrained small director writes valid directives unconstrained often enough for GRPO to have a signal.
@@ -244,6 +250,11 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
                    "vllm_tensor_parallel_size 1 (each training process samples its own rollouts, whose number of "
                    "directives depends on the dialogue, so no process may wait on another's generation call); got "
                    f"vllm_mode {gen.vllm_mode}, vllm_tensor_parallel_size {gen.vllm_tensor_parallel_size}")
+    if gen.backend == "vllm" and cfg.director.sampling == "serving":
+        out.append("director.sampling: serving samples each directive under serving's grammar with the trainer's "
+                   "own weights and records which tokens were forced; the vllm generation backend samples free. Set "
+                   "director.sampling: free with director_grpo.generation.backend: vllm, or use the transformers "
+                   "backend")
     out += generation_problems("director_grpo", gen)
     return out
 

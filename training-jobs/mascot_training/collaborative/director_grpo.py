@@ -2,10 +2,11 @@
 
 TRL 1.16 ``GRPOTrainer`` with a ``rollout_func``: the dataset's ``prompt`` column holds prefix ids (TRL repeats each
 row G = ``phase2.num_generations`` times); the rollout function runs one rollout per row with the director being
-trained (:class:`~mascot_training.collaborative.simulate.PolicyDirector` on ``trainer.model``, sampled
-unconstrained), the frozen persona adapters and the frozen user simulator on an engine living in a background event
-loop, and returns each rollout's director token sequence: ``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 on
-director tokens, 0 on speaker, user and template tokens; TRL multiplies it into the loss mask). The reward function
+trained (:class:`~mascot_training.collaborative.simulate.PolicyDirector` on ``trainer.model``, sampled under
+serving's grammar and rules with ``director.sampling: serving``, else free), the frozen persona adapters and the
+frozen user simulator on an engine living in a background event loop, and returns each rollout's director token
+sequence: ``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 on director tokens the sampler chose, 0 on tokens a
+grammar forced and on speaker, user and template tokens; TRL multiplies it into the loss mask). The reward function
 computes R = R_group + η·I_div (:func:`~mascot_training.common.rewards.rollout_reward`); TRL normalises it within the
 G rollouts of a prefix (``scale_rewards="group"``) and applies the advantage to every director token of the
 rollout.
@@ -288,8 +289,10 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
 
 def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefixes: Sequence[Prefix], samples: int,
                          seed: int) -> dict[str, float]:
-    """Shares of the director's first decision over ``prefixes`` × ``samples`` draws (unconstrained, one attempt):
-    ``{persona_id: share, ..., "invalid": share}``; shares sum to 1 (persona ids in roster order, then invalid)."""
+    """Shares of the director's first decision over ``prefixes`` × ``samples`` draws, sampled as in training (one
+    attempt; :meth:`RolloutRunner.policy_decisions`: under serving's grammar and checks when the runner's settings
+    carry the serving director's rules, else free and capped): ``{persona_id: share, ..., "invalid": share}``; shares
+    sum to 1 (persona ids in roster order, then invalid)."""
     from mascot.director.directive import DirectiveError, check_cap
 
     firsts = []
@@ -300,9 +303,9 @@ def persona_distribution(runner: RolloutRunner, director: PolicyDirector, prefix
     counts: collections.Counter = collections.Counter()
     for k in range(0, len(firsts), 16):
         batch = firsts[k:k + 16]
-        gens = director.generate([r.prompt_ids for r in batch], rollout_seed(seed, "distribution", k))
-        for g, r in zip(gens, batch):
-            d = runner.parse_generated(g, director.stop_ids).directive
+        outs = runner.policy_decisions(director, batch, rollout_seed(seed, "distribution", k))
+        for o, r in zip(outs, batch):
+            d = o.directive
             try:
                 if d is not None:
                     check_cap(d.persona_id, r.history, runner.s.max_consecutive_turns)

@@ -58,7 +58,8 @@ def settings(cfg: CollaborativeConfig) -> RolloutSettings:
         personality=cfg.user.personality, max_sequence_tokens=cfg.max_model_len,
         director_max_tokens=cfg.director.max_tokens, repetition_penalty=cfg.speakers.repetition_penalty,
         frequency_penalty=cfg.speakers.frequency_penalty, guard=cfg.guard.settings() if cfg.guard.enabled else None,
-        retry=RetryPolicy.from_guard(cfg.guard))
+        retry=RetryPolicy.from_guard(cfg.guard),
+        director_rules=serving_director_config(cfg) if cfg.director.sampling == "serving" else None)
 
 
 def _refused(why: str) -> bool:
@@ -119,7 +120,8 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
             "data": cfg.data.model_dump(mode="json"), "personas": active_personas(cfg), "mode": cfg.mode,
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json"), "guard": cfg.guard.model_dump(mode="json"),
-            "director": cfg.director.model_dump(mode="json", exclude={"warm_start_steps", "warm_start_lr"})}
+            "director": cfg.director.model_dump(mode="json", exclude={"warm_start_steps", "warm_start_lr",
+                                                                          "sampling"})}
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)
     catalog = PersonaCatalog.load()

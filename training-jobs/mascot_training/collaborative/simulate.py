@@ -180,13 +180,16 @@ def rollout_seed(*parts: object) -> int:
 class DirectorOutput:
     """One decision: ``text`` (as the director's chat shows it later: the generated tokens decoded without their
     stop token, or the serving rule's message), the parsed directive or the error, and the generated tokens
-    (policy only; the last is a stop token when ``stopped``)."""
+    (policy only; the last is a stop token when ``stopped``) with, under a grammar, which of them were choices."""
 
     text: str
     directive: ParsedDirective | None
     error: str = ""
     token_ids: list[int] = field(default_factory=list)
     stopped: bool = False
+    #: Per generated token, 1 when the sampler had a choice and 0 when a grammar forced it (None = every token was
+    #: free); the rollout's ``env_mask`` takes it, so a forced token carries no loss.
+    choices: list[int] | None = None
 
 
 class PolicyDirector:
@@ -216,7 +219,21 @@ class PolicyDirector:
         Returns:
             Generated token ids per sequence (a stop token last unless ``max_tokens`` was reached).
         """
+        return [ids for ids, _ in self.sample(sequences, seed)]
+
+    def sample(self, sequences: Sequence[Sequence[int]], seed: int,
+               regexes: Sequence[str | None] | None = None) -> list[tuple[list[int], list[int] | None]]:
+        """Sample one directive per sequence (left-padded batch), under ``regexes[i]`` when given (xgrammar token
+        masks, as the serving engine decodes a constrained directive; None = free); each result ends at its first
+        stop token.
+
+        Returns:
+            ``(ids, choices)`` per sequence: the generated token ids (a stop token last unless ``max_tokens`` was
+            reached) and, under a grammar, 1 per token the grammar left a choice for and 0 per forced token (None
+            for a free sequence).
+        """
         import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         pad = self.tokenizer.pad_token_id
         width = max(len(s) for s in sequences)
@@ -226,22 +243,86 @@ class PolicyDirector:
             ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
             att[i, width - len(s):] = 1
         device = next(self.model.parameters()).device
+        grammar = None
+        kw: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
+        if regexes is not None and any(r is not None for r in regexes):
+            grammar = GrammarLogitsProcessor([None if r is None else self._compiled(r) for r in regexes], width,
+                                             self._vocab_size())
+            # the mask first, then temperature and nucleus over the allowed tokens only (a nucleus taken before the
+            # mask could leave no allowed token)
+            kw = {"temperature": 1.0, "top_p": 1.0, "logits_processor": LogitsProcessorList(
+                [grammar, TemperatureLogitsWarper(self.temperature), TopPLogitsWarper(self.top_p)])}
         was_training = self.model.training
         self.model.eval()
         try:
             torch.manual_seed(seed)
             with torch.no_grad():
                 out = self.model.generate(input_ids=ids.to(device), attention_mask=att.to(device), do_sample=True,
-                                          temperature=self.temperature, top_p=self.top_p, top_k=0,
-                                          max_new_tokens=self.max_tokens, eos_token_id=self.stop_ids,
-                                          pad_token_id=pad)
+                                          top_k=0, max_new_tokens=self.max_tokens, eos_token_id=self.stop_ids,
+                                          pad_token_id=pad, **kw)
         finally:
             self.model.train(was_training)
         res = []
-        for row in out[:, width:].tolist():
+        for i, row in enumerate(out[:, width:].tolist()):
             cut = next((j + 1 for j, t in enumerate(row) if t in self.stop_ids), len(row))
-            res.append(row[:cut])
+            free = grammar is None or regexes[i] is None
+            res.append((row[:cut], None if free else grammar.choices[i][:cut]))
         return res
+
+    def _vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def _compiled(self, regex: str) -> Any:
+        """The xgrammar grammar of ``regex`` (compiled once per regex; the stop tokens end it)."""
+        import xgrammar as xgr
+
+        if getattr(self, "_compiler", None) is None:
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self._vocab_size(),
+                                                      stop_token_ids=self.stop_ids)
+            self._compiler, self._grammars = xgr.GrammarCompiler(info), {}
+        if regex not in self._grammars:
+            self._grammars[regex] = self._compiler.compile_regex(regex)
+        return self._grammars[regex]
+
+
+class GrammarLogitsProcessor:
+    """A ``transformers`` logits processor that masks each row to the tokens its grammar allows next (xgrammar
+    ``GrammarMatcher``, as the serving engine's constrained decoding) and records, per step and row, whether more
+    than one token was allowed.
+
+    Args:
+        grammars: A compiled xgrammar grammar per batch row (None = the row is free).
+        prompt_width: Columns of the (left-padded) prompt: later columns are generated tokens the matchers accept.
+        vocab_size: Columns of the logits.
+    """
+
+    def __init__(self, grammars: Sequence[Any], prompt_width: int, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self.matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
+        self.width, self.vocab_size = prompt_width, vocab_size
+        #: Per row, per generated token: 1 = a choice among several allowed tokens, 0 = forced.
+        self.choices: list[list[int]] = [[] for _ in grammars]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        """Accept each row's last token and mask ``scores`` (batch × vocab) to what the grammar allows next."""
+        import torch
+        import xgrammar as xgr
+
+        if input_ids.shape[1] > self.width:
+            for m, tok in zip(self.matchers, input_ids[:, -1].tolist()):
+                if m is not None and not m.is_terminated():
+                    m.accept_token(tok)
+        live = [i for i, m in enumerate(self.matchers) if m is not None and not m.is_terminated()]
+        if live:
+            bitmask = xgr.allocate_token_bitmask(len(self.matchers), self.vocab_size)
+            for i in live:
+                self.matchers[i].fill_next_token_bitmask(bitmask, i)
+            xgr.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=live)
+        allowed = torch.isfinite(scores).sum(-1).tolist()
+        for i, n in enumerate(allowed):
+            self.choices[i].append(1 if n > 1 else 0)
+        return scores
 
 
 # ----------------------------------------------------------------------------------------------- the runner
@@ -281,6 +362,10 @@ class RolloutSettings:
     guard: Any = None
     #: Regeneration of a refused reply (:class:`mascot.speaker.reply.RetryPolicy`); None = serving's defaults.
     retry: Any = None
+    #: The serving director's rules (:class:`mascot.core.config.DirectorConfig`) for the policy's decisions: each
+    #: directive is sampled under serving's grammar and must pass serving's checks (rest, cap, content), as a served
+    #: first attempt. None = sampled free and only parsed and capped.
+    director_rules: Any = None
 
 
 DecideFn = Callable[[list[Rollout], int], Awaitable[list[DirectorOutput]]]
@@ -433,7 +518,7 @@ class RolloutRunner:
                 r.directives.append(o.text)
                 if sequences:
                     r.completion_ids += o.token_ids
-                    r.env_mask += [1] * len(o.token_ids)
+                    r.env_mask += o.choices if o.choices is not None else [1] * len(o.token_ids)
                 d = o.directive
                 if d is not None:
                     try:
@@ -466,12 +551,40 @@ class RolloutRunner:
             return DirectorOutput(text, None, str(e), list(ids), stopped)
 
     # -- directors -------------------------------------------------------------------------------------------
+    def policy_decisions(self, director: PolicyDirector, active: Sequence[Rollout], seed: int) -> list[DirectorOutput]:
+        """One decision of ``director`` per rollout, continuing its director sequence. With
+        ``settings.director_rules`` each is sampled under serving's grammar for that turn
+        (:func:`mascot.director.decide.decision_regex`: the personas it may pick, fresh verbs, the tone vocabulary)
+        and checked as serving checks a first attempt (:func:`mascot.director.decide.check_decision`); a directive
+        breaking a rule is invalid (serving would retry it). Without rules it is sampled free, parsed and capped
+        later by :meth:`run`."""
+        from mascot.director.decide import check_decision, choosable_personas, decision_regex
+
+        rules = self.s.director_rules
+        seqs = [r.prompt_ids + r.completion_ids for r in active]
+        if rules is None or not rules.constrained:
+            return [self.parse_generated(g, director.stop_ids) for g in director.generate(seqs, seed)]
+        picks = [choosable_personas(self.roster, r.history, rules) for r in active]
+        regexes = [decision_regex(self.roster, choosable, r.history, rules) for r, (_, choosable) in zip(active, picks)]
+        outs = []
+        for r, (recent, choosable), (ids, choices) in zip(active, picks, director.sample(seqs, seed, regexes)):
+            o = self.parse_generated(ids, director.stop_ids)
+            o.choices = choices
+            if o.directive is not None:
+                try:
+                    check_decision(o.directive, self.roster, recent, choosable, r.history, rules,
+                                   [c.name for c in self.roster])
+                except DirectiveError as e:
+                    o.directive, o.error = None, str(e)
+            outs.append(o)
+        return outs
+
     def policy_decider(self, director: PolicyDirector, seed: int) -> DecideFn:
-        """A :data:`DecideFn` sampling from ``director`` unconstrained."""
+        """A :data:`DecideFn` sampling from ``director`` (:meth:`policy_decisions`: under serving's rules when the
+        settings carry them, else free)."""
 
         async def decide(active: list[Rollout], step: int) -> list[DirectorOutput]:
-            gens = director.generate([r.prompt_ids + r.completion_ids for r in active], rollout_seed(seed, step))
-            return [self.parse_generated(g, director.stop_ids) for g in gens]
+            return self.policy_decisions(director, active, rollout_seed(seed, step))
 
         return decide
 
