@@ -90,6 +90,18 @@ def test_disabled_checks_pass_the_text_through():
     assert not g.accepted and g.rejected_reason == "empty"
 
 
+def test_a_sentence_said_again_without_a_space_between_is_a_loop():
+    # a demo reply that passed before: no whitespace after the first copy's full stop, so no sentence split found it
+    said = "I'm so glad you're happy to share your love with others and be a part of your family too."
+    glued = said + said
+    assert is_loop(glued) and defects.is_loop(glued) and check_reply(glued, CTX, ON) == "loop"
+    g, out = gate_run(["That is lovely to hear. ", glued[:40], glued[40:]])
+    assert out == g.released == "That is lovely to hear." and g.cut_reason == "loop"
+    # one long 8-word stretch said once, and two sentences sharing only a short phrase, are no loop
+    assert not is_loop("Thank you for telling me about your family and the love you share with them.")
+    assert not is_loop("You did a great job today. I think you did a great job with the kids too.")
+
+
 def test_loop_and_echo_definitions():
     assert is_loop("the same old thing, the same old thing, the same old thing")
     assert is_loop("The Beacon\n\nThe Beacon")

@@ -2,15 +2,16 @@
 definitions, independent of the reply-check settings (the ``guard`` config section).
 
 - echo: a reply shares a word 8-gram with a source text (its persona's prompt, card or directive);
-- loop: a word 4-gram occurs 3 or more times in one reply, or a line (or sentence) of the reply repeats.
+- loop: a word 4-gram occurs 3 or more times in one reply, a word 8-gram twice, or a line (or sentence) of the
+  reply repeats.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Iterable
 
-from mascot.core.guard import shares_ngram, split_sentences, words
+from mascot.core.guard import is_loop as guard_is_loop
+from mascot.core.guard import shares_ngram
 
 ECHO_NGRAM, LOOP_NGRAM, LOOP_COUNT = 8, 4, 3
 
@@ -21,17 +22,9 @@ def is_echo(reply: str, sources: Iterable[str]) -> bool:
 
 
 def is_loop(reply: str) -> bool:
-    """True when a word 4-gram occurs 3+ times in ``reply``, or a line or sentence of it repeats."""
-    w = words(reply)
-    c = Counter(tuple(w[i:i + LOOP_NGRAM]) for i in range(len(w) - LOOP_NGRAM + 1))
-    if c and max(c.values()) >= LOOP_COUNT:
-        return True
-    for parts in ([ln for ln in reply.splitlines() if ln.strip()], split_sentences(reply)):
-        keys = [" ".join(words(p)) for p in parts]
-        keys = [k for k in keys if k]
-        if len(set(keys)) < len(keys):
-            return True
-    return False
+    """True when a word 4-gram occurs 3+ times in ``reply``, a word 8-gram twice, or a line or sentence of it repeats
+    (:func:`mascot.core.guard.is_loop` at these fixed settings)."""
+    return guard_is_loop(reply, LOOP_NGRAM, LOOP_COUNT)
 
 
 def card_source_text(card) -> str:

@@ -16,8 +16,8 @@ Definitions (all on lower-cased text):
 - echo: a sentence (or an n-gram spanning it and the text before it) shares a word n-gram (``echo_ngram``, 8)
   with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words)
   in one; or it opens with a prompt label (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
-- loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, or a sentence repeats
-  an earlier sentence of the same reply;
+- loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, a word 8-gram
+  twice, or a sentence repeats an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
   whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
   of an earlier turn, or between the whole reply and an earlier turn;
@@ -149,9 +149,15 @@ def _repeats_within(text: str) -> bool:
     return len(set(keys)) < len(keys) or len(set(lines)) < len(lines)
 
 
+#: A word n-gram this long twice in one text is a loop: a sentence said again, also when the copy is glued to the
+#: first without a space ("... your family too.I'm so glad ..."), where no sentence split separates them.
+REPEAT_NGRAM = 8
+
+
 def is_loop(text: str, n: int = 4, count: int = 3) -> bool:
-    """A loop: a word ``n``-gram ``count``+ times in ``text``, or a sentence or line of it repeated."""
-    return loop_count(text, n) >= count or _repeats_within(text)
+    """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, or a sentence
+    or line of it repeated."""
+    return loop_count(text, n) >= count or loop_count(text, REPEAT_NGRAM) >= 2 or _repeats_within(text)
 
 
 def max_similarity(text: str, earlier: Iterable[str]) -> float:
