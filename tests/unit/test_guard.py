@@ -117,12 +117,18 @@ def test_loop_and_echo_definitions():
                                   "It sounds like you are under a lot of pressure.", "You should talk to him.",
                                   "Remember that you are not alone.",
                                   "I'm so proud of you for being kind and compassionate.",
-                                  "It's wonderful to know that you're doing something positive."])
+                                  "It's wonderful to know that you're doing something positive.",
+                                  "I think the best way to address this is to have a conversation with your husband.",
+                                  "I would suggest you take a break.", "I'd recommend you call her.",
+                                  "A walk might help you clear your head."])
 def test_supporter_sentences_are_refused_for_the_simulated_user(text):
     assert supporter_reason(text) == "supporter"
 
 
 @pytest.mark.parametrize("text", ["I was so scared when he followed us.", "My mom held my hand the whole time.",
+                                  "I think the best way to handle this is to talk to my husband.",
+                                  "Your advice helps, thank you.", "I suggest we talk about something else.",
+                                  "Could you help me figure out what to say?",
                                   "Thanks, that helps a bit.", "My dad said he was proud of me.",
                                   "It's great to hear that it worked out for my sister."])
 def test_a_person_talking_about_themselves_passes(text):

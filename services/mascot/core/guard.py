@@ -269,6 +269,12 @@ SUPPORTER_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"\bproud of you\b",
     r"\b(it'?s|that'?s) (so |really |just )?(wonderful|great|amazing|inspiring|lovely) (to see|to know|to hear)"
     r"( that)? you\b",
+    # advice to the helpers about "their" life, seen in phase 2 rollouts: "I think the best way to address this is
+    # to have a conversation with your husband" (the helpers have no husband, boss or children)
+    r"\byour (husband|wife|partner|boyfriend|girlfriend|spouse|boss|manager|mom|mother|dad|father|parents|son|"
+    r"daughter|kids?|children|brother|sister|family|coworkers?|colleagues?)\b",
+    r"\bi( would|'d)? (suggest|recommend|advise|encourage) (that )?you\b",
+    r"\b(might|may|could|will|would) help you\b",
 ))
 
 
