@@ -206,6 +206,8 @@ def test_a_short_reply_repeating_an_earlier_short_turn_is_refused_like_the_bench
     "Your task now is to respond.", "Your style: Engaging and warm.", "Your next sentence is just curious:",
     "The user gave a great example.", "As an AI language model, I cannot feel.", "(pauses nervously)",
     "Here's an alternative:", "Dear John, I read your note.", "To: Bright Idea Team",
+    "I'm so sorry (sighs) that this happened to you.", "*smiles warmly* That is wonderful news.",
+    "Well (takes a deep breath), let's look at it.",
 ])
 def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
     """Written by SmolLM2-135M in a supporter's place (phase 1 candidates): about the text or the task, not to the
@@ -223,6 +225,8 @@ def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
     "Here are a few things that might help.", "Your role as a mother matters.", "Here's to new beginnings!",
     "Your style of parenting sounds caring.", "Where did you leave the user manual?", "Dear me!",
     "To be honest, that sounds exhausting.", "Here's an idea: call her tonight.",
+    "Your smile (and your laugh) will come back.", "Take a deep breath with me.",
+    "Nodding along is not enough (sadly).",
 ])
 def test_supportive_sentences_that_share_words_with_meta_ones_pass(text):
     assert check_reply(text, ReplyContext(), GuardSettings()) is None

@@ -48,8 +48,9 @@ REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "unfinished", 
 #: Sentences about the text or the task rather than to the person, as SmolLM2-135M writes them in a supporter's place
 #: (read in phase 1 candidates): "Here's a rewritten version of your message:", "Your English is too informal",
 #: "Possible duplicates:", "Your task now is to …", "Your style: Engaging", "The user gave a great example.", "As an
-#: AI language model", "(pauses nervously)"; in phase 2 rollouts "Here's an alternative:" and letter openers ("To:
-#: Bright Idea", "Dear John,"). Matched on the sentence with curly apostrophes made straight.
+#: AI language model", "(pauses nervously)", a stage direction inside a sentence ("*smiles*"); in phase 2 rollouts
+#: "Here's an alternative:" and letter openers ("To: Bright Idea", "Dear John,"). Matched on the sentence with curly
+#: apostrophes made straight.
 META_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"^\W*here(?:'s| is| are)\b[^.!?]{0,40}?\b(?:version|rephras\w*|rewrit\w*|revision|draft|edits?|response|reply"
     r"|suggested|example of|alternative)\b",
@@ -62,6 +63,9 @@ META_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"\bthe user(?:'s)?\b(?! (?:manual|interface|guide|name)s?\b)",
     r"\bas an ai\b", r"\b(?:ai|large) language model\b",
     r"^\W*\([^()]{1,60}\)\W*$",
+    # a stage direction inside a sentence: "I'm so sorry (sighs) that happened.", "*smiles warmly* That's great."
+    r"[(*]\s*(?:\w+ly )?(?:pause[sd]?|sighs?|smiles?|laughs?|nods?|chuckles?|giggles?|hugs?|cries|winks?|grins?"
+    r"|shrugs?|sobs?|leans? in|takes? a deep breath)\b[^()*]{0,40}[)*]",
 ))
 
 
