@@ -70,6 +70,14 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
         assert k in dg and k in dg["metrics"]
     assert dg["metrics"]["steps"] == cfg["director_grpo"]["max_steps"]
     assert dg["metrics"]["warm_start"]["steps"] == cfg["director"]["warm_start_steps"]  # GRPO continued it
+    # every scored GRPO rollout is kept to read: its step, directives, block, outcome and reward
+    recs = [json.loads(x) for x in (out / "director_grpo" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(recs) == cfg["director_grpo"]["max_steps"] * cfg["director_grpo"]["batch_size"]
+    assert [r["step"] for r in recs] == sorted(r["step"] for r in recs) and {r["step"] for r in recs} == {0, 1}
+    assert sum(dg["metrics"]["rollouts"].values()) == len(recs)
+    for r in recs:
+        assert r["outcome"] in ("complete", "invalid", "dropped", "window_full") and r["directives"]
+        assert (r["reward"] == cfg["phase2"].get("invalid_reward", -2.0)) if r["outcome"] == "invalid" else True
     for dist in (dg["persona_distribution_before"], dg["persona_distribution_after"]):
         assert set(dist) == set(cfg["personas"]) | {"invalid"} and sum(dist.values()) == pytest.approx(1.0, abs=1e-3)
     # the prefixes the group RM held out are held out of the director's training too, and measured before and after

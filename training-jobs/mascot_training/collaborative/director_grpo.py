@@ -119,6 +119,9 @@ class RolloutStats:
         self.rewards: list[float] = []
         self.outcomes: collections.Counter = collections.Counter()
         self.failures: collections.Counter = collections.Counter()
+        #: Every scored rollout: its record (prefix, block, directives, outcome) with ``step``, ``reward`` (None =
+        #: masked) and ``r_group``, in the order scored.
+        self.records: list[dict] = []
 
     def summary(self) -> dict:
         """Means and counts for the manifest (None for a mean over nothing)."""
@@ -241,7 +244,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
         if metrics is not None:
             metrics.reward_failures.labels(reason).inc(n)
 
-    def director_reward(prompts: list, completions: list, rollout: list[dict], **_: object) -> list[float | None]:
+    def director_reward(prompts: list, completions: list, rollout: list[dict], **kw: object) -> list[float | None]:
         scored = [i for i, r in enumerate(rollout) if not r["invalid"] and not r["dropped"] and r["personas"]]
         items = [(prefixes[rollout[i]["prefix_id"]], history_from_dicts(rollout[i]["block"])) for i in scored]
         groups: dict[int, float | None] = {}
@@ -279,6 +282,9 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
             if reward is not None:
                 stats.rewards.append(reward)
             out.append(reward)
+            state = kw.get("trainer_state")
+            stats.records.append({"step": getattr(state, "global_step", None), **r, "outcome": kind,
+                                  "r_group": rg, "reward": reward})
         return out
 
     return director_reward
@@ -467,6 +473,7 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
     if heldout:
         m.update(heldout_prefixes=len(heldout), heldout_before=held_before, heldout_after=held_after)
     m["seconds"] = round(time.perf_counter() - t0, 3)
+    trainer.rollout_records = stats.records  # the stage writes them beside the adapter
     return trainer, m
 
 
@@ -492,7 +499,8 @@ def cached_warm_start(part: Path, key: str, build: Callable[[Path], dict]) -> di
 
 def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: RolloutRunner, loop: LoopThread,
         group_reward_fn: GroupRewardFn, inputs: dict[str, str], metrics: Any = None) -> dict:
-    """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter``; returns the manifest
+    """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter`` (every scored rollout in
+    ``OUT/director_grpo/rollouts.jsonl``, :attr:`RolloutStats.records`); returns the manifest
     (``metrics`` as :func:`train_director`; ``group_reward_mean``, ``i_div_mean``, ``persona_distribution_before``,
     ``persona_distribution_after`` also at the top level, and ``heldout_reward_before`` / ``_after``, None without
     held-out prefixes). With ``director_grpo.heldout_eval`` the prefixes the group reward model held out are left
@@ -501,7 +509,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
     Raises:
         ValueError: the rollouts stage has not run. RuntimeError: a non-finite loss or weight, or a non-LoRA adapter.
     """
-    from mascot.core.files import read_jsonl
+    from mascot.core.files import read_jsonl, write_jsonl
     from mascot_training.common.lora import save_adapter
 
     out = Path(out)
@@ -543,6 +551,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
                                         init_adapter=init, metrics=metrics, heldout=held)
             save_adapter(trainer, part / ADAPTER_SUBDIR)
             write_curves(trainer.state.log_history, part / "curves.png", "director_grpo")
+            write_jsonl(part / "rollouts.jsonl", trainer.rollout_records)
         if warm is not None:
             m["warm_start"] = warm
         atomic_write_text(part / "metrics.json", json.dumps(m, indent=2) + "\n")
