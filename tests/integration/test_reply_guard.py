@@ -201,7 +201,7 @@ async def test_a_supporter_like_simulated_user_is_regenerated(tmp_path):
         if who != "user":
             return GOOD[who]
         n["user"] += 1
-        return ("Dear [name], I hope this message finds you well. You should rest." if n["user"] == 1
+        return ("I hope this message finds you well. You should rest." if n["user"] == 1
                 else "I keep checking the locks at night because I am still scared.")
 
     stack, client, eng, metrics = await guarded_stack(tmp_path, rotating_director(), speaker)

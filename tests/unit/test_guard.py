@@ -119,7 +119,9 @@ def test_loop_and_echo_definitions():
                                   "I'm so proud of you for being kind and compassionate.",
                                   "It's wonderful to know that you're doing something positive.",
                                   "I think the best way to address this is to have a conversation with your husband.",
-                                  "I would suggest you take a break.", "I'd recommend you call her.",
+                                  "Take a deep breath and remind yourself that it's okay.",
+                                  "Please find some relief.", "I would suggest you take a break.",
+                                  "I'd recommend you call her.",
                                   "A walk might help you clear your head."])
 def test_supporter_sentences_are_refused_for_the_simulated_user(text):
     assert supporter_reason(text) == "supporter"
@@ -128,7 +130,8 @@ def test_supporter_sentences_are_refused_for_the_simulated_user(text):
 @pytest.mark.parametrize("text", ["I was so scared when he followed us.", "My mom held my hand the whole time.",
                                   "I think the best way to handle this is to talk to my husband.",
                                   "Your advice helps, thank you.", "I suggest we talk about something else.",
-                                  "Could you help me figure out what to say?",
+                                  "Could you help me figure out what to say?", "I took a deep breath and called him.",
+                                  "I keep reminding myself it was not my fault.",
                                   "Thanks, that helps a bit.", "My dad said he was proud of me.",
                                   "It's great to hear that it worked out for my sister."])
 def test_a_person_talking_about_themselves_passes(text):
@@ -207,7 +210,8 @@ def test_a_short_reply_repeating_an_earlier_short_turn_is_refused_like_the_bench
     "The user gave a great example.", "As an AI language model, I cannot feel.", "(pauses nervously)",
     "Here's an alternative:", "Dear John, I read your note.", "To: Bright Idea Team",
     "I'm so sorry (sighs) that this happened to you.", "*smiles warmly* That is wonderful news.",
-    "Well (takes a deep breath), let's look at it.",
+    "Well (takes a deep breath), let's look at it.", "Sincerely, [User Name]", "Here is how it should be delivered.",
+    "The language is a little unclear and I'd like to rephrase it.", "Best regards, Sam",
 ])
 def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
     """Written by SmolLM2-135M in a supporter's place (phase 1 candidates): about the text or the task, not to the
@@ -226,7 +230,8 @@ def test_a_sentence_about_the_text_or_the_task_is_refused_as_meta(text):
     "Your style of parenting sounds caring.", "Where did you leave the user manual?", "Dear me!",
     "To be honest, that sounds exhausting.", "Here's an idea: call her tonight.",
     "Your smile (and your laugh) will come back.", "Take a deep breath with me.",
-    "Nodding along is not enough (sadly).",
+    "Nodding along is not enough (sadly).", "I sincerely hope the call goes well.",
+    "The language of grief is hard to speak.",
 ])
 def test_supportive_sentences_that_share_words_with_meta_ones_pass(text):
     assert check_reply(text, ReplyContext(), GuardSettings()) is None

@@ -66,6 +66,12 @@ META_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     # a stage direction inside a sentence: "I'm so sorry (sighs) that happened.", "*smiles warmly* That's great."
     r"[(*]\s*(?:\w+ly )?(?:pause[sd]?|sighs?|smiles?|laughs?|nods?|chuckles?|giggles?|hugs?|cries|winks?|grins?"
     r"|shrugs?|sobs?|leans? in|takes? a deep breath)\b[^()*]{0,40}[)*]",
+    # a letter's placeholders and sign-offs, talk of how the text should be delivered or rephrased (phase 2
+    # rollouts: "Sincerely, [User Name]", "Here is how it should be delivered.", "The language is a little unclear")
+    r"\[(?:user|your|the person'?s|recipient'?s|their|first|full)?\s*name\]",
+    r"^\W*(?:sincerely|best regards|kind regards|warm regards|yours truly)\b",
+    r"\bhow (?:it|this|that|the (?:message|text)) should be (?:delivered|written|phrased|worded|said)\b",
+    r"\b(?:the )?(?:language|wording|phrasing) is (?:a little |a bit |very |too )?(?:unclear|awkward|informal)\b",
 ))
 
 
@@ -279,6 +285,9 @@ SUPPORTER_PATTERNS = tuple(re.compile(p, re.IGNORECASE) for p in (
     r"daughter|kids?|children|brother|sister|family|coworkers?|colleagues?)\b",
     r"\bi( would|'d)? (suggest|recommend|advise|encourage) (that )?you\b",
     r"\b(might|may|could|will|would) help you\b",
+    # consoling the helpers (phase 2 rollouts): "Take a deep breath and remind yourself …", "Please find some relief."
+    r"\b(remind|take care of|be kind to|be gentle with|be proud of|forgive) yourself\b", r"^\W*take a deep breath\b",
+    r"\bplease find (some )?(relief|peace|comfort)\b",
 ))
 
 
