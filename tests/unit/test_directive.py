@@ -104,6 +104,7 @@ def test_directive_regex_leaves_every_persona_reachable_after_a_leading_the():
     ("Acknowledge how brave you are, and I'm so proud of you.", "directive_voice"),
     ("Offer my support for the move to the new neighbourhood.", "directive_voice"),
     ("The Anchor", "directive_name"),
+    ("Reflect back, 'I'm so sorry to hear that.", "directive_voice"),  # a quote before "I'm" hid it
 ])
 def test_content_rules_refuse_first_person_and_name_only_actions(action, reason):
     from mascot.director.directive import ParsedDirective, check_content
@@ -154,3 +155,20 @@ def test_the_is_no_helper_name_word_in_the_content_rules():
     from mascot.director.directive import ParsedDirective, check_content
 
     check_content(ParsedDirective("anchor", "Acknowledge the user's experience.", "Warm"), [c.name for c in ROSTER], [])
+
+
+@pytest.mark.parametrize("tone, named", [
+    ("Empathetic Listener", True), ("The Anchor", True), ("Anchor", True), ("the Empathetic Listener and Beacon", True),
+    ("Empathetic, empathetic, empathetic", False), ("Empathetic and calm", False), ("Calm and steady", False),
+])
+def test_a_tone_is_refused_only_when_it_names_a_helper(tone, named):
+    """A word of a helper's name used as a tone word ("Empathetic") is a tone; the whole name is not."""
+    from mascot.director.directive import ParsedDirective, check_content
+
+    action = "Acknowledge how brave the person was to speak up."
+    if named:
+        with pytest.raises(DirectiveError) as e:
+            check_content(ParsedDirective("anchor", action, tone), [c.name for c in ROSTER], [])
+        assert e.value.reason == "directive_name" and "Tone" in str(e.value)
+    else:
+        check_content(ParsedDirective("anchor", action, tone), [c.name for c in ROSTER], [])

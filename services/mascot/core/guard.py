@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-_WORD_RE = re.compile(r"[a-z0-9']+")
+_WORD_RE = re.compile(r"[a-z0-9](?:[a-z0-9']*[a-z0-9])?")  # apostrophes inside a word only: 'I'm -> i'm
 #: A sentence ends at . ! ? or an ellipsis (optionally followed by closing quotes/brackets or emoji), then
 #: whitespace; or at a line break.
 _SENT_END_RE = re.compile(r"(?:[.!?…]+[\"')\]]*|\n)(?=\s)")
@@ -82,7 +82,7 @@ def is_meta(sentence: str) -> bool:
 
 
 def words(text: str) -> list[str]:
-    """Lower-cased word tokens (letters, digits, apostrophes)."""
+    """Lower-cased word tokens (letters and digits, with apostrophes inside a word: "'I'm" gives "i'm")."""
     return _WORD_RE.findall(text.lower().replace("’", "'"))
 
 

@@ -82,7 +82,12 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     if FIRST_PERSON.intersection(words(d.action)):
         raise DirectiveError("the Action must tell the helper what to do (e.g. 'Ask what ...'), not speak to the "
                              "person with 'I'", "directive_voice")
-    if not [w for w in words(d.tone) if w not in name_words]:
+    # a Tone is a helper's name when nothing is left once the whole names are taken out: "Empathetic Listener" or
+    # "The Anchor" is refused, "Empathetic, calm" (a word of a name, used as a tone word) is not
+    tone = " ".join(words(d.tone))
+    for n in sorted((" ".join(words(x)).removeprefix("the ") for x in roster_names), key=len, reverse=True):
+        tone = re.sub(rf"\b(?:the )?{re.escape(n)}\b", " ", tone) if n else tone
+    if not [w for w in tone.split() if w not in {"the", "agent", "helper", "and"}]:
         raise DirectiveError("the Tone must describe a tone (e.g. 'Warm and calm'), not name a helper",
                              "directive_name")
     grams = char_ngrams(d.action)
