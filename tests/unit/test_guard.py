@@ -97,6 +97,13 @@ def test_a_sentence_said_again_without_a_space_between_is_a_loop():
     assert is_loop(glued) and defects.is_loop(glued) and check_reply(glued, CTX, ON) == "loop"
     g, out = gate_run(["That is lovely to hear. ", glued[:40], glued[40:]])
     assert out == g.released == "That is lovely to hear." and g.cut_reason == "loop"
+    # a sentence that starts over with the whole of the one before it (read in the evaluation's replies)
+    restart = "I'm so glad to hear that. I'm so glad to hear that your journey is going to be filled with joy."
+    assert is_loop(restart) and defects.is_loop(restart)
+    g, out = gate_run([restart])
+    assert out == g.released == "I'm so glad to hear that." and g.cut_reason == "loop"
+    assert not is_loop("I am so glad. I am so glad you called me today.")  # four words: a phrase, not a sentence
+    assert not is_loop("That sounds hard. That sounds like a lot to carry.")
     # one long 8-word stretch said once, and two sentences sharing only a short phrase, are no loop
     assert not is_loop("Thank you for telling me about your family and the love you share with them.")
     assert not is_loop("You did a great job today. I think you did a great job with the kids too.")

@@ -17,7 +17,7 @@ Definitions (all on lower-cased text):
   with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words)
   in one; or it opens with a prompt label (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
 - loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, a word 8-gram
-  twice, or a sentence repeats an earlier sentence of the same reply;
+  twice, or a sentence repeats (or opens with the whole of) an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
   whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
   of an earlier turn, or between the whole reply and an earlier turn;
@@ -151,12 +151,20 @@ def loop_count(text: str, n: int = 4) -> int:
     return max(c.values(), default=0)
 
 
+#: A sentence that opens with the whole of an earlier sentence of the same text, this many words or more, repeats it
+#: ("I'm so glad to hear that. I'm so glad to hear that your journey …").
+RESTART_MIN_WORDS = 5
+
+
 def _repeats_within(text: str) -> bool:
     keys = [" ".join(words(s)) for s in split_sentences(text)]
     keys = [k for k in keys if k]
     lines = [" ".join(words(ln)) for ln in text.splitlines() if ln.strip()]
     lines = [k for k in lines if k]
-    return len(set(keys)) < len(keys) or len(set(lines)) < len(lines)
+    if len(set(keys)) < len(keys) or len(set(lines)) < len(lines):
+        return True
+    return any(later.startswith(k + " ") for i, k in enumerate(keys) if len(k.split()) >= RESTART_MIN_WORDS
+               for later in keys[i + 1:])
 
 
 #: A word n-gram this long twice in one text is a loop: a sentence said again, also when the copy is glued to the
@@ -165,8 +173,8 @@ REPEAT_NGRAM = 8
 
 
 def is_loop(text: str, n: int = 4, count: int = 3) -> bool:
-    """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, or a sentence
-    or line of it repeated."""
+    """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, a sentence or
+    line of it repeated, or a sentence that opens with a whole earlier sentence (:data:`RESTART_MIN_WORDS`+ words)."""
     return loop_count(text, n) >= count or loop_count(text, REPEAT_NGRAM) >= 2 or _repeats_within(text)
 
 
