@@ -264,6 +264,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
                     v = None
                 groups[i] = None if v is None else float(v)
         out: list[float | None] = []
+        step = getattr(kw.get("trainer_state"), "global_step", None)
         for i, r in enumerate(rollout):
             kind = "dropped" if r["dropped"] else "invalid" if r["invalid"] else \
                 "window_full" if r.get("window_full") else "complete"
@@ -282,8 +283,7 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
             if reward is not None:
                 stats.rewards.append(reward)
             out.append(reward)
-            state = kw.get("trainer_state")
-            stats.records.append({"step": getattr(state, "global_step", None), **r, "outcome": kind,
+            stats.records.append({"step": step, **r, "outcome": kind,
                                   "r_group": rg, "reward": reward})
         return out
 

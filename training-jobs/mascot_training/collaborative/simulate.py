@@ -273,16 +273,13 @@ class PolicyDirector:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     def _compiled(self, regex: str) -> Any:
-        """The xgrammar grammar of ``regex`` (compiled once per regex; the stop tokens end it)."""
-        import xgrammar as xgr
+        """The xgrammar grammar of ``regex`` (:class:`~mascot.core.engine.transformers.GrammarCache`, as the serving
+        engine compiles it; the stop tokens end it)."""
+        from mascot.core.engine.transformers import GrammarCache
 
-        if getattr(self, "_compiler", None) is None:
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self._vocab_size(),
-                                                      stop_token_ids=self.stop_ids)
-            self._compiler, self._grammars = xgr.GrammarCompiler(info), {}
-        if regex not in self._grammars:
-            self._grammars[regex] = self._compiler.compile_regex(regex)
-        return self._grammars[regex]
+        if getattr(self, "_grammars", None) is None:
+            self._grammars = GrammarCache(self.tokenizer, self._vocab_size(), self.stop_ids)
+        return self._grammars.get(regex=regex)
 
 
 class GrammarLogitsProcessor:

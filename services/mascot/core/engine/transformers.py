@@ -243,6 +243,46 @@ def resolve_device(device: str) -> str:
     return device
 
 
+class GrammarCache:
+    """Compiled xgrammar grammars of one tokenizer (``GrammarCompiler`` over ``TokenizerInfo.from_huggingface``; the
+    ``stop_ids`` end a grammar), the least recently used dropped past ``max_size`` (directive regexes vary with the
+    roster choice). Shared by the engine's constrained decoding and the director policy's grammar sampling in
+    training.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        vocab_size: Columns of the model's logits.
+        stop_ids: Token ids that end generation.
+        max_size: Grammars kept.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int], max_size: int = 256) -> None:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+        self.compiler = xgr.GrammarCompiler(info)
+        self.max_size = max_size
+        self._cache: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
+
+    def get(self, *, regex: str | None = None, json_schema: str | None = None) -> Any:
+        """The compiled grammar of ``regex``, else of ``json_schema`` (vLLM's compact JSON).
+
+        Raises:
+            ValueError: an invalid regex or JSON schema.
+        """
+        key = ("regex", regex) if regex is not None else ("json", json_schema)
+        if key not in self._cache:
+            if key[0] == "regex":
+                self._cache[key] = self.compiler.compile_regex(regex)
+            else:
+                self._cache[key] = self.compiler.compile_json_schema(json_schema, any_whitespace=False,
+                                                                      separators=(",", ":"))
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.max_size:
+            self._cache.popitem(last=False)
+        return self._cache[key]
+
+
 class TransformersEngine(HFTokenizerMixin):
     """Engine on ``transformers`` + ``peft``; see the module docstring.
 
@@ -290,9 +330,7 @@ class TransformersEngine(HFTokenizerMixin):
         self._lock = threading.Lock()
         self._adapters: dict[str, str] = {}
         self._worker: threading.Thread | None = None
-        self._grammar_compiler: Any = None
-        #: Compiled grammars, least recently used dropped past 256 (directive regexes vary with the roster choice).
-        self._grammar_cache: "OrderedDict[tuple[str, str], Any]" = OrderedDict()
+        self._grammars: GrammarCache | None = None
         self.model: Any = None
         self.tokenizer: Any = None
         #: Sizes of the last 1024 decode batches (at each start or admission), for inspection.
@@ -434,23 +472,9 @@ class TransformersEngine(HFTokenizerMixin):
             self.prefix_cache.drop(name)
 
     def _grammar(self, structured: Any) -> Any:
-        import xgrammar as xgr
-
-        if self._grammar_compiler is None:
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size,
-                                                      stop_token_ids=sorted(self._eos))
-            self._grammar_compiler = xgr.GrammarCompiler(info)
-        key = ("regex", structured.regex) if structured.regex is not None else ("json", structured.json_schema)
-        if key not in self._grammar_cache:
-            if key[0] == "regex":
-                self._grammar_cache[key] = self._grammar_compiler.compile_regex(structured.regex)
-            else:
-                self._grammar_cache[key] = self._grammar_compiler.compile_json_schema(
-                    structured.json_schema, any_whitespace=False, separators=(",", ":"))  # vLLM's compact JSON
-        self._grammar_cache.move_to_end(key)
-        while len(self._grammar_cache) > 256:
-            self._grammar_cache.popitem(last=False)
-        return self._grammar_cache[key]
+        if self._grammars is None:
+            self._grammars = GrammarCache(self.tokenizer, self.model.config.vocab_size, sorted(self._eos))
+        return self._grammars.get(regex=structured.regex, json_schema=structured.json_schema)
 
     # ---------------------------------------------------------------- public API
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | GenerationResult]:
