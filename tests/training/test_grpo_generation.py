@@ -42,6 +42,19 @@ def test_transformers_is_the_default_and_maps_to_no_vllm(tmp_path):
     assert director_args(CollaborativeConfig(), tmp_path).use_vllm is False
 
 
+def test_gradient_checkpointing_maps_to_trl_and_is_off_by_default(tmp_path):
+    """``gradient_checkpointing`` of both GRPO stages reaches TRL's ``GRPOConfig`` as set (off unless asked)."""
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import grpo_args as director_args
+    from mascot_training.persona.persona_grpo import grpo_args
+
+    assert grpo_args(GrpoConfig(), tmp_path).gradient_checkpointing is False
+    assert grpo_args(GrpoConfig(gradient_checkpointing=True), tmp_path).gradient_checkpointing is True
+    assert director_args(CollaborativeConfig(), tmp_path).gradient_checkpointing is False
+    on = CollaborativeConfig(director_grpo={"gradient_checkpointing": True})
+    assert director_args(on, tmp_path).gradient_checkpointing is True
+
+
 @pytest.mark.parametrize("gen,max_len,sampling,expected", [
     ({"backend": "vllm", "vllm_gpu_memory_utilization": 0.45, "vllm_tensor_parallel_size": 2}, 4096, True,
      {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.45,

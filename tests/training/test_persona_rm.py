@@ -240,3 +240,30 @@ def test_micro_batches_accumulate_to_the_configured_batch(tmp_path, tiny_model_d
     run(make_cfg(epochs=1.0, micro_batch_size=2), tmp_path, base_model=str(tiny_model_dir))
     log = [json.loads(x) for x in (tmp_path / "persona_rm" / "curves.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == [1, 2]  # 8 passes of 2 pairs, 2 updates of 8
+
+
+def test_gradient_checkpointing_is_switched_on_and_leaves_the_update_unchanged(tmp_path, tiny_model_dir,
+                                                                                monkeypatch):
+    """``gradient_checkpointing: true`` turns transformers' checkpointing on for the reward model's training, and
+    recomputing activations in the backward pass changes no loss: the same pairs and seed give the same curve."""
+    from transformers import PreTrainedModel
+
+    from mascot_training.persona.persona_rm import run
+
+    enabled = []
+    real = PreTrainedModel.gradient_checkpointing_enable
+
+    def spy(self, *a, **kw):
+        enabled.append(type(self).__name__)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", spy)
+    curves = {}
+    for gc in (False, True):
+        out = tmp_path / f"gc-{gc}"
+        write_pairs(out, n_train=16, n_heldout=4)
+        run(make_cfg(epochs=1.0, gradient_checkpointing=gc), out, base_model=str(tiny_model_dir))
+        curves[gc] = [e["loss"] for e in map(json.loads, (out / "persona_rm" / "curves.jsonl").read_text()
+                                             .splitlines()) if "loss" in e]
+        assert bool(enabled) is gc, enabled
+    assert len(curves[True]) == 2 and curves[True] == pytest.approx(curves[False], rel=1e-4, abs=1e-5)

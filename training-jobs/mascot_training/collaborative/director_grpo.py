@@ -379,7 +379,8 @@ def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=cfg.max_model_len, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards,
-                      temperature=cfg.director.temperature, seed=g.seed, bf16=False, gradient_checkpointing=False,
+                      temperature=cfg.director.temperature, seed=g.seed, bf16=False,
+                      gradient_checkpointing=g.gradient_checkpointing,
                       use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", logging_steps=1,
                       disable_tqdm=True,
                       **trl_generation_args(g.generation, cfg.max_model_len, importance_sampling=False))

@@ -112,6 +112,9 @@ class PersonaRmConfig(_S):
     #: about micro_batch_size/batch_size of the activation memory). 0 = ``batch_size`` (no accumulation).
     micro_batch_size: int = Field(0, ge=0)
     max_length: int = Field(1024, ge=32)
+    #: Recompute each layer's activations in the backward pass instead of keeping them from the forward pass
+    #: (transformers gradient checkpointing): a fraction of the activation memory for about one more forward pass.
+    gradient_checkpointing: bool = False
 
     @model_validator(mode="after")
     def _micro_divides(self) -> "PersonaRmConfig":
@@ -165,6 +168,10 @@ class GrpoOptimConfig(_S):
     scale_rewards: Literal["group", "batch", "none"] = "group"
     #: Seconds a reward computation may take before the sample is masked (reward None) and counted.
     reward_timeout_s: float = Field(60.0, gt=0)
+    #: Recompute each layer's activations in the loss's backward pass instead of keeping them (transformers gradient
+    #: checkpointing; TRL turns it off while generating, and the director's sampler generates in eval mode with its
+    #: cache): a fraction of the activation memory of a step for about one more forward pass.
+    gradient_checkpointing: bool = False
     seed: int = 0
 
 

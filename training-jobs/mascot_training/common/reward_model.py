@@ -69,7 +69,8 @@ def fit_reward_model(base: str, tokenizer: Any, dataset: Any, rm_cfg: Any, seed:
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
     micro = rm_cfg.micro_batch_size or rm_cfg.batch_size
-    args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False, gradient_checkpointing=False,
+    args = RewardConfig(output_dir=str(trainer_dir), bf16=False, fp16=False,
+                        gradient_checkpointing=rm_cfg.gradient_checkpointing,
                         use_cpu=not torch.cuda.is_available(), num_train_epochs=rm_cfg.epochs,
                         learning_rate=rm_cfg.lr, per_device_train_batch_size=micro,
                         gradient_accumulation_steps=rm_cfg.batch_size // micro,

@@ -203,7 +203,8 @@ def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None =
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=g.max_completion_length, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, temperature=g.temperature,
-                      seed=g.seed, bf16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
+                      seed=g.seed, bf16=False, gradient_checkpointing=g.gradient_checkpointing,
+                      use_cpu=not torch.cuda.is_available(),
                       report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
                       **trl_generation_args(g.generation, max_model_len))
 
