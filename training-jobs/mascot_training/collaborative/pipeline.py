@@ -16,7 +16,7 @@ from typing import Any, Callable
 from mascot_training.collaborative.config import STAGES, CollaborativeConfig
 from mascot_training.common import manifest as mf
 from mascot_training.common.config import active_personas
-from mascot_training.common.memory import release_freed_memory
+from mascot_training.common.memory import after_stage
 from mascot_training.common.progress import reporting, stage_finished, stage_started
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
 
     def report(stage: str, before: Any) -> None:
         log_fn(stage_finished(stage, before, results.get(stage)))
-        release_freed_memory()  # group_rm trains in the engine loop's thread, GRPO in this one: separate arenas
+        log_fn(after_stage(stage))  # group_rm trains in the engine loop's thread, GRPO in this one: separate arenas
 
     def timings(stage: str) -> Any:
         return (mf.read_manifest(out / stage) or {}).get("timings")

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from mascot.core.files import read_jsonl
 from mascot_training.common.config import active_personas
 from mascot_training.common.manifest import read_manifest
-from mascot_training.common.memory import release_freed_memory
+from mascot_training.common.memory import after_stage
 from mascot_training.common.progress import reporting, stage_finished, stage_started
 from mascot_training.persona.config import STAGES, PersonaAlignmentConfig
 
@@ -124,7 +124,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base,
                                                              adapters=adapters, data_ids=ids)
                 log(stage_finished(stage, before, results.get(stage)))
-                release_freed_memory()  # stages train in worker threads whose arenas keep what they freed
+                log(after_stage(stage))  # stages train in worker threads whose arenas keep what they freed
         finally:
             if engine is not None:
                 await engine.close()
