@@ -49,8 +49,8 @@ def release_freed_memory() -> int | None:
 
 
 def after_stage(stage: str) -> str:
-    """:func:`release_freed_memory` after ``stage`` and the line a pipeline prints about it, e.g. ``stage group_rm:
-    gave back 7.1 GB of freed memory, resident 3.4 GB`` (``resident 3.4 GB`` alone when nothing came back;
+    """:func:`release_freed_memory` after ``stage`` and the line a pipeline prints about it, ``stage <stage>: gave back
+    <n> GB of freed memory, resident <m> GB`` (``resident 3.4 GB`` alone when nothing came back;
     ``resident size unknown`` off Linux)."""
     freed = release_freed_memory()
     now = resident_bytes()
