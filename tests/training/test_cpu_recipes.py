@@ -58,6 +58,9 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     assert p2.director_grpo.max_steps >= 30 and p2.speakers.store == "runs/p1/adapters"
     assert p2.publish.store == "runs/p1/adapters"
     assert [j["kind"] for j in p2.phase2.group_reward.judge.judges] == ["metrics"]
+    # both fit a 24 GB machine with the trainers' activations recomputed in the backward pass (docs/training.md)
+    assert p1.persona_rm.gradient_checkpointing and p1.persona_grpo.gradient_checkpointing
+    assert p2.phase2.group_reward.rm.gradient_checkpointing and p2.director_grpo.gradient_checkpointing
 
 
 def test_the_serving_config_of_the_recipes_gates_promotion_on_the_gate_split(tmp_path, monkeypatch):
