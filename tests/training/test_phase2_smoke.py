@@ -110,8 +110,13 @@ def test_smoke_config_runs_standalone_and_leaves_a_director_adapter(smoke_config
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(vdir))
     with torch.no_grad():
         assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] == model.config.vocab_size
-    # resume: nothing is redone, nothing is published twice
-    p2 = _cli(["collaborative", "--config", str(conf), "--out", str(out)], tmp_path)
+    # resume: nothing is redone, nothing is published twice, also with gradient checkpointing switched on (it changes
+    # the memory of a step, not what is trained)
+    toggled = json.loads(json.dumps(cfg))
+    toggled["phase2"]["group_reward"]["rm"]["gradient_checkpointing"] = True
+    toggled["director_grpo"]["gradient_checkpointing"] = True
+    (tmp_path / "toggled.yaml").write_text(yaml.safe_dump(toggled))
+    p2 = _cli(["collaborative", "--config", str(tmp_path / "toggled.yaml"), "--out", str(out)], tmp_path)
     assert p2.returncode == 0, p2.stderr[-2000:]
     assert p2.stderr.count("up to date, skipped") == 5, p2.stderr[-3000:]
     assert json.loads((out / "adapters" / "registry.json").read_text())["revision"] == reg["revision"]

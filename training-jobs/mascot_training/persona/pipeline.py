@@ -124,7 +124,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base,
                                                              adapters=adapters, data_ids=ids)
                 log(stage_finished(stage, before, results.get(stage)))
-                log(after_stage(stage))  # stages train in worker threads whose arenas keep what they freed
+                log(after_stage(stage))  # otherwise glibc's arenas keep what a trainer freed
         finally:
             if engine is not None:
                 await engine.close()
