@@ -517,13 +517,10 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
     src = out / "rollouts" / "prefixes.jsonl"
     if not src.is_file():
         raise ValueError(f"{src} is missing: run the rollouts stage first")
-    # The generation backend changes how directives are sampled and gradient checkpointing the memory of a step, not
-    # what is trained (kept out of the stage key; the group RM's checkpointing too).
-    conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json", exclude={"generation",
-                                                                               "gradient_checkpointing"}),
+    # The generation backend changes how directives are sampled, not what is trained (kept out of the stage key).
+    conf = {"director_grpo": cfg.director_grpo.model_dump(mode="json", exclude={"generation"}),
             "director": cfg.director.model_dump(mode="json"),
-            "phase2": cfg.phase2.model_dump(mode="json", exclude={"rollout_concurrency": True, "group_reward": {
-                "rm": {"gradient_checkpointing"}}}),
+            "phase2": cfg.phase2.model_dump(mode="json", exclude={"rollout_concurrency"}),
             "lora": cfg.lora.model_dump(mode="json"),
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json"), "guard": cfg.guard.model_dump(mode="json")}

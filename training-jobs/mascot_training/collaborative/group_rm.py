@@ -105,9 +105,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
     gr = cfg.phase2.group_reward
     blocks_path = out / "rollouts" / "blocks.jsonl"
     prefixes_path = out / "rollouts" / "prefixes.jsonl"
-    # gradient checkpointing changes the memory of a step, not the model: kept out of the stage key
-    conf = {"group_reward": gr.model_dump(mode="json", exclude={"rm": {"gradient_checkpointing"}}),
-            "personas": active_personas(cfg), "run_id": cfg.run_id,
+    conf = {"group_reward": gr.model_dump(mode="json"), "personas": active_personas(cfg), "run_id": cfg.run_id,
             "versions": judging_versions(gr.judge.judges)}
     if gr.source == "judge":
         inputs: dict[str, str] = {}

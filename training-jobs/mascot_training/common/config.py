@@ -114,7 +114,8 @@ class PersonaRmConfig(_S):
     max_length: int = Field(1024, ge=32)
     #: Recompute each layer's activations in the backward pass instead of keeping them from the forward pass
     #: (transformers gradient checkpointing): a fraction of the activation memory for about one more forward pass.
-    gradient_checkpointing: bool = False
+    #: Left out of every dump, so of every stage key: it changes a step's memory, not the model.
+    gradient_checkpointing: bool = Field(False, exclude=True)
 
     @model_validator(mode="after")
     def _micro_divides(self) -> "PersonaRmConfig":
@@ -170,8 +171,9 @@ class GrpoOptimConfig(_S):
     reward_timeout_s: float = Field(60.0, gt=0)
     #: Recompute each layer's activations in the loss's backward pass instead of keeping them (transformers gradient
     #: checkpointing; TRL turns it off while generating, and the director's sampler generates in eval mode with its
-    #: cache): a fraction of the activation memory of a step for about one more forward pass.
-    gradient_checkpointing: bool = False
+    #: cache): a fraction of the activation memory of a step for about one more forward pass. Left out of every dump,
+    #: so of every stage key: it changes a step's memory, not what is trained.
+    gradient_checkpointing: bool = Field(False, exclude=True)
     seed: int = 0
 
 

@@ -413,10 +413,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     from mascot.reward.scorer import RewardScorer
 
     g = cfg.persona_grpo
-    # The generation backend changes how completions are sampled and gradient checkpointing how much memory a step
-    # takes, not what is trained: a run resumed with either changed keeps the personas already trained.
-    train_cfg = g.model_dump(mode="json", exclude={"generation", "gradient_checkpointing"}) | {
-        "lora": cfg.lora.model_dump(mode="json")}
+    # The generation backend changes how completions are sampled, not what is trained: a run resumed on another
+    # backend keeps the personas already trained (gradient checkpointing is never dumped, config.py).
+    train_cfg = g.model_dump(mode="json", exclude={"generation"}) | {"lora": cfg.lora.model_dump(mode="json")}
     if g.heldout_eval:  # which prompts are held out depends on the pairs stage's split
         train_cfg["heldout_fraction"] = cfg.pairs.heldout_fraction
     if cfg.guard.enabled:  # the reward scores the text serving would deliver

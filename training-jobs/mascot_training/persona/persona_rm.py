@@ -190,9 +190,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
     if not pairs_path.is_file():
         raise ValueError(f"{pairs_path} does not exist: run the 'pairs' stage first (it writes pairs/pairs.jsonl "
                          "from the judge stage's judgements)")
-    # gradient checkpointing changes the memory of a step, not the model: kept out of the stage key
-    config = {**rm_cfg.model_dump(mode="json", exclude={"gradient_checkpointing"}), "seed": cfg.sample.seed,
-              "run_id": cfg.run_id}
+    config = {**rm_cfg.model_dump(mode="json"), "seed": cfg.sample.seed, "run_id": cfg.run_id}
     inputs = {"pairs": digest_path(pairs_path), "base_model": _base_digest(base)}
     if is_done(out, STAGE, config, inputs):
         log.info("persona_rm: already done with this config and inputs; skipping")
