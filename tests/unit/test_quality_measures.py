@@ -188,8 +188,19 @@ def test_measures_block_pairs_systems_by_situation(roster, embedder, tmp_path):
     report = {"mode": "support", "judges": [], "systems": {}, "measures": block}
     md = render_markdown(report)
     assert "## Measures without a judge" in md and "No LLM judge ran" in md
-    assert "| MASCOT | 12 | 1.000 [1.000, 1.000] |" in md
-    zs = next(line for line in md.splitlines() if line.startswith("| Zero-Shot | +1.000"))
+    head = next(line for line in md.splitlines() if line.startswith("| System | n | Move compliance"))
+    row = next(line for line in md.splitlines() if line.startswith("| MASCOT | 12 |"))
+    col = [c.strip() for c in head.split("|")].index("MiniLM identifiability (diagnostic) ↑")
+    assert [c.strip() for c in row.split("|")][col] == "1.000 [1.000, 1.000]"
+    # The classifier uses no card: each persona of both systems always says the same text (zero-shot's the card of
+    # another persona), so both are told apart perfectly, though only mascot's replies sit nearest their own card.
+    for system in ("mascot", "zero-shot"):
+        dist = block["systems"][system]["distinguishability"]
+        assert dist["accuracy"] == 1.0 and dist["chance"] == 0.2 and dist["n"] == 60
+        assert block["systems"][system]["openers"]["max_top_share"] == 1.0
+        assert set(block["systems"][system]["moves_per_persona"]) == set(ids)
+    assert "### Persona adherence by persona" in md and "1.000 [1.000, 1.000] (chance 0.20)" in md
+    zs = next(line for line in md.splitlines() if line.startswith("| Zero-Shot |") and "| +1.000 [" in line)
     assert "p=" in zs
     ident = next(line for line in md.splitlines() if line.startswith("| MASCOT | 1.000 (n=60)"))
     assert "| 1.000 | 1.000 |" in ident  # kappa and balanced accuracy

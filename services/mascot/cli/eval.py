@@ -224,3 +224,85 @@ def import_pairs_cmd(
         console.print("[yellow]warning: no filled ratings were found; fill the choice column first[/yellow]")
     console.print_json(json.dumps(res.get("pairs", res), default=str))
     console.print(f"written: {study / 'preference.json'}")
+
+
+@eval_app.command("probe")
+def probe_cmd(
+    situations: Path = typer.Option(..., "--situations", help="Situations (.jsonl, an EmpatheticDialogues .csv, or "
+                                    "QMSum meetings)."),
+    out: Path = typer.Option(..., "--out", help="Output directory (a rerun resumes it)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use the first N records."),
+    conditions: str = typer.Option("fallback,director", "--conditions", help="fallback (the first reply under the "
+                                   "fallback directive) and/or director (under a directive the director writes for "
+                                   "that persona)."),
+    adapters: str = typer.Option("", "--adapters", help="Adapter store (a folder, or a file://, pvc:// or s3:// URI): "
+                                 "its stable persona versions answer as system 'adapters', beside the base model; "
+                                 "the situations their training used are refused."),
+    training_manifest: list[Path] = typer.Option([], "--training-manifest", help="A training run's manifest.json: "
+                                                 "its ids are refused (repeatable)."),
+    mode: ModeName = MODE,
+    seed: int = typer.Option(0, "--seed", help="Base seed (same seed, same directives and reply seeds)."),
+    concurrency: int = typer.Option(16, "--concurrency", min=1, max=256, help="Requests in flight (the engine "
+                                    "batches up to engine.max_batch_size, 16 by default)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Backbone model directory, or 'tiny' (default: "
+                                        "SmolLM2-135M-Instruct, prepared by make setup)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
+) -> None:
+    """The speaker probe: every persona answers every situation directly (no director choosing who speaks), base
+    model and adapters side by side; writes probe-report.json/md with card-move compliance and distinguishability."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from mascot.cli.common import load_config_or_exit, quiet
+    from mascot.eval.probe import ProbeOptions, run_probe, validate
+
+    opts = ProbeOptions(situations=situations, out_dir=out, mode=mode, limit=limit,
+                        conditions=[c.strip() for c in conditions.split(",") if c.strip()], adapters=adapters.strip(),
+                        manifests=list(training_manifest), seed=seed, concurrency=concurrency)
+    try:
+        validate(opts)
+    except ValueError as e:
+        _fail(str(e))
+    cfg = load_config_or_exit(config, **{"engine.model": model})
+    quiet()
+    import grpc
+
+    from mascot.core.retry import one_line
+
+    started: dict[str, float] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("eta"), TimeRemainingColumn(), console=console) as bar:
+        tasks: dict[str, int] = {}
+        last: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            import time
+
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+                started[phase] = time.monotonic()
+                last[phase] = done
+                started[phase + ":first"] = done
+            bar.update(tasks[phase], completed=done, total=total)
+            step = max(1, total // 20)
+            if not console.is_terminal and (done == total or done - last.get(phase, -step) >= step):
+                last[phase] = done
+                made = done - started[phase + ":first"]
+                eta = ""
+                if 0 < made and done < total:
+                    rate = (time.monotonic() - started[phase]) / made
+                    eta = f", eta {rate * (total - done) / 60:.1f} min"
+                console.print(f"{phase} {done}/{total}{eta}")
+
+        try:
+            report = asyncio.run(run_probe(opts, cfg, progress))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        except grpc.aio.AioRpcError as e:
+            _fail(f"a service refused: {e.code().name}: {one_line(e.details())} (rerunning the same command resumes)",
+                  1)
+    summary = {s: {c: {"compliance": v["macro"]["compliance"]["mean"], "forbidden": v["macro"]["forbidden"]["mean"],
+                       "distinguishability": v["distinguishability"]["accuracy"]}
+                   for c, v in conds.items()} for s, conds in report["results"].items()}
+    print(json.dumps({"macro": summary, "wall_seconds": report["timings"]}, indent=2), flush=True)
+    console.print(f"report: {out / 'probe-report.md'} (and probe-report.json, replies.jsonl, directives.jsonl)")

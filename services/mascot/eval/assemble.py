@@ -123,9 +123,12 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
     mctx = MeasureContext(roster, embedder.embed, sources)
     rows: list[dict] = []
     identified: dict[str, list] = {s: [] for s in opts.systems}
+    # per system: (situation, speaker, compliant, forbidden, text) of every persona reply whose card has moves
+    moved: dict[str, list] = {s: [] for s in opts.systems}
     for i, d in enumerate(dialogues):
         m = dialogue_measures(d, mctx, agent_turns)
         identified[d["system"]] += m["identified"]
+        moved[d["system"]] += [(d["situation_id"], *x) for x in m["moves"]]
         rows.append({"system": d["system"], "situation_id": d["situation_id"], "split": d.get("split", ""),
                      **m["values"]})
         progress("measures", i + 1, len(dialogues))
@@ -137,7 +140,8 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
         systems[s] = {"n": len(mine),
                       "values": {k: bootstrap_mean([r[k] for r in mine if r[k] is not None], seed=opts.seed)
                                  for k in MEASURES},
-                      "identification": identification_summary(identified[s], mctx.card_ids)}
+                      "identification": identification_summary(identified[s], mctx.card_ids),
+                      **persona_moves(moved[s], mctx.card_ids, opts.seed)}
     def paired_against(reference: str) -> dict:
         paired: dict = {}
         for s in opts.systems:
@@ -161,6 +165,46 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
         block["paired_trained"] = paired_against("mascot-trained")
     rows = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     return block, rows
+
+
+def persona_moves(replies: list[tuple[str, str, bool, bool, str]], card_ids: list[str], seed: int) -> dict:
+    """Per-persona card-move figures, distinguishability and opener diversity of one system.
+
+    Args:
+        replies: ``(situation_id, speaker, compliant, forbidden_present, text)`` of every persona reply whose card has
+            moves.
+        card_ids: Roster ids (report order).
+        seed: Bootstrap and classifier seed.
+
+    Returns:
+        ``{"moves_per_persona": {id: {"n", "dialogues", "compliance", "forbidden"}}, "distinguishability": {...},
+        "openers": {...}}``: per persona, the mean over the dialogues it spoke in of its share of compliant (and of
+        forbidden-move) replies there, with a 95% bootstrap interval over those dialogues;
+        :func:`mascot.eval.distinguish.distinguishability` over the system's replies grouped by situation; and
+        :func:`mascot.eval.distinguish.opener_diversity`.
+    """
+    from collections import defaultdict
+
+    from mascot.eval.distinguish import distinguishability, opener_diversity
+    from mascot.eval.stats import bootstrap_mean
+
+    per: dict[str, dict[str, list]] = {p: defaultdict(list) for p in card_ids}
+    for sid, pid, ok, bad, _ in replies:
+        if pid in per:
+            per[pid][sid].append((ok, bad))
+    block = {}
+    for pid in card_ids:
+        dl = list(per[pid].values())
+        block[pid] = {"n": sum(len(x) for x in dl), "dialogues": len(dl),
+                      "compliance": bootstrap_mean([sum(o for o, _ in x) / len(x) for x in dl], seed=seed),
+                      "forbidden": bootstrap_mean([sum(b for _, b in x) / len(x) for x in dl], seed=seed)}
+    texts = defaultdict(list)
+    for _, pid, _, _, t in replies:
+        texts[pid].append(t)
+    return {"moves_per_persona": block,
+            "distinguishability": distinguishability([r[4] for r in replies], [r[1] for r in replies],
+                                                     [r[0] for r in replies], seed=seed),
+            "openers": opener_diversity({p: texts.get(p, []) for p in card_ids})}
 
 
 def build_report(opts: Any, cfg: Any, situations: list, dialogues: list[dict], judged: dict, embedder: Any,

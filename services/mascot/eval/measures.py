@@ -7,7 +7,12 @@ is a cosine similarity).
 
 Measures (``better``: which direction is good):
 
-* ``identifiability`` (higher): share of the dialogue's agent replies whose nearest persona card, by cosine between
+* ``move_compliance`` (higher): share of the dialogue's persona replies that show a required move of their card and
+  no forbidden one (:mod:`mascot.core.moves`; replies whose card has no ``moves`` are left out);
+  ``forbidden_move_rate`` (lower): share that show a forbidden move. Per persona, the classifier-based
+  distinguishability and the opener diversity are system-level figures (:func:`mascot.eval.assemble.persona_moves`).
+* ``identifiability`` (higher; a training-signal diagnostic, not independent of the metrics judge, whose persona
+  criterion is the same margin): share of the dialogue's agent replies whose nearest persona card, by cosine between
   the reply's embedding and each roster card's :func:`identity_text`, is the card of the persona that spoke. Zero-shot:
   nothing is trained on replies. Chance is 1/N for N roster personas.
 * ``identity_margin`` (higher): mean over replies of cos(reply, own card) − max over the other cards of
@@ -51,7 +56,7 @@ MEASURES: dict[str, str] = {
     "identifiability": "higher", "identity_margin": "higher", "relevance_user": "higher",
     "relevance_situation": "higher", "self_bleu": "lower", "embedding_redundancy": "lower", "distinct_2": "higher",
     "echo_rate": "lower", "loop_rate": "lower", "near_duplicate_rate": "lower", "empty_rate": "lower",
-    "early_end": "lower", "reply_words": "",
+    "early_end": "lower", "reply_words": "", "move_compliance": "higher", "forbidden_move_rate": "lower",
 }
 #: One-line definitions, copied into ``report.json`` so a reader of the file alone knows what each number is.
 DEFINITIONS: dict[str, str] = {
@@ -68,6 +73,8 @@ DEFINITIONS: dict[str, str] = {
     "empty_rate": "share of agent turns without a word",
     "early_end": "1 when fewer agent turns were delivered than asked for",
     "reply_words": "mean words per agent reply",
+    "move_compliance": "share of persona replies with a required card move and no forbidden one (mascot.core.moves)",
+    "forbidden_move_rate": "share of persona replies with a forbidden card move",
 }
 class MeasureContext:
     """What the measures of one run share: the roster's card embeddings, the detectors' echo sources and an
@@ -89,6 +96,7 @@ class MeasureContext:
         if not cards:
             raise ValueError("the measures need at least one roster persona card")
         self.card_ids = [c.id for c in cards]
+        self.cards = {c.id: c for c in cards}
         if len(set(self.card_ids)) != len(self.card_ids):
             raise ValueError(f"persona ids must be unique, got {self.card_ids}")
         self._embed = embed
@@ -124,9 +132,10 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         agent_turns: Agent turns the dialogue was asked for (``early_end`` compares against it).
 
     Returns:
-        ``{"values": {measure: float | None}, "identified": [(speaker, predicted, margin)]}``: one value per
-        measure of :data:`MEASURES`, and one entry per reply that has an identifiability (for the confusion matrix
-        and the per-persona figures).
+        ``{"values": {measure: float | None}, "identified": [(speaker, predicted, margin)], "moves": [(speaker,
+        compliant, forbidden_present, text)]}``: one value per measure of :data:`MEASURES`, one entry per reply that
+        has an identifiability (for the confusion matrix and the per-persona figures), and one per persona-authored
+        reply whose card has moves (for the per-persona move figures, the classifier and the openers).
     """
     from mascot.core.diversity import distinct_n
     from mascot.eval.automatic import mean_pairwise_cosine, self_bleu
@@ -158,6 +167,14 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         earlier.append(text)
 
     persona = [t for t in agent if not t.get("safety")]
+    from mascot.core.moves import assess
+
+    moves: list[tuple[str, bool, bool, str]] = []
+    for t, user in scored:
+        card = mctx.cards.get(t.get("persona_id") or "")
+        if card is not None and card.moves is not None:
+            v = assess(card.moves, t["text"], user)
+            moves.append((card.id, v.compliant, v.forbidden_present, t["text"]))
 
     def rate(key: str) -> float | None:
         return flags[key] / len(agent) if agent else None
@@ -169,6 +186,8 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         "early_end": 1.0 if sum(1 for t in agent if words(t["text"])) < agent_turns else 0.0,
         "reply_words": (sum(len(words(t["text"])) for t in persona) / len(persona)) if persona else None,
         "identifiability": None, "identity_margin": None, "relevance_user": None, "relevance_situation": None,
+        "move_compliance": sum(m[1] for m in moves) / len(moves) if moves else None,
+        "forbidden_move_rate": sum(m[2] for m in moves) / len(moves) if moves else None,
     }
     if len(texts) >= 2:
         values["embedding_redundancy"] = mean_pairwise_cosine(mctx.embed(texts))
@@ -193,7 +212,7 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         if identified:
             values["identifiability"] = sum(1 for s, p, _ in identified if s == p) / len(identified)
             values["identity_margin"] = sum(m for _, _, m in identified) / len(identified)
-    return {"values": values, "identified": identified}
+    return {"values": values, "identified": identified, "moves": moves}
 
 
 def identification_summary(identified: Sequence[tuple[str, str, float]], card_ids: Sequence[str]) -> dict[str, Any]:

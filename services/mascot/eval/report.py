@@ -359,7 +359,8 @@ def _diff(stat: Any, digits: int = 3) -> str:
 
 
 #: Measures in the order of the report's tables, with column titles.
-MEASURE_COLUMNS = (("identifiability", "Identifiability"), ("identity_margin", "Identity margin"),
+MEASURE_COLUMNS = (("move_compliance", "Move compliance"), ("forbidden_move_rate", "Forbidden moves"),
+                   ("identifiability", "MiniLM identifiability (diagnostic)"), ("identity_margin", "Identity margin"),
                    ("relevance_user", "Relevance (user)"), ("relevance_situation", "Relevance (situation)"),
                    ("self_bleu", "Self-BLEU"), ("embedding_redundancy", "Redundancy"), ("distinct_2", "Distinct-2"),
                    ("echo_rate", "Echo"), ("loop_rate", "Loop"), ("near_duplicate_rate", "Near-dup"),
@@ -387,7 +388,10 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
         rows = [[system_label(s), str(systems[s].get("n", DASH))]
                 + [_ci((systems[s].get("values") or {}).get(k)) for k, _ in group] for s in order]
         lines += _table(["System", "n"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
-    lines += ["### Persona identifiability by persona", "",
+    lines += _adherence(block, order)
+    lines += ["### MiniLM identifiability by persona (a training-signal diagnostic)", "",
+              "Not an independent measure of persona: the metrics judge's persona criterion (and so a reward trained "
+              "on it) uses the same MiniLM margin. "
               "Pooled over replies (the table above averages per-dialogue shares). Per persona: accuracy (share of "
               "its replies whose nearest card is its own), mean margin, n replies. Identifiability depends on who "
               "speaks: \"chance given shares\" is the agreement expected from the speaker and nearest-card shares "
@@ -426,6 +430,39 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
                     for s in _systems_in_order(comps)]
             lines += _table(["System"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
     return lines
+
+
+def _adherence(block: Mapping[str, Any], order: list[str]) -> list[str]:
+    """Persona adherence per system: distinguishability with chance and interval, the most repeated opener, and each
+    persona's move compliance and forbidden-move rate."""
+    systems = block.get("systems") or {}
+    roster = list(block.get("roster") or [])
+    if not any("distinguishability" in (systems.get(s) or {}) for s in order):
+        return []
+    lines = ["### Persona adherence by persona", "",
+             "Distinguishability: a word and character n-gram logistic regression trained and tested by 5-fold "
+             "cross-validation within the system's replies, folds grouped by situation; macro accuracy with a 95% "
+             "bootstrap interval over situations, against chance 1/N (personas with fewer than 10 replies left out). "
+             "Openers: the largest share of one persona's replies opening with the same four words (a tic that "
+             "games the classifier or a detector shows here). Per persona: move compliance / forbidden-move rate, "
+             "means over the dialogues it spoke in (n replies).", ""]
+    rows = []
+    for s in order:
+        v = systems.get(s) or {}
+        d = v.get("distinguishability") or {}
+        acc = _num(d.get("accuracy"))
+        dist = DASH if acc is None else (f"{acc:.3f} [{_num(d.get('lo')) or 0:.3f}, {_num(d.get('hi')) or 0:.3f}] "
+                                         f"(chance {_num(d.get('chance')) or 0:.2f})")
+        op = v.get("openers") or {}
+        top = _num(op.get("max_top_share"))
+        opener = DASH if top is None else f"{top:.2f} ({op.get('worst')})"
+        cells = []
+        for pid in roster:
+            p = (v.get("moves_per_persona") or {}).get(pid) or {}
+            c, f = _num((p.get("compliance") or {}).get("mean")), _num((p.get("forbidden") or {}).get("mean"))
+            cells.append(DASH if c is None else f"{c:.2f} / {f:.2f} (n={p.get('n', 0)})")
+        rows.append([system_label(s), dist, opener] + cells)
+    return lines + _table(["System", "Distinguishability", "Max opener share"] + roster, rows)
 
 
 def _judge_info(report: Mapping[str, Any]) -> list[str]:

@@ -15,6 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mascot.core.moves import CardMoves
+
 SHIPPED_DIR = Path(__file__).parent
 SHIPPED_FILES = (SHIPPED_DIR / "support.yaml", SHIPPED_DIR / "meeting.yaml", SHIPPED_DIR / "baselines.yaml")
 #: Persona sets only the evaluation baselines use (the single-voice ``supporter``): never listed or served in a
@@ -58,6 +60,9 @@ class PersonaCard(BaseModel):
     style: list[str] = Field(default_factory=list)
     default_tone: str = Field(min_length=1, max_length=200)
     max_answer_words: int = Field(80, ge=5, le=2000)
+    #: The card's moves as detectors (:mod:`mascot.core.moves`): what a reply must do and must not. Optional: a card
+    #: without them has no move compliance in the evaluation.
+    moves: CardMoves | None = None
     persona_set: str = ""
 
     @field_validator("id")
@@ -140,7 +145,17 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
         err = e.errors()[0]
         loc = tuple(err["loc"])
         field = ".".join(str(p) for p in loc) or "(top level)"
-        raise PersonaFileError(f"{path}:{_line_of(node, loc)}: field {field}: {err['msg']}") from None
+        who = ""
+        if len(loc) > 2 and loc[0] == "personas" and isinstance(loc[1], int):
+            items = data.get("personas") if isinstance(data.get("personas"), list) else []
+            pid = items[loc[1]].get("id") if loc[1] < len(items) and isinstance(items[loc[1]], dict) else None
+            who = f" (persona {pid!r})" if pid else ""
+        fix = ""
+        if "moves" in loc:
+            fix = ("; fix: write each move as {detector: NAME, params: {...}} with a detector of mascot.core.moves "
+                   "(docs/evaluation.md, 'Card moves', lists them with their parameters)")
+        msg = err["msg"].removeprefix("Value error, ")
+        raise PersonaFileError(f"{path}:{_line_of(node, loc)}: field {field}{who}: {msg}{fix}") from None
     seen: dict[str, int] = {}
     cards = []
     for i, card in enumerate(parsed.personas):
