@@ -315,12 +315,20 @@ async def test_judge_free_run_reports_measures_with_paired_statistics(engine, ti
     assert m["systems"]["multiagentesc"]["values"]["identifiability"]["n"] == 0
     assert m["paired"]["systems"]["multiagentesc"]["identifiability"]["n"] == 0
     assert m["systems"]["mascot"]["identification"]["n"] > 0
+    # Card moves: the supporter card has none, so no compliance; the roster personas' replies are assessed, and a
+    # classifier needs 10 replies per persona, which 3 dialogues do not give (said, not guessed).
+    assert m["systems"]["multiagentesc"]["values"]["move_compliance"]["n"] == 0
+    assert m["systems"]["mascot"]["values"]["move_compliance"]["n"] >= 1
+    assert set(m["systems"]["mascot"]["moves_per_persona"]) == set(m["roster"])
+    dist = m["systems"]["mascot"]["distinguishability"]
+    assert dist["accuracy"] is None and "needs 2+ personas with 10+ replies" in dist["reason"]
     rows = [json.loads(x) for x in (out / "measures.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {r["system"] for r in rows} == set(systems)
     md = (out / "report.md").read_text()
     assert "## Measures without a judge" in md and "Paired differences: MASCOT minus each system" in md
     assert "MASCOT-P" in md and "Agent-specific scores" not in md and "No LLM judge ran" in md
     assert (out / "confusion_mascot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "### Persona adherence by persona" in md and "MiniLM identifiability (diagnostic)" in md
     saved = json.loads((out / "report.json").read_text())
     assert saved == json.loads(json.dumps({k: v for k, v in report.items() if k != "timings"}))
 

@@ -72,7 +72,9 @@ async def test_probe_pairs_base_and_adapters_and_resumes(engine, tiny_model_dir,
     md = (out / "probe-report.md").read_text()
     assert "## Condition: director" in md and "### adapters minus base (director)" in md
     assert "No adapter in the store for empathetic_listener, action_guide, beacon" in md
-    assert report["timings"]["replies_generated"] == 40
+    assert report["timings"]["replies_generated"] == 40 and report["timings"]["directives_generated"] == 10
+    assert (out / "probe-adherence-fallback.png").stat().st_size > 0
+    assert (out / "probe-adherence-director.png").stat().st_size > 0
 
     # killed mid-run: the last 6 replies (and a torn line) are lost; the rerun makes only those
     kept = (out / "replies.jsonl").read_text().splitlines()[:-6]

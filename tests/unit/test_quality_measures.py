@@ -205,7 +205,7 @@ def test_measures_block_pairs_systems_by_situation(roster, embedder, tmp_path):
     ident = next(line for line in md.splitlines() if line.startswith("| MASCOT | 1.000 (n=60)"))
     assert "| 1.000 | 1.000 |" in ident  # kappa and balanced accuracy
     written = {p.name for p in write_plots(report, tmp_path)}
-    assert written == {"confusion_mascot.png", "confusion_zero-shot.png"}
+    assert written == {"confusion_mascot.png", "confusion_zero-shot.png", "adherence.png"}
 
 
 def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():

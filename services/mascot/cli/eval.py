@@ -171,8 +171,10 @@ def evaluate(
                               else v["all"]["collective_overall"]["mean"] for s, v in report["systems"].items()}
         summary["uninformative_judges"] = [n for n, j in report.get("judge_info", {}).items() if not j["informative"]]
     measures = report.get("measures") or {}
-    summary["identifiability"] = {s: v["values"]["identifiability"]["mean"]
-                                  for s, v in (measures.get("systems") or {}).items()}
+    msys = measures.get("systems") or {}
+    summary["move_compliance"] = {s: v["values"]["move_compliance"]["mean"] for s, v in msys.items()}
+    summary["distinguishability"] = {s: (v.get("distinguishability") or {}).get("accuracy") for s, v in msys.items()}
+    summary["identifiability"] = {s: v["values"]["identifiability"]["mean"] for s, v in msys.items()}
     summary["wall_seconds"] = report.get("timings", {})
     print(json.dumps(summary, indent=2), flush=True)  # the result on stdout (`| jq`); progress stays on stderr
     console.print(f"report: {out / 'report.md'} (and report.json, *.png, transcripts.jsonl, measures.jsonl)")

@@ -311,6 +311,9 @@ async def run_probe(opts: ProbeOptions, cfg: MascotConfig,
                                      trained)
     atomic_write_text(out / "probe-report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "probe-report.md", render_probe_markdown(report))
+    from mascot.eval.probe_report import write_probe_plots
+
+    await asyncio.to_thread(write_probe_plots, report, out)
     timings["report_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
     timings = {k: round(v, 1) if isinstance(v, float) else v for k, v in timings.items()}

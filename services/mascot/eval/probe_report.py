@@ -287,3 +287,24 @@ def render_probe_markdown(report: dict) -> str:
             lines.append(f"| **macro** | {_diff(pb['macro']['compliance'])} | {_diff(pb['macro']['forbidden'])} | |")
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def write_probe_plots(report: dict, out_dir: Any) -> list:
+    """``probe-adherence-<condition>.png`` per condition: move compliance per persona and system with intervals,
+    distinguishability in the title (:func:`mascot.eval.report.adherence_chart`). Returns the paths written."""
+    from pathlib import Path
+
+    from mascot.eval.report import adherence_chart
+
+    written = []
+    for c in report["conditions"]:
+        series = {s: {p: v["compliance"] for p, v in report["results"][s][c]["per_persona"].items()}
+                  for s in report["systems"]}
+        dist = [f"{s} {d['accuracy']:.2f}" for s in report["systems"]
+                if (d := report["results"][s][c]["distinguishability"])["accuracy"] is not None]
+        title = f"Speaker probe ({c}): card-move compliance" + (
+            f"\ndistinguishability: {', '.join(dist)} (chance {1 / len(report['roster']):.2f})" if dist else "")
+        path = adherence_chart(series, report["roster"], title, Path(out_dir) / f"probe-adherence-{c}.png")
+        if path is not None:
+            written.append(path)
+    return written

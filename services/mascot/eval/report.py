@@ -646,6 +646,47 @@ def _confusion_chart(block: Mapping[str, Any], system: str, out_dir: Path) -> Pa
     return _save_figure(fig, out_dir / f"confusion_{_safe_name(system)}.png")
 
 
+def adherence_chart(series: Mapping[str, Mapping[str, Any]], personas: list[str], title: str,
+                    path: Path) -> Path | None:
+    """Grouped bars of move compliance per persona (x) and system (bars), with 95% intervals as error bars.
+
+    Args:
+        series: ``{system label: {persona id: {"mean", "lo", "hi"}}}`` (a ``bootstrap_mean`` dict, or None).
+        personas: Persona ids in x order.
+        title: Chart title (e.g. the distinguishability of each system).
+        path: Where the PNG goes (written atomically).
+
+    Returns:
+        ``path``, or None when no value is there to draw.
+    """
+    from matplotlib.figure import Figure
+
+    if not any(_num((v or {}).get("mean")) is not None for per in series.values() for v in per.values()):
+        return None
+    fig = Figure(figsize=(1.6 * len(personas) + 2.5, 4.2))
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(series))
+    for j, (label, per) in enumerate(series.items()):
+        xs, means, err = [], [], [[], []]
+        for i, pid in enumerate(personas):
+            v = per.get(pid) or {}
+            m = _num(v.get("mean"))
+            if m is None:
+                continue
+            lo, hi = _num(v.get("lo")), _num(v.get("hi"))
+            xs.append(i + (j - (len(series) - 1) / 2) * width)
+            means.append(m)
+            err[0].append(m - lo if lo is not None else 0.0)
+            err[1].append(hi - m if hi is not None else 0.0)
+        ax.bar(xs, means, width=width, yerr=err, capsize=2, label=label)
+    ax.set_xticks(range(len(personas)), personas, rotation=20, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("move compliance (share of replies)")
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small")
+    return _save_figure(fig, path)
+
+
 def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the PNG charts of the report's ``systems`` block (the mean over judges) into ``out_dir``.
 
@@ -653,7 +694,8 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
     grouped bars (systems × splits) with the std as error bars on a 0–100 axis; ``radar_<system>.png`` per
     system, with the agent criteria (support mode) or the collective criteria (meeting mode), one polygon per
     split; ``confusion_<system>.png`` per system of the ``measures`` block (speaker × nearest persona card, counts,
-    shaded by the share of the speaker's replies). A chart without data (every mean ``None``; for a radar, no split
+    shaded by the share of the speaker's replies); ``adherence.png`` (card-move compliance per persona and system,
+    :func:`adherence_chart`). A chart without data (every mean ``None``; for a radar, no split
     with all criteria) is skipped. Each file is saved under a temporary name in ``out_dir`` and moved into place with
     ``os.replace``.
 
@@ -688,10 +730,24 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
             written.append(path)
     block = report.get("measures")
     if isinstance(block, Mapping):
-        for system in _systems_in_order(block.get("systems") or {}):
+        msys = block.get("systems") or {}
+        for system in _systems_in_order(msys):
             path = _confusion_chart(block, system, out)
             if path is not None:
                 written.append(path)
+        series = {system_label(s): {p: (v.get("compliance") or {}) for p, v in
+                                    ((msys[s].get("moves_per_persona") or {}).items())}
+                  for s in _systems_in_order(msys)}
+        dist = []
+        for s in _systems_in_order(msys):
+            acc = _num((msys[s].get("distinguishability") or {}).get("accuracy"))
+            if acc is not None:
+                dist.append(f"{system_label(s)} {acc:.2f}")
+        title = "Card-move compliance per persona" + (f"\ndistinguishability: {', '.join(dist)} (chance "
+                                                     f"{_num(block.get('chance')) or 0:.2f})" if dist else "")
+        path = adherence_chart(series, list(block.get("roster") or []), title, out / "adherence.png")
+        if path is not None:
+            written.append(path)
     return written
 
 
