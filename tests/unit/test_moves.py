@@ -181,3 +181,17 @@ def test_bad_moves_are_refused_with_file_persona_and_fix(tmp_path: Path, moves: 
 def test_register_refuses_a_taken_name() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register("advice")(lambda inp, p: True)
+
+
+def test_the_docs_table_names_every_shipped_move() -> None:
+    """docs/evaluation.md's card-moves table lists, on each persona's row, every detector its card uses."""
+    from tests.helpers.paths import ROOT
+
+    doc = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    catalog = PersonaCatalog.load()
+    for mode in ("support", "meeting"):
+        for card in catalog.in_set(mode):
+            row = next((line for line in doc.splitlines() if line.startswith(f"| {card.name} |")), None)
+            assert row is not None, f"no row for {card.name}"
+            for spec in [*card.moves.required, *card.moves.forbidden]:
+                assert f"`{spec.detector}`" in row, f"{card.name}: {spec.detector} missing from the docs table"

@@ -281,6 +281,17 @@ _REFLECT_FRAME_RE = _rx(
 
 # ------------------------------------------------------------------------------------------------------ detectors
 
+def _phrases(name: str, pattern: re.Pattern[str], doc: str) -> None:
+    """Register detector ``name``: True when ``pattern`` matches the reply (curly quotes straightened, whitespace
+    collapsed); ``doc`` is its one-line description."""
+    def fn(inp: MoveInput, p: _Params) -> bool:
+        return bool(pattern.search(_norm(inp.reply)))
+
+    fn.__doc__ = doc
+    register(name)(fn)
+
+
+
 class WordsParams(_Params):
     """Parameters of detectors that compare with the user's message."""
 
@@ -321,10 +332,8 @@ _REFRAME_RE = _rx(
 )
 
 
-@register("reframe")
-def reframe(inp: MoveInput, p: _Params) -> bool:
-    """Offers another angle on the event ("what if", "could it be", "another way to look at it", "what might")."""
-    return bool(_REFRAME_RE.search(_norm(inp.reply)))
+_phrases("reframe", _REFRAME_RE,
+         """Offers another angle on the event ("what if", "could it be", "another way to look at it", "what might").""")
 
 
 _VALIDATION_RE = _rx(
@@ -375,10 +384,8 @@ def concrete_step(inp: MoveInput, p: StepsParams) -> bool:
     return p.min_steps <= len(_concrete_steps(inp.reply)) <= p.max_steps
 
 
-@register("feeling_label")
-def feeling_label(inp: MoveInput, p: _Params) -> bool:
-    """Names the feeling the user has or had ("you must have felt so scared", "that sounds frustrating")."""
-    return bool(_FEELING_RE.search(_norm(inp.reply)))
+_phrases("feeling_label", _FEELING_RE,
+         """Names the feeling the user has or had ("you must have felt so scared", "that sounds frustrating").""")
 
 
 class ParaphraseParams(WordsParams):
@@ -425,16 +432,13 @@ _NORMALISE_RE = _rx(
 )
 
 
-@register("presence_language")
-def presence_language(inp: MoveInput, p: _Params) -> bool:
-    """Speaks of being present with the user ("I'm here with you", "you're not alone", "take the time you need")."""
-    return bool(_PRESENCE_RE.search(_norm(inp.reply)))
+_phrases("presence_language", _PRESENCE_RE,
+         """Speaks of being present with the user ("I'm here with you", "you're not alone", "take the time you
+         need").""")
 
 
-@register("normalising")
-def normalising(inp: MoveInput, p: _Params) -> bool:
-    """Says the feeling is normal or valid ("it's okay to feel", "that makes sense", "anyone would")."""
-    return bool(_NORMALISE_RE.search(_norm(inp.reply)))
+_phrases("normalising", _NORMALISE_RE,
+         """Says the feeling is normal or valid ("it's okay to feel", "that makes sense", "anyone would").""")
 
 
 _STRENGTH = (r"(?:strong|strength|strengths|courage|courageous|brave|bravery|resilien\w*|determin\w*|perseveran\w*"
@@ -458,10 +462,9 @@ _STRENGTH_RE = _rx(
 )
 
 
-@register("strength_naming")
-def strength_naming(inp: MoveInput, p: _Params) -> bool:
-    """Names a strength, courage or effort of the user's ("that took courage", "your determination", "proud of you")."""
-    return bool(_STRENGTH_RE.search(_norm(inp.reply)))
+_phrases("strength_naming", _STRENGTH_RE,
+         """Names a strength, courage or effort of the user's ("that took courage", "your determination", "proud of
+         you").""")
 
 
 _INVITE_RE = _rx(
@@ -537,10 +540,8 @@ _LECTURE_RE = _rx(
 )
 
 
-@register("lecturing")
-def lecturing(inp: MoveInput, p: _Params) -> bool:
-    """Lectures: general truths and musts ("it's important to", "remember that", "the key is", "in life")."""
-    return bool(_LECTURE_RE.search(_norm(inp.reply)))
+_phrases("lecturing", _LECTURE_RE,
+         """Lectures: general truths and musts ("it's important to", "remember that", "the key is", "in life").""")
 
 
 class ListParams(_Params):
@@ -579,10 +580,8 @@ _MINIMISE_RE = _rx(
 )
 
 
-@register("minimising")
-def minimising(inp: MoveInput, p: _Params) -> bool:
-    """Minimises the pain ("at least", "could be worse", "don't worry", "look on the bright side", "move on")."""
-    return bool(_MINIMISE_RE.search(_norm(inp.reply)))
+_phrases("minimising", _MINIMISE_RE,
+         """Minimises the pain ("at least", "could be worse", "don't worry", "look on the bright side", "move on").""")
 
 
 _NEGATIVE_EVENT_RE = _rx(
@@ -623,10 +622,8 @@ _ATTRIBUTION_RE = re.compile(
     r"|\baccording to [A-Z]\w*")
 
 
-@register("attribution")
-def attribution(inp: MoveInput, p: _Params) -> bool:
-    """Reports who said what ("Grad A said...", "the chair asked...", "according to Marketing")."""
-    return bool(_ATTRIBUTION_RE.search(_norm(inp.reply)))
+_phrases("attribution", _ATTRIBUTION_RE,
+         """Reports who said what ("Grad A said...", "the chair asked...", "according to Marketing").""")
 
 
 _OPINION_RE = _rx(r"\bi (?:think|believe|feel|would|'d)\b", r"\bi'd\b", r"\bin my (?:opinion|view)\b",
@@ -635,10 +632,8 @@ _OPINION_RE = _rx(r"\bi (?:think|believe|feel|would|'d)\b", r"\bi'd\b", r"\bin m
                   r"\bmy (?:recommendation|suggestion|advice)\b", r"\b(?:should|must) (?:be|have)\b")
 
 
-@register("opinion")
-def opinion(inp: MoveInput, p: _Params) -> bool:
-    """Gives the writer's own opinion or a recommendation ("I think", "we should", "I recommend")."""
-    return bool(_OPINION_RE.search(_norm(inp.reply)))
+_phrases("opinion", _OPINION_RE,
+         """Gives the writer's own opinion or a recommendation ("I think", "we should", "I recommend").""")
 
 
 _DECISION_RE = _rx(
@@ -648,10 +643,8 @@ _DECISION_RE = _rx(
 )
 
 
-@register("decision_statement")
-def decision_statement(inp: MoveInput, p: _Params) -> bool:
-    """States a decision ("the group decided", "agreed to", "Decision: ...", "approved")."""
-    return bool(_DECISION_RE.search(_norm(inp.reply)))
+_phrases("decision_statement", _DECISION_RE,
+         """States a decision ("the group decided", "agreed to", "Decision: ...", "approved").""")
 
 
 _REOPEN_RE = _rx(r"\breconsider\w*\b", r"\brevisit\w*\b", r"\bre-?open\w*\b", r"\brethink\w*\b",
@@ -659,10 +652,8 @@ _REOPEN_RE = _rx(r"\breconsider\w*\b", r"\brevisit\w*\b", r"\bre-?open\w*\b", r"
                  r"\bundo (?:the|that|this) decision\b", r"\bstill (?:debat|question)\w*\b")
 
 
-@register("reopening")
-def reopening(inp: MoveInput, p: _Params) -> bool:
-    """Re-opens a settled decision ("we should reconsider", "revisit the decision", "on second thought")."""
-    return bool(_REOPEN_RE.search(_norm(inp.reply)))
+_phrases("reopening", _REOPEN_RE,
+         """Re-opens a settled decision ("we should reconsider", "revisit the decision", "on second thought").""")
 
 
 _OWNER_TASK_RE = re.compile(
@@ -686,10 +677,8 @@ _VAGUE_ITEM_RE = _rx(r"\bsome(?:one|body) (?:should|needs? to|will|could|must|ha
                      r"\bat some point\b", r"\bsomehow\b", r"\bsomeone\b")
 
 
-@register("vague_item")
-def vague_item(inp: MoveInput, p: _Params) -> bool:
-    """An action item without an owner ("someone should...", "at some point", "we should all")."""
-    return bool(_VAGUE_ITEM_RE.search(_norm(inp.reply)))
+_phrases("vague_item", _VAGUE_ITEM_RE,
+         """An action item without an owner ("someone should...", "at some point", "we should all").""")
 
 
 _RISK_RE = _rx(r"\brisks?\b", r"\bwhat if\b", r"\bconcerns?\b", r"\bproblems?\b", r"\bissues?\b", r"\bgaps?\b",
@@ -720,10 +709,8 @@ _ATTACK_RE = _rx(r"\b(?:stupid|idiot\w*|incompetent|lazy|useless|clueless|dumb|m
                  r"|ignorant|careless|sloppy)\b", r"\bno idea what (?:he|she|they|you)(?:'s|'re| is| are)? doing\b")
 
 
-@register("personal_attack")
-def personal_attack(inp: MoveInput, p: _Params) -> bool:
-    """Attacks a person rather than a point ("stupid", "incompetent", "no idea what they're doing")."""
-    return bool(_ATTACK_RE.search(_norm(inp.reply)))
+_phrases("personal_attack", _ATTACK_RE,
+         """Attacks a person rather than a point ("stupid", "incompetent", "no idea what they're doing").""")
 
 
 # ------------------------------------------------------------------------------------------------- card schema
