@@ -39,6 +39,8 @@ PLANTED = [
     ("strength_naming", {}, USER_EXAM, "Your determination to keep practising shows.",
      "You keep doing the practice tests."),
     ("strength_naming", {}, USER_EXAM, "It took courage to tell me about the tests.", "You told me about the tests."),
+    ("lesson_reframe", {}, USER_LOSS, "Her story is a reminder of how precious time with family is.",
+     "Her story is about her time with family."),
     ("pure_validation", {}, USER_EXAM, "I'm so sorry, that's so hard.",
      "I'm so sorry, that's so hard. What do you think the tests show you?"),
     ("analytic_question", {}, USER_LOSS, "Why do you think she waited so long to tell you?",

@@ -1,12 +1,15 @@
-"""The card-move detectors agree with a careful reader.
+"""The card-move detectors agree with careful readers.
 
-``tests/fixtures/moves/labelled_replies.jsonl`` holds replies of the speaker probe (the default model, situations of
-the training split, both conditions, all five support personas), each labelled by a reader who was shown only the
-persona cards (role, goal, allowed and forbidden moves, style) and the user's message: ``required`` (the reply does
-at least one of the card's allowed moves) and ``forbidden`` (it does at least one of the card's forbidden moves).
-The labels were written for this test and never changed to fit the detectors. Each persona's detectors must agree
-with the reader on at least 85% of its replies, for the required and for the forbidden verdict; Cohen's kappa is
-printed beside it (``-s`` shows the table).
+``tests/fixtures/moves/labelled_replies.jsonl`` holds 244 replies of the default model, each labelled by a reader who
+was shown only the persona cards (role, goal, allowed and forbidden moves, style) and the user's message:
+``required`` (the reply does at least one of the card's allowed moves) and ``forbidden`` (it does at least one of the
+card's forbidden moves). 160 (ids ``r…``) are speaker-probe replies (training-split situations, both conditions, 32
+per support persona) labelled by one reader; 84 (ids ``h…``) are replies from inside MASCOT dialogues of the
+evaluation (20 per persona, 4 of the Anchor, whom that director rarely chose) labelled by a second reader who saw
+neither the first reader's labels nor the detectors. The labels were written for this test and never changed to fit
+the detectors (the detectors were changed to fit them: docs/evaluation.md gives the agreement on the second set
+before that). Each persona's detectors must agree with the readers on at least 85% of its replies, for the required
+and for the forbidden verdict; Cohen's kappa is printed beside it (``-s`` shows the table).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def _stem(w: str) -> str:
     """A crude stem: possessive and common suffixes off, then the first 5 letters (``scared``/``scary`` -> ``scar``,
     ``interview``/``interviews`` -> ``inter``). Good enough to notice a reply reusing a user's word."""
     w = w.removesuffix("'s")
-    for suf in ("ing", "ed", "es", "s", "y"):
+    for suf in ("ing", "ed", "es", "s", "e", "y"):
         if len(w) > len(suf) + 3 and w.endswith(suf):
             w = w[: -len(suf)]
             break
@@ -161,7 +161,7 @@ ACTION_VERBS = (
     "call", "phone", "text", "message", "email", "write", "jot", "list", "make", "talk", "speak", "ask", "tell",
     "go", "take", "set", "schedule", "plan", "book", "reach", "contact", "visit", "join", "practice", "practise",
     "start", "begin", "spend", "find", "look", "check", "read", "journal", "walk", "apologi[sz]e", "send", "buy",
-    "save", "put", "prepare", "sign", "bring", "share", "thank", "invite", "organi[sz]e", "clean", "rest", "sleep",
+    "save", "put", "prepare", "sign", "bring", "share", "invite", "organi[sz]e", "clean", "rest", "sleep",
     "exercise", "meet", "cook", "pick", "choose", "decide", "give", "stop", "avoid", "breathe", "drink", "eat", "note",
     "record", "lock", "report", "block", "change", "update", "review", "research", "search", "sit", "reward",
     "celebrate", "seek", "use", "learn", "study", "pack", "move", "open", "close", "order", "return", "fix", "repair",
@@ -189,7 +189,7 @@ VAGUE_OBJECTS = frozenset({
 #: the verb; within an imperative sentence, further verbs after "and" / "then" are further steps.
 _OPENER = (r"(?:(?:so|and|then|first|firstly|next|now|just|maybe|perhaps|please|also|tonight|today|tomorrow|this week"
            r"|this weekend|for now|for example|for instance|to start|once you(?:'re| are) ready)\b,?\s+)*")
-_SUGGEST = (r"\b(?:you (?:could|can|might|may|should|need to|want to|might want to|may want to|could try to|could try"
+_SUGGEST = (r"\b(?:you (?:could|can|might|may|should|need to|might want to|may want to|could try to|could try"
             r"|can try to|can try)|try to|try and|i (?:suggest|recommend|encourage you to|'d suggest|would suggest"
             r"|'d recommend|would recommend)(?: you| that you)?|it (?:might|may|could|would|will) help to|why not"
             r"|how about|consider|a good (?:first )?step (?:is|would be) to"
@@ -199,6 +199,10 @@ _STEP_START_RE = re.compile(rf"^\W*{_OPENER}(?P<verb>(?:{_VERB_ALT}))\b(?P<rest>
 _STEP_SUGGEST_RE = re.compile(rf"{_SUGGEST}(?P<verb>(?:{_VERB_ALT}))(?:ing)?\b(?P<rest>[^.!?;]*)", re.IGNORECASE)
 _STEP_CHAIN_RE = re.compile(rf"\b(?:and|then|and then),?\s+(?P<verb>(?:{_VERB_ALT}))\b(?P<rest>[^.!?;]*)",
                             re.IGNORECASE)
+
+
+#: What before a suggestion lead makes it the writer's own plan or a condition ("I'm going to try to", "if you can").
+_NARRATED_LEAD = re.compile(r"\b(?:i|i'm|i am|i'll|we|we're|going|to|if|when|unless)\s*$", re.IGNORECASE)
 
 
 def _object(rest: str) -> str | None:
@@ -221,7 +225,9 @@ def _concrete_steps(text: str) -> list[str]:
             found.append(m)
             found += [c for c in _STEP_CHAIN_RE.finditer(s, m.end("verb"))]
         else:
-            found += list(_STEP_SUGGEST_RE.finditer(s))
+            # "I'm going to try to make it better", "if you can call": the writer's own plan or a condition
+            found += [f for f in _STEP_SUGGEST_RE.finditer(s)
+                      if not _NARRATED_LEAD.search(s[:f.start()])]
         for f in found:
             obj = _object(f.group("rest"))
             if obj:
@@ -242,6 +248,7 @@ FEELINGS = (
     "disgust\\w*", "appall\\w*", "resent\\w*", "bitter", "exhaust\\w*", "drained", "torn", "panic\\w*", "dread",
     "tense", "regret\\w*", "remorse", "humiliat\\w*", "bored", "impatient", "lost", "pain", "sorrow", "rage",
     "outrage\\w*", "livid", "terror", "horrified", "miserable", "crushed", "gutted", "elated", "ecstatic", "content",
+    "glad", "pleased", "inspired", "motivated", "encouraged", "hopeless", "worthless", "alone",
 )
 #: Words that name the emotional weight of an event ("that sounds so hard").
 WEIGHT = ("hard", "tough", "difficult", "painful", "heavy", "scary", "awful", "terrible", "horrible", "unfair",
@@ -323,11 +330,14 @@ _REFRAME_RE = _rx(
     r"\bmight (?:also )?(?:be|mean|say|show)\b", r"\b(?:instead of|rather than) (?:seeing|thinking|looking)\b",
     r"\bhave you considered\b", r"\bwhat would (?:it|that) mean\b",
     r"\bwhat (?:does|did) (?:this|that|it) (?:tell|teach|say|show)\b", r"\bwhat would you tell\b",
-    r"\bhow might\b", r"\bwhat might\b", r"\bwhat do you think\b",
-    # turning the event into a lesson or a wider point (a careful reader counts these as reframes)
+    r"\bhow might\b", r"\bwhat might\b", r"\bwhat do you think\b", r"\bmore to it than\b",
+    r"\bnot (?:just|only|simply)\b[^.!?]{0,60}\bbut rather\b",
+)
+#: Turning the event into a lesson or a wider point ("a reminder of", "it's important to remember", "it's not just
+#: about ..."): a reframe a listener must not make, though not the new angle a Socratic reframe offers.
+_LESSON_RE = _rx(
     r"\breminder (?:of|that)\b", r"\bimportant to (?:remember|cherish|keep in mind|recogni[sz]e|understand|note)\b",
-    r"\bnot only\b[^.!?]{0,80}\bbut(?: also)?\b", r"\bmore to it than\b",
-    r"\bit(?:'s| is) not (?:just )?about\b", r"\ba mix of (?:emotions|feelings)\b",
+    r"\bnot only\b[^.!?]{0,80}\bbut(?: also)?\b", r"\bit(?:'s| is) not (?:just )?about\b",
     r"\bthere(?:'s| is) no (?:perfect|right|wrong)\b", r"\bsilver lining\b",
 )
 
@@ -342,6 +352,11 @@ _VALIDATION_RE = _rx(
     r"|i can (?:only )?imagine|must (?:be|have been)|sounds like|that's (?:so |really )?(?:tough|hard|rough))\b")
 _OFFER_RE = _rx(r"\bsuggestions?\b", r"\bhelp you (?:find|plan|with|make|figure)\b", r"\boptions\b",
                 r"\bhere is\b", r"\bhere's\b")
+
+
+_phrases("lesson_reframe", _LESSON_RE,
+         """Turns the event into a lesson or a wider point ("a reminder of", "it's important to remember that",
+         "it's not just about...", "not only ... but also").""")
 
 
 @register("pure_validation")
@@ -452,7 +467,7 @@ _STRENGTH_RE = _rx(
     rf"\byou(?:'re| are| were| have been|'ve been| showed| show| have shown|'ve shown| displayed| have| had"
     rf"| clearly have| must be)\s+{_ADV}(?:(?:a|an|such|so much|a lot of|real|great|incredible|true|amazing)\s+)*"
     rf"{_STRENGTH}\b",
-    r"\bproud of (?:you|yourself)\b", r"\b(?:well done|good for you|great job|way to go|kudos)\b",
+    r"\bproud of (?:you|yourself) for \w+ing\b", r"\b(?:well done|good for you|great job|way to go|kudos)\b",
     r"\bthat shows (?:your|how|you)\b", r"\byou (?:handled|managed|did) (?:it|that|this) (?:so |really )?\w+",
     r"\b(?:it|that|this) (?:took|takes|must have taken) (?:\w+ ){0,3}(?:courage|strength|guts|bravery|heart)"
     r"(?: for you)? to (?:share|admit|tell|talk|open|speak|say|reach|ask|stand|face|keep|go|do|be honest with)\b",
@@ -591,14 +606,15 @@ _NEGATIVE_EVENT_RE = _rx(
     r"|scream\w*|scared|afraid|terrified|frighten\w*|sad|upset|angry|mad|furious|annoyed|irritat\w*|disgust\w*"
     r"|ashamed|embarrass\w*|guilty|lonely|alone|jealous|anxious|nervous|worried|stress\w*|depress\w*|cry|cried"
     r"|crying|miss|missing|awful|terrible|horrible|worst|bad|disappoint\w*|devastat\w*|heartbroken|betray\w*"
-    r"|ruined|destroyed|damaged|flooded|fire|burned|evicted|debt|bills|unemployed|stuck|hate)\b",
+    r"|ruined|destroyed|damaged|flooded|fire|burned|evicted|debt|bills|unemployed|stuck|hate|poison\w*|unfortunate"
+    r"|horrif\w*|tragic|tragedy)\b",
 )
 _CELEBRATE_RE = _rx(
     r"\bcongratulat\w*\b", r"\b(?:that|this|it)(?:'s| is| was| sounds?(?: like)?)(?: \w+){0,2} (?:wonderful|great"
     r"|amazing|awesome|fantastic|exciting|fun|lovely|incredible|brilliant|terrific|delightful|a blessing)\b",
     r"\bhow (?:exciting|wonderful|fun|lovely|great|amazing)\b", r"\bi(?:'m| am) (?:so |really )?(?:happy|glad|thrilled"
     r"|excited) (?:for|that|to hear)\b", r"\bwhat (?:a|an) (?:great|wonderful|amazing|exciting|lovely|fantastic)\b",
-    r"\b(?:yay|hooray|woohoo)\b", r"\bcelebrat\w*\b",
+    r"\b(?:yay|hooray|woohoo)\b", r"\bcelebrat\w*\b", r"\b(?:a|such a|what a) blessing\b",
 )
 
 
