@@ -81,8 +81,9 @@ async def test_probe_pairs_base_and_adapters_and_resumes(engine, tiny_model_dir,
     (out / "replies.jsonl").write_text("\n".join(kept) + "\n" + '{"system": "base", "cond')
     again = await run_probe(opts, cfg, engine=engine)
     assert again["timings"]["replies_generated"] == 6
-    assert len({(r["system"], r["condition"], r["situation_id"], r["persona_id"])
-                for r in _rows(out / "replies.jsonl")}) == 40
+    again_rows = _rows(out / "replies.jsonl")
+    assert len(again_rows) == 40  # no duplicate, nothing lost
+    assert len({(r["system"], r["condition"], r["situation_id"], r["persona_id"]) for r in again_rows}) == 40
     # other settings: refused instead of mixing runs
     with pytest.raises(ValueError, match="holds a probe with different seed"):
         await run_probe(ProbeOptions(situations=situations, out_dir=out, limit=2, adapters=str(store_dir), seed=1),

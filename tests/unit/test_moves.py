@@ -195,5 +195,42 @@ def test_the_docs_table_names_every_shipped_move() -> None:
         for card in catalog.in_set(mode):
             row = next((line for line in doc.splitlines() if line.startswith(f"| {card.name} |")), None)
             assert row is not None, f"no row for {card.name}"
-            for spec in [*card.moves.required, *card.moves.forbidden]:
-                assert f"`{spec.detector}`" in row, f"{card.name}: {spec.detector} missing from the docs table"
+            cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+            assert len(cells) == 3, row
+            required, forbidden = cells[1], cells[2]
+            for column, specs in ((required, card.moves.required), (forbidden, card.moves.forbidden)):
+                for spec in specs:
+                    assert f"`{spec.detector}`" in column, f"{card.name}: {spec.detector} not in its docs column"
+
+
+@pytest.mark.parametrize(("name", "user", "reply", "expected"), [
+    ("owner_and_task", "Who does what?", "Owner: Marketing. Task: the survey.", True),
+    ("owner_and_task", "Who does what?", "Sure. I will send it.", False),
+    ("owner_and_task", "Who does what?", "We agreed. Grad B will send the data.", True),
+    ("opinion", "What was said?", "Grad A said we should cut the budget.", False),
+    ("attribution", "What was said?", "I thought the budget was fine.", False),
+    ("attribution", "What was said?", "You mentioned the budget.", False),
+    ("self_answered_question", "Any concerns?", "Is it late? Well, it is a week behind.", True),
+    ("celebrating_negative", USER_LOSS, "That's not great, I'm so sorry.", False),
+    ("celebrating_negative", USER_LOSS, "We can celebrate her life together.", False),
+    ("concrete_step", USER_EXAM, "Why not call her tonight?", True),
+    ("concrete_step", USER_EXAM, "Take a deep breath and call your sister.", True),
+    ("minimising", USER_EXAM, "It was just a practice test.", True),
+    ("presence_language", USER_EXAM, "I agree with you about the tests.", False),
+    ("presence_language", USER_EXAM, "I'm right here with you.", True),
+])
+def test_review_cases(name: str, user: str, reply: str, expected: bool) -> None:
+    assert detect(MoveSpec(detector=name), reply, user) is expected
+
+
+def test_a_feeling_named_by_might_be_is_not_a_reframe() -> None:
+    listener = PersonaCatalog.load().get("empathetic_listener")
+    v = assess(listener.moves, "You might be feeling scared after the store.", USER_FEAR)
+    assert v.compliant, v
+
+
+def test_a_list_counts_each_item() -> None:
+    spec = MoveSpec(detector="long_list", params={"max_items": 3})
+    steps = "Call your sister\nWrite a list of topics\nBook a tutor\nSchedule a walk"
+    assert detect(spec, steps, USER_EXAM)
+    assert not detect(MoveSpec(detector="concrete_step"), steps, USER_EXAM)  # four steps: more than three

@@ -94,7 +94,8 @@ def register(name: str, params: type[_Params] = _Params) -> Callable[[Callable[[
     def deco(fn: Callable[[MoveInput, Any], bool]) -> Callable[[MoveInput, Any], bool]:
         if name in DETECTORS:
             raise ValueError(f"detector {name!r} is already registered")
-        DETECTORS[name] = Detector(name, fn, params, (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "")
+        doc = " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+        DETECTORS[name] = Detector(name, fn, params, doc)
         return fn
 
     return deco
@@ -180,7 +181,7 @@ VAGUE_OBJECTS = frozenset({
     "positive", "positivity", "calm", "strong", "yourself", "care", "easy", "it", "this", "that", "things", "time",
     "heart", "mind", "best", "faith", "hope", "hopeful", "patient", "grateful", "kind", "brave", "moment", "breath",
     "deep", "optimistic", "present", "focused", "motivated", "safe", "comfort", "peace", "self", "well", "good",
-    "okay", "ok", "all", "everything", "something", "anything", "them", "him", "her", "me", "us", "you", "your",
+    "okay", "ok", "all", "everything", "something", "anything", "me", "us", "you", "your",
     "feelings", "feeling", "emotions", "step", "steps", "action", "actions", "way", "ways", "look", "bright", "side",
     "lesson", "lessons", "learn", "grow", "forward", "ahead", "on", "up", "out", "back", "away", "going",
 })
@@ -205,18 +206,30 @@ _STEP_CHAIN_RE = re.compile(rf"\b(?:and|then|and then),?\s+(?P<verb>(?:{_VERB_AL
 _NARRATED_LEAD = re.compile(r"\b(?:i|i'm|i am|i'll|we|we're|going|to|if|when|unless)\s*$", re.IGNORECASE)
 
 
+#: Words skipped between a step's verb and its object ("call *your* sister", "take *a short* walk").
+_FILLERS = frozenset({
+    "a", "an", "the", "my", "our", "their", "his", "its", "some", "any", "these", "those", "to", "down", "in", "at",
+    "for", "with", "about", "of", "or", "one", "more", "little", "bit", "few", "quick", "short", "small", "new", "just",
+    "really", "again", "over", "into", "onto", "from", "by", "around", "through", "is", "be", "and", "then", "s",
+    "too", "also", "very", "so", "list", "note", "minutes", "minute", "make", "make", "sure",
+})
+
+
 def _object(rest: str) -> str | None:
-    """The first content word after a step's verb that is not vague (:data:`VAGUE_OBJECTS`), or None."""
-    found = [w for w in words(rest)[:8] if w not in _stop_words() and w not in VAGUE_OBJECTS]
+    """The first word after a step's verb, within its clause (cut at a comma, "and" or "then"), that is neither a
+    filler (:data:`_FILLERS`) nor vague (:data:`VAGUE_OBJECTS`); None when there is none."""
+    clause = re.split(r",|;|\b(?:and|then|but|or)\b", rest, maxsplit=1)[0]
+    found = [w for w in words(clause)[:8] if w not in _FILLERS and w not in VAGUE_OBJECTS]
     return found[0] if found else None
 
 
 def _concrete_steps(text: str) -> list[str]:
     """Suggested steps in ``text``, as "verb object" (lower-cased): see :data:`_STEP_START_RE` and
     :data:`_STEP_SUGGEST_RE`; a step needs a concrete object (:func:`_object`). Questions count only when they
-    suggest ("Why not call her?", "How about a walk?")."""
+    suggest ("Why not call her?", "Could you write to the school?"). Line breaks end sentences, so each item of a
+    list is a step of its own."""
     out = []
-    for s in split_sentences(_norm(text)):
+    for s in (x for line in text.replace("’", "'").splitlines() for x in split_sentences(line)):
         if s.rstrip().endswith("?") and not re.search(r"\b(?:why not|how about|could you|can you)\b", s, re.I):
             continue
         m = _STEP_START_RE.match(s)
@@ -327,7 +340,7 @@ _REFRAME_RE = _rx(
     r"\b(?:another|a different|a new) (?:way|angle|perspective|light)\b", r"\bwhat if\b", r"\bon the other hand\b",
     r"\bcould it be\b", r"\bis it possible (?:that|he|she|they|it)\b", r"\bperhaps (?:it|this|that|he|she|they)\b",
     r"\b(?:look|see|think of|view) (?:it|this|that|things) (?:as|from|differently|another)\b",
-    r"\bmight (?:also )?(?:be|mean|say|show)\b", r"\b(?:instead of|rather than) (?:seeing|thinking|looking)\b",
+    r"\bmight (?:also )?(?:mean|say|show)\b", r"\b(?:instead of|rather than) (?:seeing|thinking|looking)\b",
     r"\bhave you considered\b", r"\bwhat would (?:it|that) mean\b",
     r"\bwhat (?:does|did) (?:this|that|it) (?:tell|teach|say|show)\b", r"\bwhat would you tell\b",
     r"\bhow might\b", r"\bwhat might\b", r"\bwhat do you think\b", r"\bmore to it than\b",
@@ -338,7 +351,7 @@ _REFRAME_RE = _rx(
 _LESSON_RE = _rx(
     r"\breminder (?:of|that)\b", r"\bimportant to (?:remember|cherish|keep in mind|recogni[sz]e|understand|note)\b",
     r"\bnot only\b[^.!?]{0,80}\bbut(?: also)?\b", r"\bit(?:'s| is) not (?:just )?about\b",
-    r"\bthere(?:'s| is) no (?:perfect|right|wrong)\b", r"\bsilver lining\b",
+    r"\bthere(?:'s| is) no perfect\b", r"\bsilver lining\b",
 )
 
 
@@ -427,7 +440,8 @@ def paraphrase(inp: MoveInput, p: ParaphraseParams) -> bool:
 
 _PRESENCE_RE = _rx(
     r"\bi(?:'m| am) (?:right |always |just |still )?here(?:\s*[,.!]|\s+(?:with|for) you|\s+to (?:support|listen|hold)"
-    r"|\s+(?:if|whenever|when|and|no matter)|\s*$)", r"\bhere (?:for|with) you\b", r"\bwith you\b",
+    r"|\s+(?:if|whenever|when|and|no matter)|\s*$)", r"\bhere (?:for|with) you\b",
+    r"\b(?:i'm|i am|we're|we are|be|stay|sit|stand|i'll be|i will be) (?:right )?(?:here )?with you\b",
     r"\byou(?:'re| are) not alone\b", r"\bnot alone in\b", r"\bby your side\b", r"\bi(?:'m| am) (?:listening|with)\b",
     r"\btake (?:all )?the time you need\b", r"\bwe(?:'re| are) here\b", r"\bhere to offer (?:my |some )?support\b",
     r"\bi(?:'m| am) not going anywhere\b", r"\bin this together\b", r"\bsit with (?:you|this|that|it)\b",
@@ -590,7 +604,7 @@ _MINIMISE_RE = _rx(
     r"\bnot (?:a|such a) big deal\b", r"\b(?:it'?s|that'?s) not (?:that|so) bad\b", r"\bbright side\b",
     r"\beverything happens for a reason\b", r"\bcheer up\b", r"\bget over\b", r"\bsilver lining\b",
     r"\bit(?:'ll| will) (?:all )?be (?:fine|okay|ok|alright)\b", r"\bdon't be (?:sad|upset|so)\b",
-    r"\bit(?:'s| is|was) (?:only|just) a\b", r"\bnothing to (?:worry|be upset) about\b", r"\blook on the\b",
+    r"\bit(?:'s| is| was) (?:only|just) a\b", r"\bnothing to (?:worry|be upset) about\b", r"\blook on the\b",
     r"\bblessing in disguise\b", r"\bmove on\b",
 )
 
@@ -604,17 +618,19 @@ _NEGATIVE_EVENT_RE = _rx(
     r"|accident|crash\w*|lost|lose|losing|fired|laid off|broke up|breakup|divorce|cheat\w*|stolen|stole|robbed|rob"
     r"|broke|broken|failed|fail|failing|rejected|bullied|abus\w*|attacked|shot|fight|fought|argument|yell\w*"
     r"|scream\w*|scared|afraid|terrified|frighten\w*|sad|upset|angry|mad|furious|annoyed|irritat\w*|disgust\w*"
-    r"|ashamed|embarrass\w*|guilty|lonely|alone|jealous|anxious|nervous|worried|stress\w*|depress\w*|cry|cried"
+    r"|ashamed|embarrass\w*|guilty|lonely|alone|jealous|anxious|worried|stress\w*|depress\w*|cry|cried"
     r"|crying|miss|missing|awful|terrible|horrible|worst|bad|disappoint\w*|devastat\w*|heartbroken|betray\w*"
     r"|ruined|destroyed|damaged|flooded|fire|burned|evicted|debt|bills|unemployed|stuck|hate|poison\w*|unfortunate"
     r"|horrif\w*|tragic|tragedy)\b",
 )
 _CELEBRATE_RE = _rx(
-    r"\bcongratulat\w*\b", r"\b(?:that|this|it)(?:'s| is| was| sounds?(?: like)?)(?: \w+){0,2} (?:wonderful|great"
+    r"\bcongratulat\w*\b", r"\b(?:that|this|it)(?:'s| is| was| sounds?(?: like)?)(?: (?!not\b|n't\b)\w+){0,2} "
+    r"(?:wonderful|great"
     r"|amazing|awesome|fantastic|exciting|fun|lovely|incredible|brilliant|terrific|delightful|a blessing)\b",
     r"\bhow (?:exciting|wonderful|fun|lovely|great|amazing)\b", r"\bi(?:'m| am) (?:so |really )?(?:happy|glad|thrilled"
     r"|excited) (?:for|that|to hear)\b", r"\bwhat (?:a|an) (?:great|wonderful|amazing|exciting|lovely|fantastic)\b",
-    r"\b(?:yay|hooray|woohoo)\b", r"\bcelebrat\w*\b", r"\b(?:a|such a|what a) blessing\b",
+    r"\b(?:yay|hooray|woohoo)\b", r"\blet's celebrate\b", r"\bworth celebrating\b",
+    r"\b(?:a|such a|what a) blessing\b",
 )
 
 
@@ -629,7 +645,8 @@ def celebrating_negative(inp: MoveInput, p: _Params) -> bool:
 # ----- meeting personas
 
 _ATTRIBUTION_RE = re.compile(
-    r"\b(?:[A-Z][\w'-]*|[Tt]he (?:chair|chairman|chairwoman|speaker|minister|professor|manager|designer|marketing"
+    r"\b(?:(?!(?:I|You|We|They|He|She|It|This|That|There)\b)[A-Z][\w'-]*"
+    r"|[Tt]he (?:chair|chairman|chairwoman|speaker|minister|professor|manager|designer|marketing"
     r"|team|group|presenter|moderator|[a-z]+ (?:manager|designer|expert)))(?: [A-Z][\w'-]*)?,? (?:then |also |later "
     r"|first |briefly )?(?:said|says|mentioned|noted|asked|suggested|proposed|explained|stated|argued|pointed out"
     r"|added|replied|reported|raised|agreed|disagreed|thought|claimed|responded|presented|described|emphasi[sz]ed"
@@ -648,8 +665,11 @@ _OPINION_RE = _rx(r"\bi (?:think|believe|feel|would|'d)\b", r"\bi'd\b", r"\bin m
                   r"\bmy (?:recommendation|suggestion|advice)\b", r"\b(?:should|must) (?:be|have)\b")
 
 
-_phrases("opinion", _OPINION_RE,
-         """Gives the writer's own opinion or a recommendation ("I think", "we should", "I recommend").""")
+@register("opinion")
+def opinion(inp: MoveInput, p: _Params) -> bool:
+    """Gives the writer's own opinion or a recommendation ("I think", "we should", "I recommend"), in a sentence
+    that does not report someone's words ("Grad A said we should cut it" is a minute, not an opinion)."""
+    return any(_OPINION_RE.search(s) and not _ATTRIBUTION_RE.search(s) for s in split_sentences(_norm(inp.reply)))
 
 
 _DECISION_RE = _rx(
@@ -673,9 +693,10 @@ _phrases("reopening", _REOPEN_RE,
 
 
 _OWNER_TASK_RE = re.compile(
-    r"\b(?:owner|assignee|responsible|who)\s*:\s*\S"
-    r"|\b(?:assigned to|responsible for|owned by|to be done by|handled by) (?:[A-Z]\w*|the \w+)"
-    r"|\b(?:[A-Z][\w'-]*(?: [A-Z][\w'-]*)?|[Tt]he (?:\w+ )?(?:team|designer|manager|expert|chair|group|lead|secretary"
+    r"\b(?i:owner|assignee|responsible|who)\s*:\s*\S"
+    r"|\b(?i:assigned to|responsible for|owned by|to be done by|handled by) (?:[A-Z]\w*|the \w+)"
+    r"|\b(?:(?!(?:I|You|We|They|He|She|It|This|That|There|Nothing|Everyone|Someone|Somebody|Anyone)\b)[A-Z][\w'-]*"
+    r"(?: [A-Z][\w'-]*)?|[Tt]he (?:\w+ )?(?:team|designer|manager|expert|chair|group|lead|secretary"
     r"|committee)) (?:will|is to|needs to|has to|should|is going to|must|agreed to|volunteered to|'ll|to) "
     r"(?!be\b)[a-z]\w+")
 
@@ -683,9 +704,7 @@ _OWNER_TASK_RE = re.compile(
 @register("owner_and_task")
 def owner_and_task(inp: MoveInput, p: _Params) -> bool:
     """Names an owner and a task ("Grad B will send the data", "Owner: Marketing", "assigned to the designer")."""
-    text = _norm(inp.reply)
-    return bool(_OWNER_TASK_RE.search(text)) and not re.match(r"\s*(?:I|We|You|It|This|That|They)\b", text) or \
-        bool(re.search(r"\b(?:owner|assigned to|responsible)\b", text, re.I) and _OWNER_TASK_RE.search(text))
+    return bool(_OWNER_TASK_RE.search(_norm(inp.reply)))
 
 
 _VAGUE_ITEM_RE = _rx(r"\bsome(?:one|body) (?:should|needs? to|will|could|must|has to|ought to)\b",
@@ -715,8 +734,8 @@ def self_answered_question(inp: MoveInput, p: _Params) -> bool:
     """Asks a question and answers it itself in the next sentence ("Is it a risk? Yes, because...")."""
     sents = split_sentences(_norm(inp.reply))
     for a, b in zip(sents, sents[1:]):
-        if a.rstrip().endswith("?") and re.match(r"\W*(?:yes|no|probably|definitely|the answer|well,|not really"
-                                                 r"|absolutely|of course)\b", b, re.I):
+        if a.rstrip().endswith("?") and re.match(r"\W*(?:well,|(?:yes|no|probably|definitely|the answer|not really"
+                                                 r"|absolutely|of course)\b)", b, re.I):
             return True
     return False
 
@@ -823,7 +842,8 @@ def assess(moves: CardMoves, reply: str, user: str = "") -> MoveVerdict:
 
 
 def detector_table() -> list[Mapping[str, Any]]:
-    """``[{"name", "doc", "params": {name: default}}]`` of every registered detector, by name (for docs and the CLI)."""
+    """``[{"name", "doc", "params": {name: default}}]`` of every registered detector, by name (its first docstring
+    paragraph as one line)."""
     return [{"name": d.name, "doc": d.doc,
              "params": {k: f.default for k, f in d.params.model_fields.items()}}
             for d in sorted(DETECTORS.values(), key=lambda d: d.name)]

@@ -22,6 +22,7 @@ files are refused, as in ``mascot eval``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -114,8 +115,11 @@ async def _retried(call: Callable[[], Any], counter: list[int]) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check_run_file(out: Path, opts: ProbeOptions, cfg: MascotConfig, trained: dict[str, dict]) -> None:
-    """Record the run's settings in ``run.json``; a resumed run must match them (its replies are reused)."""
+def _check_run_file(out: Path, opts: ProbeOptions, cfg: MascotConfig, trained: dict[str, dict],
+                    roster: list[Any]) -> None:
+    """Record the run's settings in ``run.json``; a resumed run must match them (its replies are reused). The roster's
+    cards count as settings (an edited card would make the stored replies another card's); ``--limit`` does not (a
+    rerun with a larger limit extends the run)."""
     def path_or_id(x: Any) -> str:
         return str(Path(x).resolve()) if x and Path(x).exists() else str(x or "")
 
@@ -123,6 +127,7 @@ def _check_run_file(out: Path, opts: ProbeOptions, cfg: MascotConfig, trained: d
                 "situations_file": path_or_id(opts.situations), "model": path_or_id(cfg.engine.model),
                 "speaker": cfg.speaker.model_dump(), "director": cfg.director.model_dump(),
                 "guard": cfg.guard.model_dump(),
+                "roster": {c.id: hashlib.sha256(c.model_dump_json().encode()).hexdigest()[:16] for c in roster},
                 "trained_adapters": {pid: f"{v['name']}@{v['digest']}" for pid, v in trained.items()}}
     p = out / "run.json"
     if p.is_file():
@@ -172,11 +177,11 @@ async def run_probe(opts: ProbeOptions, cfg: MascotConfig,
     out = Path(opts.out_dir)
     trained = trained_versions(opts.adapters, out / ".adapter-cache", cfg.adapters) if opts.adapters else {}
     check_no_overlap(situations, [*opts.manifests, *(Path(v["dir"]) / "manifest.json" for v in trained.values())])
-    out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, opts, cfg, trained)
     catalog = PersonaCatalog.load(cfg.personas.extra_files)
     active = list(cfg.personas.active_support if opts.mode == "support" else cfg.personas.active_meeting)
     roster = [catalog.get(i) for i in active] or catalog.in_set(opts.mode)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run_file(out, opts, cfg, trained, roster)
     ids = [c.id for c in roster]
     systems = ["base", *(["adapters"] if trained else [])]
     report_progress = progress or (lambda *_: None)
@@ -217,8 +222,10 @@ async def run_probe(opts: ProbeOptions, cfg: MascotConfig,
         replies = {(r["system"], r["condition"], r["situation_id"], r["persona_id"]): r for r in read_jsonl(rpath)}
         n_dir = len(situations) * len(ids) if "director" in opts.conditions else 0
         total = len(systems) * len(opts.conditions) * len(situations) * len(ids)
-        count = {"directives": sum(1 for k in directives if "director" in opts.conditions),
-                 "replies": sum(1 for k in replies if k[0] in systems and k[1] in opts.conditions)}
+        here = {sit.id for sit in situations}
+        count = {"directives": sum(1 for k in directives if k[0] in here and k[1] in ids) if n_dir else 0,
+                 "replies": sum(1 for k in replies if k[0] in systems and k[1] in opts.conditions and k[2] in here
+                                and k[3] in ids)}
         if n_dir:
             report_progress("directives", count["directives"], n_dir)
         report_progress("replies", count["replies"], total)

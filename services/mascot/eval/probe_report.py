@@ -154,10 +154,15 @@ def build_probe_report(rows: Sequence[dict], roster: Sequence[Any], systems: Seq
                         vals.append(sum(flag(r) for r in xs) / len(xs))
                 macro[key] = _mean_ci(vals, seed)
             live = [r for r in mine if (r.get("text") or "").strip()]
-            macro["identifiability"] = _mean_ci([float(r["identified"]) for r in live
-                                                 if r["identified"] is not None], seed)
-            macro["relevance_user"] = _mean_ci([r["relevance_user"] for r in live
-                                                if r["relevance_user"] is not None], seed)
+            for key, value in (("identifiability", lambda r: None if r["identified"] is None else
+                                float(r["identified"])), ("relevance_user", lambda r: r["relevance_user"])):
+                per_sit = []
+                for sid in situations:
+                    xs = [value(by[(s, c, sid, p)]) for p in ids if (s, c, sid, p) in by]
+                    xs = [x for x in xs if x is not None]
+                    if xs:
+                        per_sit.append(sum(xs) / len(xs))
+                macro[key] = _mean_ci(per_sit, seed)
             texts_by = defaultdict(list)
             for r in live:
                 texts_by[r["persona_id"]].append(r["text"])
@@ -180,23 +185,31 @@ def build_probe_report(rows: Sequence[dict], roster: Sequence[Any], systems: Seq
                 b = [by[("base", c, sid, p)] for sid, p in keys]
                 rel = [(x["relevance_user"], y["relevance_user"]) for x, y in zip(a, b)
                        if x["relevance_user"] is not None and y["relevance_user"] is not None]
+                moved = pid in with_moves
                 block[pid] = {
                     "compliance": paired_difference([float(bool(r["compliant"])) for r in a],
-                                                    [float(bool(r["compliant"])) for r in b], seed=seed),
+                                                    [float(bool(r["compliant"])) for r in b], seed=seed)
+                    if moved else None,
                     "forbidden": paired_difference([float(bool(r["forbidden"])) for r in a],
-                                                   [float(bool(r["forbidden"])) for r in b], seed=seed),
+                                                   [float(bool(r["forbidden"])) for r in b], seed=seed)
+                    if moved else None,
                     "relevance_user": paired_difference([x for x, _ in rel], [y for _, y in rel], seed=seed),
                 }
 
-            def per_situation(system: str, key: str, cond: str = c) -> list[float]:
-                vals = []
+            def per_situation(key: str, cond: str = c) -> tuple[list[float], list[float]]:
+                a, b = [], []
                 for sid in situations:
-                    xs = [by[(system, cond, sid, p)] for p in with_moves]
-                    vals.append(sum(bool(r["compliant"] if key == "compliance" else r[key]) for r in xs) / len(xs))
-                return vals
+                    pair = []
+                    for system in ("adapters", "base"):
+                        xs = [by[(system, cond, sid, p)] for p in with_moves if (system, cond, sid, p) in by]
+                        pair.append(sum(bool(r["compliant"] if key == "compliance" else r[key]) for r in xs) / len(xs)
+                                    if xs else None)
+                    if None not in pair:
+                        a.append(pair[0])
+                        b.append(pair[1])
+                return a, b
 
-            block["macro"] = {k: paired_difference(per_situation("adapters", k), per_situation("base", k), seed=seed)
-                              for k in ("compliance", "forbidden")}
+            block["macro"] = {k: paired_difference(*per_situation(k), seed=seed) for k in ("compliance", "forbidden")}
             paired[c] = block
     return {"probe": "speakers", "roster": ids, "systems": list(systems), "conditions": list(conditions),
             "situations": len(situations), "seed": seed, "better": dict(PROBE_MEASURES),
@@ -270,7 +283,9 @@ def render_probe_markdown(report: dict) -> str:
             else:
                 lines.append(f"- {s}: distinguishability {d['accuracy']:.3f} [{d['lo']:.3f}, {d['hi']:.3f}] "
                              f"(chance {d['chance']:.2f}, {d['n']} replies, {d['folds']} folds; per persona "
-                             + ", ".join(f"{k} {v:.2f}" for k, v in d["per_persona"].items() if v is not None) + ")")
+                             + ", ".join(f"{k} {v:.2f}" for k, v in d["per_persona"].items() if v is not None) + ")"
+                             + (f"; left out (fewer than 10 replies): {', '.join(d['left_out'])}"
+                                if d.get("left_out") else ""))
             op = res["openers"]
             if op["worst"]:
                 lines.append(f"  - most repeated opener: {op['worst']} \"{op['per_persona'][op['worst']]['opener']}\" "
@@ -300,10 +315,10 @@ def write_probe_plots(report: dict, out_dir: Any) -> list:
     for c in report["conditions"]:
         series = {s: {p: v["compliance"] for p, v in report["results"][s][c]["per_persona"].items()}
                   for s in report["systems"]}
-        dist = [f"{s} {d['accuracy']:.2f}" for s in report["systems"]
+        dist = [f"{s} {d['accuracy']:.2f} (chance {d['chance']:.2f})" for s in report["systems"]
                 if (d := report["results"][s][c]["distinguishability"])["accuracy"] is not None]
         title = f"Speaker probe ({c}): card-move compliance" + (
-            f"\ndistinguishability: {', '.join(dist)} (chance {1 / len(report['roster']):.2f})" if dist else "")
+            f"\ndistinguishability: {', '.join(dist)}" if dist else "")
         path = adherence_chart(series, report["roster"], title, Path(out_dir) / f"probe-adherence-{c}.png")
         if path is not None:
             written.append(path)

@@ -453,6 +453,8 @@ def _adherence(block: Mapping[str, Any], order: list[str]) -> list[str]:
         acc = _num(d.get("accuracy"))
         dist = DASH if acc is None else (f"{acc:.3f} [{_num(d.get('lo')) or 0:.3f}, {_num(d.get('hi')) or 0:.3f}] "
                                          f"(chance {_num(d.get('chance')) or 0:.2f})")
+        if d.get("left_out"):
+            dist += f"; left out: {', '.join(d['left_out'])}"
         op = v.get("openers") or {}
         top = _num(op.get("max_top_share"))
         opener = DASH if top is None else f"{top:.2f} ({op.get('worst')})"
@@ -740,11 +742,11 @@ def write_plots(report: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> l
                   for s in _systems_in_order(msys)}
         dist = []
         for s in _systems_in_order(msys):
-            acc = _num((msys[s].get("distinguishability") or {}).get("accuracy"))
+            d = msys[s].get("distinguishability") or {}
+            acc = _num(d.get("accuracy"))
             if acc is not None:
-                dist.append(f"{system_label(s)} {acc:.2f}")
-        title = "Card-move compliance per persona" + (f"\ndistinguishability: {', '.join(dist)} (chance "
-                                                     f"{_num(block.get('chance')) or 0:.2f})" if dist else "")
+                dist.append(f"{system_label(s)} {acc:.2f} (chance {_num(d.get('chance')) or 0:.2f})")
+        title = "Card-move compliance per persona" + (f"\ndistinguishability: {', '.join(dist)}" if dist else "")
         path = adherence_chart(series, list(block.get("roster") or []), title, out / "adherence.png")
         if path is not None:
             written.append(path)

@@ -153,7 +153,7 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
         fix = ""
         if "moves" in loc:
             fix = ("; fix: write each move as {detector: NAME, params: {...}} with a detector of mascot.core.moves "
-                   "(docs/evaluation.md, 'Card moves', lists them with their parameters)")
+                   "(docs/evaluation.md, 'Persona adherence', lists them with their parameters)")
         msg = err["msg"].removeprefix("Value error, ")
         raise PersonaFileError(f"{path}:{_line_of(node, loc)}: field {field}{who}: {msg}{fix}") from None
     seen: dict[str, int] = {}
