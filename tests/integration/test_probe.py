@@ -120,3 +120,41 @@ async def test_fallback_only_probe_writes_no_directives(engine, tiny_model_dir, 
     assert report["conditions"] == ["fallback"] and report["systems"] == ["base"] and report["paired"] == {}
     assert not (tmp_path / "p" / "directives.jsonl").exists()
     assert len(_rows(tmp_path / "p" / "replies.jsonl")) == 5
+
+
+def test_the_cli_runs_a_probe_and_says_what_is_wrong(tiny_model_dir, shared_data, tmp_path):
+    """``mascot eval probe`` in a process of its own: a bad option is one line and exit 2; a run prints progress and
+    the JSON summary, and a SIGKILL mid-run leaves a run that the same command finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.paths import ROOT
+
+    env = {**os.environ, "MASCOT_ENGINE__MODEL": str(tiny_model_dir), "MASCOT_ENGINE__THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    situations = shared_data / "empathetic_dialogues" / "test_situations.jsonl"
+    cmd = [sys.executable, "-m", "mascot.cli", "eval", "probe", "--situations", str(situations)]
+    bad = subprocess.run([*cmd, "--out", str(tmp_path / "x"), "--conditions", "fallback,nope"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--conditions lists each of fallback, director at most once" in bad.stderr
+    out = tmp_path / "p"
+    args = [*cmd, "--out", str(out), "--limit", "3", "--concurrency", "1"]
+    p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ((out / "replies.jsonl").is_file() and (out / "replies.jsonl").read_text().count("\n") >= 3):
+        assert p.poll() is None, p.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout[done.stdout.index("{"):done.stdout.rindex("}") + 1])
+    assert set(summary["macro"]["base"]) == {"fallback", "director"}
+    assert 0 < summary["wall_seconds"]["replies_generated"] < 30  # only what the killed run had not stored
+    rows = _rows(out / "replies.jsonl")
+    assert len(rows) == 30 and len({(r["condition"], r["situation_id"], r["persona_id"]) for r in rows}) == 30
+    assert "replies 30/30" in done.stderr or "replies 30/30" in done.stdout
