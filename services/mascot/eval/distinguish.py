@@ -53,7 +53,7 @@ def distinguishability(texts: Sequence[str], labels: Sequence[str], groups: Sequ
     Returns:
         ``{"n", "personas", "left_out", "folds", "accuracy", "lo", "hi", "chance", "per_persona": {id: recall},
         "confusion": {"labels", "matrix"}}`` (rounded to 4 decimals); ``accuracy`` is None (with a ``reason``) when
-        fewer than two personas or two situations remain.
+        fewer than two personas or two situations remain, or when scikit-learn cannot fit a fold.
 
     Raises:
         ValueError: the three sequences differ in length.
@@ -82,7 +82,11 @@ def distinguishability(texts: Sequence[str], labels: Sequence[str], groups: Sequ
         return out
     k = min(folds, n_groups)
     cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
-    pred = cross_val_predict(_pipeline(seed), x, y, groups=g, cv=cv)
+    try:
+        pred = cross_val_predict(_pipeline(seed), x, y, groups=g, cv=cv)
+    except ValueError as e:  # e.g. a training fold left with one persona, or replies without a single word
+        out["reason"] = f"the classifier could not be fitted: {e}"
+        return out
     acc = float(balanced_accuracy_score(y, pred))
     # percentile bootstrap over situations of the out-of-fold predictions
     rng = np.random.default_rng(seed)
