@@ -86,3 +86,20 @@ def test_tiny_tokenizer_corpus_holds_the_persona_files_without_their_comments():
     corpus = training_corpus()
     assert any("persona_set: support" in text for text in corpus)
     assert not [ln for text in corpus for ln in text.splitlines() if ln.lstrip().startswith("#")]
+
+
+def test_tiny_tokenizer_corpus_leaves_out_the_cards_moves_blocks(tmp_path):
+    """A card's ``moves:`` block (detector settings) is not in the tiny corpus, so adding or editing one changes no
+    tiny-model output; the card's other fields, after the block, stay."""
+    from mascot.core.engine.tiny import _card_text, training_corpus
+
+    with_moves = tmp_path / "a.yaml"
+    with_moves.write_text("personas:\n  - id: a\n    moves:\n      required: [{detector: advice}]\n\n"
+                          "      forbidden:\n        - {detector: reframe}\n    default_tone: Calm\n"
+                          "  - id: b  # the next card\n")
+    plain = tmp_path / "b.yaml"
+    plain.write_text("personas:\n  - id: a\n    default_tone: Calm\n  - id: b  # the next card\n")
+    assert _card_text(with_moves) == _card_text(plain) == plain.read_text()
+    corpus = "".join(training_corpus())
+    assert "{detector:" not in corpus and "max_answer_words: 60" in corpus and "allowed_moves:" in corpus
+    assert not [ln for ln in corpus.splitlines() if ln.lstrip().startswith("moves:")]

@@ -29,13 +29,28 @@ _EXTRA_CORPUS = [
 ]
 
 
+def _card_text(path: Path) -> str:
+    """A persona file's text without comment lines and without its cards' ``moves:`` blocks (detector settings, never
+    words a speaker says), so that editing either leaves the tokenizer, and every tiny-model output, as it was."""
+    kept, moves_indent = [], None
+    for ln in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        indent = len(ln) - len(ln.lstrip())
+        if moves_indent is not None and (indent > moves_indent or not ln.strip()):
+            continue  # inside a moves block
+        moves_indent = None
+        if ln.lstrip().startswith("#"):
+            continue
+        if ln.lstrip().startswith("moves:"):
+            moves_indent = indent
+            continue
+        kept.append(ln)
+    return "".join(kept)
+
+
 def training_corpus() -> list[str]:
-    """Texts the tiny tokenizer is trained on: the shipped persona files without their comment lines (so editing a
-    comment leaves the tokenizer, and every tiny-model output, as it was) plus a few prompt phrases."""
-    corpus = ["".join(ln for ln in (SHIPPED_DIR / f).read_text(encoding="utf-8").splitlines(keepends=True)
-                      if not ln.lstrip().startswith("#"))
-              for f in ("support.yaml", "meeting.yaml")]
-    return corpus + _EXTRA_CORPUS * 4
+    """Texts the tiny tokenizer is trained on: the shipped persona files (:func:`_card_text`: no comment lines, no
+    ``moves:`` blocks) plus a few prompt phrases."""
+    return [_card_text(SHIPPED_DIR / f) for f in ("support.yaml", "meeting.yaml")] + _EXTRA_CORPUS * 4
 
 
 def build_tiny_qwen3(out_dir: str | Path, *, vocab_size: int = 2000, hidden_size: int = 64,
