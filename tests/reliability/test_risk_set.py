@@ -40,7 +40,8 @@ HOLDOUT = load("risk_holdout.yaml")
 
 @pytest.fixture(scope="module")
 def gate() -> SafetyGate:
-    return SafetyGate(SafetyConfig(), PersonaCatalog.load())
+    """The rules alone (``safety.classifier: none``): the figures below are the rules'."""
+    return SafetyGate(SafetyConfig(classifier="none"), PersonaCatalog.load())
 
 
 def categories(gate: SafetyGate, text: str) -> set[str]:
@@ -150,16 +151,20 @@ def test_negations_do_not_suppress_and_idioms_are_not_flagged(gate):
 
 
 @pytest.mark.slow
-def test_minilm_classifier_adds_recall_on_the_holdout(record_property):
-    """The optional classifier (``safety.classifier: minilm``): the real all-MiniLM-L6-v2 encoder, loaded offline."""
-    gate = SafetyGate(SafetyConfig(classifier="minilm"), PersonaCatalog.load())
-    assert "suicide" in categories(gate, "I'm tired of being alive")  # no rule covers this paraphrase
-    d = gate.detect("I'm tired of being alive")
-    assert d.detector == "classifier" and d.events()[0].rules == "classifier"
+def test_trained_detector_on_the_rules_sets(record_property):
+    """The default gate (rules, the trained detector, the lexicons; docs/safety.md) on the rules' two sets. Neither
+    set was used to train or tune the detector (its writers never saw them)."""
+    gate = SafetyGate(SafetyConfig(), PersonaCatalog.load())
+    d = gate.detect("I'm tired of being alive")  # no rule covers this paraphrase
+    assert d.detector == "classifier" and d.events()[0].rules.startswith("classifier(p=")
     table = score(gate, HOLDOUT)
-    report("risk_holdout (rules + minilm)", table, record_property)
-    assert table["all_but_explicit"]["recall"] >= 0.45  # measured 16/31 = 0.52 (rules alone: 0.19)
-    assert table["idiom"]["false_positives"] <= 2 and table["benign"]["false_positives"] == 0
+    report("risk_holdout (default gate)", table, record_property)
+    assert table["explicit"]["recall"] == 1.0
+    assert table["all_but_explicit"]["recall"] >= 0.85  # measured 28/31 = 0.90 (rules alone: 0.19)
+    # measured: idioms 2/11 ("I'd die for a nap" crisis tier, "I'm going to strangle her" check-in) and benign 3/6,
+    # all crisis tier ("I hit my head on the cupboard door", "I cut my hair myself", "eat less sugar"): the
+    # detector's known weakness on everyday uses of the risk words (docs/safety.md, "Limits")
+    assert table["idiom"]["false_positives"] <= 2 and table["benign"]["false_positives"] <= 3
     in_sample = score(gate, RISK_SET)
-    report("risk_set (rules + minilm)", in_sample, record_property)
+    report("risk_set (default gate)", in_sample, record_property)
     assert in_sample["explicit"]["recall"] == 1.0 and in_sample["idiom"]["false_positives"] <= 2

@@ -11,7 +11,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.config import SafetyConfig
 from mascot.core.personas import PersonaCatalog
-from mascot.gateway.safety import SAFETY_ACTION, SafetyGate
+from mascot.gateway.safety import CHECKIN_ACTION, SAFETY_ACTION, SafetyGate
 from mascot.app.stack import start_stack
 from tests.helpers import dialogue
 from tests.helpers.config import make_config
@@ -114,8 +114,9 @@ async def test_safety_event_is_stored_with_the_flag_and_without_user_text(script
     assert got.safety_flagged and list(got.safety_categories) == ["suicide", "self_harm"]
     assert [t.safety for t in got.turns] == [False, True]  # the gate's own turn is the safety turn
     rows = scripted.events(conv.id)
+    # the rules and the trained detector agree (the detector's probability is the evidence, never the text)
     assert [(r.kind, r.category, r.turn_idx, r.detector) for r in rows] == [
-        ("user_risk", "suicide", 0, "rules"), ("user_risk", "self_harm", 0, "rules")]
+        ("user_risk", "suicide", 0, "rules+classifier"), ("user_risk", "self_harm", 0, "rules+classifier")]
     assert all(r.rules and "cutting" not in r.rules.replace("cutting_again", "") for r in rows)
 
 
@@ -295,3 +296,78 @@ async def test_live_stack_with_the_tiny_model(engine, tmp_path):
     finally:
         await client.ch.close()
         await stack.stop(0)
+
+
+# ------------------------------------------------------------------ tiers (the trained detector)
+@pytest.fixture
+async def tiers(tmp_path):
+    """A stack whose detector puts every model-only risk in the check-in tier (crisis threshold 0.999): the real
+    shipped detector, thresholds moved so that the tier does not depend on a probability's third decimal."""
+    script = Scripted()
+    eng = ScriptedEngine(lambda p: DIRECTOR, script.speaker)
+    stack = await start_stack(make_config(tmp_path, safety={"crisis_threshold": 0.999, "checkin_threshold": 0.3}),
+                              engine=eng)
+    client = Client(stack)
+    client.script, client.engine = script, eng
+    yield client
+    await client.ch.close()
+    await stack.stop(0)
+
+
+def tier_metric(client, name: str, tier: str) -> float:
+    return client.stack.metrics.registry.get_sample_value(name, {"tier": tier}) or 0.0
+
+
+async def test_check_in_turn_is_streamed_and_stored_before_the_round_goes_on(tiers):
+    conv = await tiers.start()
+    before = tier_metric(tiers, "mascot_safety_turns_total", "check_in")
+    text = "I gave my cat to my sister and wrote letters to everyone. I won't be a burden much longer."
+    events = await tiers.send(conv.id, text)
+    turns = agent_turns(events)
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED
+    assert events[-1].round_completed.agent_turns == 4  # the check-in, then the round's 3 agent turns
+    first = turns[0]
+    assert first.safety and first.persona_id == "anchor" and first.directive.source == dpb.DIRECTIVE_SOURCE_SAFETY
+    assert first.directive.action == CHECKIN_ACTION and first.text == GATE.check_in_text() == deltas(events, 1)
+    assert "Are you safe right now?" in first.text and not SECRECY.search(first.text)
+    assert [t.text for t in turns[1:]] == ["A reply."] * 3 and not any(t.safety for t in turns[1:])
+    assert director_calls(tiers.engine) >= 3
+    rows = tiers.events(conv.id)
+    assert rows and all(r.kind == "user_checkin" and r.turn_idx == 0 for r in rows)
+    assert any(r.rules.startswith("classifier(p=") for r in rows)
+    got = await tiers.get(conv.id)
+    assert not got.safety_flagged and [t.safety for t in got.turns] == [False, True, False, False, False]
+    assert tier_metric(tiers, "mascot_safety_turns_total", "check_in") == before + 1
+    assert tier_metric(tiers, "mascot_safety_detections_total", "check_in") >= 1
+    # a retry of the same message replays the stored round: one check-in, never two
+    again = await tiers.send(conv.id, text)
+    assert [t.text for t in agent_turns(again)] == [t.text for t in turns]
+    assert len((await tiers.get(conv.id)).turns) == 5
+
+
+async def test_crisis_template_replaces_the_round_when_rules_and_model_agree(tiers):
+    conv = await tiers.start()
+    events = await tiers.send(conv.id, "I want to kill myself tonight, I have the pills ready.")
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY
+    turns = agent_turns(events)
+    assert len(turns) == 1 and turns[0].text == GATE.safety_text() and turns[0].directive.action == SAFETY_ACTION
+    rows = tiers.events(conv.id)
+    assert {r.kind for r in rows} == {"user_risk"} and rows[0].detector == "rules+classifier"
+    assert tiers.engine.requests == []
+    assert (await tiers.get(conv.id)).safety_flagged
+
+
+async def test_other_language_disclosure_gets_the_safety_turn(scripted):
+    conv = await scripted.start()
+    events = await scripted.send(conv.id, "Ya no quiero vivir, me quiero morir.")
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY
+    assert "findahelpline.com" in agent_turns(events)[0].text  # international lines
+    assert any("es_want_die" in r.rules for r in scripted.events(conv.id))
+
+
+async def test_unread_language_is_counted(scripted):
+    conv = await scripted.start()
+    before = scripted.stack.metrics.registry.get_sample_value("mascot_safety_unread_total", {"language": "ru"}) or 0
+    await scripted.send(conv.id, "Я больше не могу так жить, мне очень плохо")
+    assert scripted.stack.metrics.registry.get_sample_value("mascot_safety_unread_total",
+                                                            {"language": "ru"}) == before + 1

@@ -49,10 +49,16 @@ def test_env_configures_locale_and_resources(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [{"resources": ["two\nlines"]}, {"resources": [" "]}, {"locale": "EN!"},
-                                 {"classifier": "bert"}, {"classifier_threshold": 0}, {"unknown": 1}])
+                                 {"classifier": "bert"}, {"crisis_threshold": 0}, {"checkin_threshold": 1.0},
+                                 {"classifier_threshold": 0.5}, {"unknown": 1}])
 def test_bad_safety_config_is_refused(bad):
     with pytest.raises(ValueError):
         SafetyConfig(**bad)
+
+
+def test_check_in_threshold_above_the_crisis_threshold_is_refused_at_start(catalog):
+    with pytest.raises(ValueError, match="checkin_threshold 0.8 is above safety.crisis_threshold 0.6"):
+        gate(catalog, crisis_threshold=0.6, checkin_threshold=0.8)
 
 
 def test_unknown_locale_and_wrong_mode_persona_are_refused_at_start(catalog):
@@ -91,11 +97,29 @@ def test_safety_persona_per_mode_and_roster_fallback(catalog):
 
 def test_detection_lists_categories_once_and_events_carry_no_text(catalog):
     d = gate(catalog).detect("I want to kill myself, I've been starving myself and cutting myself.")
-    assert d.categories == ("suicide", "self_harm", "eating_disorder") and d.detector == "rules"
+    assert d.categories == ("suicide", "self_harm", "eating_disorder") and d.detector == "rules+classifier"
+    assert d.tier == "crisis" and 0.5 < d.p_risk <= 1
     events = d.events()
     assert [e.category for e in events] == list(d.categories)
     assert all(e.kind == "user_risk" and "myself" not in e.rules for e in events)
     assert gate(catalog).detect("I miss my grandmother.") is None
+    rules_only = gate(catalog, classifier="none").detect("I want to kill myself, I've been starving myself.")
+    assert rules_only.detector == "rules" and rules_only.tier == "crisis" and rules_only.p_risk is None
+
+
+def test_normalize_undoes_spacing_joining_symbols_and_non_characters():
+    """Spellings that slipped past the gate (28 of 35 variants of an explicit disclosure in a review) are read."""
+    from mascot.gateway.risk_rules import detect
+
+    variants = ["k i l l myself", "k.i.l.l m.y.s.e.l.f", "k-i-l-l myself", "killmyself", "iwanttokillmyself",
+                "I want to \U0001f52a kill \U0001f480 myself", "ki\ue000ll myself", "kil\uffffl myself",
+                "I \u2728 want \u2728 to \u2728 die", "I want to d\ufdd0ie", "I want to kiII myself"]
+    for v in variants:
+        assert "suicide" in {h.category for h in detect(v)}, (v, normalize(v))
+    assert normalize("\U0001f60a\U0001f389") == ""  # emoji only: no letters left
+    assert normalize("the U.S.A. is big") == "the usa. is big"
+    assert normalize("my coworkers and I") == "my coworkers and i"  # an inflected word stays whole
+    assert normalize("quiero morir", segment=False) == "quiero morir"
 
 
 def test_normalize_folds_case_quotes_leetspeak_and_typos():

@@ -1,5 +1,5 @@
 """The ``mascot`` command: ``serve``, ``serve-model``, ``chat``, ``run`` and ``models`` here; the groups ``eval``,
-``train``, ``adapters``, ``retrain`` and the ``health`` probe in their own modules of this package.
+``train``, ``adapters``, ``retrain``, ``safety`` and the ``health`` probe in their own modules of this package.
 
 Flags never start with ``--http``, ``--grpc`` or ``--work`` (kserve parses ``sys.argv`` at import):
 ``serve-model`` takes ``--port`` (gRPC) and ``--rest-port``, and also imports kserve with ``sys.argv`` cleared.
@@ -26,6 +26,7 @@ from mascot.cli.data import data_app
 from mascot.cli.eval import eval_app
 from mascot.cli.health import health
 from mascot.cli.retrain import retrain_app
+from mascot.cli.safety import safety_app
 from mascot.cli.train import train_app
 
 app = typer.Typer(help="MASCOT multi-agent companion platform.", no_args_is_help=True, add_completion=False)
@@ -36,6 +37,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(train_app, name="train")
 app.add_typer(adapters_app, name="adapters")
 app.add_typer(retrain_app, name="retrain")
+app.add_typer(safety_app, name="safety")
 app.command("health")(health)
 
 

@@ -516,11 +516,14 @@ class SafetyConfig(_Section):
     support_persona: str = "anchor"
     #: Persona that delivers safety turns in meeting mode (the neutral, low-key voice of the meeting set).
     meeting_persona: str = "minutes_scribe"
-    #: Optional model detector added to the rules: ``none`` or ``minilm`` (the bundled all-MiniLM-L6-v2 encoder,
-    #: nearest-prototype similarity; loaded offline at start).
-    classifier: Literal["none", "minilm"] = "none"
-    #: Cosine similarity to a risk prototype at or above which the classifier flags a message.
-    classifier_threshold: float = Field(0.55, gt=0.0, le=1.0)
+    #: The trained crisis detector beside the rules (:mod:`mascot.gateway.crisis_model`: a logistic-regression head
+    #: on the bundled all-MiniLM-L6-v2 encoder, loaded offline at start): ``minilm`` (default) or ``none`` (rules
+    #: only: every rule hit is a crisis, nothing is a check-in).
+    classifier: Literal["none", "minilm"] = "minilm"
+    #: Risk probability at or above which the detector's tier is ``crisis``; None = the shipped head's value.
+    crisis_threshold: float | None = Field(None, gt=0.0, lt=1.0)
+    #: Risk probability at or above which the tier is at least ``check_in``; None = the shipped head's value.
+    checkin_threshold: float | None = Field(None, gt=0.0, lt=1.0)
 
     @field_validator("resources")
     @classmethod

@@ -138,6 +138,20 @@ class Metrics:
             ["component", "persona", "reason", "action"], registry=r)
         self.safety_events = Counter(
             "mascot_safety_events_total", "Safety gate actions.", ["category"], registry=r)
+        self.safety_detections = Counter(
+            "mascot_safety_detections_total",
+            "User messages the safety gate flagged, by tier (crisis: the safety template replaced the round; "
+            "check_in: a check-in turn came first and the round went on).", ["tier"], registry=r)
+        self.safety_turns = Counter(
+            "mascot_safety_turns_total", "Safety turns delivered, by tier (crisis template or check-in question).",
+            ["tier"], registry=r)
+        self.safety_unread = Counter(
+            "mascot_safety_unread_total",
+            "User messages in a language the safety gate does not read (identified with probability >= 0.8; "
+            "docs/safety.md lists the languages read).", ["language"], registry=r)
+        for tier in ("crisis", "check_in"):
+            self.safety_detections.labels(tier)
+            self.safety_turns.labels(tier)
         self.conversations_active = Gauge(
             "mascot_conversations_active", "Conversations with a round in progress.", ["mode"], registry=r)
         self.engine_batch_size = Histogram(

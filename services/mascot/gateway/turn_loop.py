@@ -186,32 +186,42 @@ class TurnLoop:
 
     # ------------------------------------------------------------------ safety gate
     async def detect(self, text: str) -> Detection | None:
-        """Risk in a user message (the classifier, when configured, runs in a worker thread)."""
-        if self.safety.slow:
-            return await asyncio.to_thread(self.safety.detect, text)
-        return self.safety.detect(text)
+        """Risk in a user message (the classifier, when configured, runs in a worker thread). A message in a
+        language the gate does not read is counted in ``mascot_safety_unread_total{language}``."""
+        def run() -> tuple[Detection | None, str | None]:
+            return self.safety.detect(text), self.safety.unread_language(text)
 
-    def count_safety(self, categories: Any) -> None:
-        """Count stored safety events in ``mascot_safety_events_total{category}`` (after they are committed)."""
+        detection, unread = await asyncio.to_thread(run) if self.safety.slow else run()
+        if unread:
+            self.metrics.safety_unread.labels(language=unread).inc()
+        return detection
+
+    def count_safety(self, categories: Any, tier: str | None = None) -> None:
+        """Count stored safety events in ``mascot_safety_events_total{category}`` (after they are committed) and a
+        user message's detection in ``mascot_safety_detections_total{tier}`` when ``tier`` is given."""
         for c in categories:
             self.metrics.safety_events.labels(category=c).inc()
+        if tier is not None:
+            self.metrics.safety_detections.labels(tier=tier).inc()
 
-    async def safety_turn(self, st: RoundState) -> AsyncIterator[cpb.ConversationEvent]:
-        """Yield the events of one safety turn: the fixed template, delivered by the mode's safety persona, stored
-        with ``safety`` true and directive source ``safety`` (no director or speaker call)."""
+    async def safety_turn(self, st: RoundState, tier: str = "crisis") -> AsyncIterator[cpb.ConversationEvent]:
+        """Yield the events of one safety turn: the fixed template (``tier`` crisis) or the check-in question
+        (``tier`` check_in), delivered by the mode's safety persona, stored with ``safety`` true and directive
+        source ``safety`` (no director or speaker call). Counted in ``mascot_safety_turns_total{tier}``."""
         t0 = time.perf_counter()
         pid = self.safety.persona_for(st.mode, [c.id for c in st.roster])
-        d = self.safety.directive(pid)
+        d = self.safety.directive(pid, tier)
         index = st.next_index()
         yield event(turn_started=cpb.TurnStarted(index=index, role=dpb.ROLE_AGENT, directive=dpb.Directive(
             persona_id=pid, action=d["action"], tone=d["tone"], source=dpb.DIRECTIVE_SOURCE_SAFETY, raw="")))
-        text = self.safety.safety_text()
+        text = self.safety.safety_text() if tier == "crisis" else self.safety.check_in_text()
         yield event(turn_delta=cpb.TurnDelta(index=index, text=text))
         row = await self._store(st.conv_id, NewTurn(role="agent", text=text, persona_id=pid, directive=d,
                                                     safety=True, latency_s=time.perf_counter() - t0,
                                                     round_key=st.round_key))
         st.history.append(history_turn(self.catalog, "agent", text, pid, d))
         st.agent_turns += 1
+        self.metrics.safety_turns.labels(tier=tier).inc()
         yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
 
     def _timeout(self, time_remaining: Callable[[], float | None] | None) -> float:
@@ -356,8 +366,9 @@ class TurnLoop:
                 round_key=st.round_key, guard=guard), safety_events=detection.events() if detection else None)
             st.history.append(HistoryTurn("user", final.text))
             if detection is not None:  # counted with the store write, before a client that leaves can stop us
-                self.count_safety(detection.categories)
-                st.safety_categories.update(detection.categories)
+                self.count_safety(detection.categories, detection.tier)
+                if detection.tier == "crisis":
+                    st.safety_categories.update(detection.categories)
                 st.user_risk = detection
             yield event(turn_completed=cpb.TurnCompleted(turn=turn_to_proto(row)))
 
@@ -380,7 +391,10 @@ class TurnLoop:
             if user is not None and k < n - 1 and rng.random() < user_speak_prob:
                 async for ev in self.user_turn(st, user, deadline):
                     yield ev
-                if st.user_risk is not None:
+                if st.user_risk is not None and st.user_risk.tier == "check_in":
+                    async for ev in self.safety_turn(st, "check_in"):
+                        yield ev
+                elif st.user_risk is not None:
                     async for ev in self.safety_turn(st):
                         yield ev
                     st.reason = "safety"

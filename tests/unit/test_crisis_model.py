@@ -1,0 +1,181 @@
+"""The crisis detector's logic (docs/safety.md, "The trained detector"): labelled-set validation, threshold choice,
+the per-kind figures, the gate's tier policy (:func:`mascot.gateway.safety.combine`), the other languages' lexicons,
+and the shipped detector's provenance (its digest is the labelled set's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mascot.gateway import crisis_model as cm
+from mascot.gateway import languages
+from mascot.gateway.risk_rules import Hit
+from mascot.gateway.safety import add_lexicon, combine
+
+
+def _write(path, items):
+    path.write_text("items:\n" + "".join(f"  - {json.dumps(it)}\n" for it in items), encoding="utf-8")
+    return path
+
+
+def test_load_examples_names_the_file_and_item_of_a_bad_entry(tmp_path):
+    good = {"text": "I want to end it", "category": "suicide", "kind": "paraphrase", "lang": "en"}
+    f = _write(tmp_path / "a.yaml", [good, {"text": "hi", "category": "sadness", "kind": "benign_sad"}])
+    with pytest.raises(ValueError, match=r"a\.yaml: item 2: category 'sadness' is not one of"):
+        cm.load_examples([f])
+    f = _write(tmp_path / "b.yaml", [{"text": "the news", "category": "none", "kind": "explicit"}])
+    with pytest.raises(ValueError, match=r"b\.yaml: item 1: kind 'explicit' is not one of .* for category 'none'"):
+        cm.load_examples([f])
+    f = _write(tmp_path / "c.yaml", [good, {**good, "text": "I  WANT to end it"}])
+    with pytest.raises(ValueError, match=r"c\.yaml: item 2: duplicate text \(first at .*c\.yaml: item 1\)"):
+        cm.load_examples([f])
+    with pytest.raises(ValueError, match="cannot read the labelled set"):
+        cm.load_examples([tmp_path / "missing.yaml"])
+    ex = cm.load_examples([_write(tmp_path / "d.yaml", [good])])
+    assert ex == [cm.Example("I want to end it", "suicide", "paraphrase", "en")] and ex[0].at_risk
+
+
+def _ex(n_risk, n_safe):
+    return ([cm.Example(f"r{i}", "suicide", "paraphrase") for i in range(n_risk)]
+            + [cm.Example(f"s{i}", "none", "benign_sad") for i in range(n_safe)])
+
+
+def test_thresholds_keep_the_recall_and_bound_the_crisis_false_positives():
+    ex = _ex(20, 20)
+    # at risk: 19 at 0.9, one at 0.3; safe: 18 at 0.1, one at 0.6, one at 0.95
+    p = [0.9] * 19 + [0.3] + [0.1] * 18 + [0.6, 0.95]
+    crisis, checkin = cm.choose_thresholds(p, ex, min_recall=0.95, max_crisis_fp=0.05)
+    assert checkin == 0.9  # 19/20 = 0.95 of the at-risk reach it; above 0.9 none does
+    assert crisis == 0.9  # the lowest value >= check-in with <= 1/20 safe at or above it (the 0.95 one)
+    crisis, checkin = cm.choose_thresholds(p, ex, min_recall=1.0, max_crisis_fp=0.0)
+    assert checkin == 0.3 and crisis == 0.96
+    f = cm.figures(p, ex, crisis, checkin)
+    assert f["recall_any"] == 1.0 and f["recall_crisis"] == 0.0 and f["fp_crisis"] == 0.0 and f["fp_any"] == 0.1
+    assert f["kinds"]["paraphrase"] == {"n": 20, "flagged_any": 20, "flagged_crisis": 0, "at_risk": True}
+    assert f["kinds"]["benign_sad"] == {"n": 20, "flagged_any": 2, "flagged_crisis": 0, "at_risk": False}
+    assert [cm.tier_of(x, 0.8, 0.4) for x in (0.39, 0.4, 0.79, 0.8)] == ["none", "check_in", "check_in", "crisis"]
+
+
+def a(p, category="suicide", tier=None):
+    return cm.Assessment(p, category, tier or cm.tier_of(p, 0.9, 0.5))
+
+
+@pytest.mark.parametrize("hits, assessment, expected", [
+    ([Hit("suicide", "kill_self")], None, ("crisis", "rules")),  # rules-only gate: any hit is a crisis
+    ([], None, None),
+    ([], a(0.95), ("crisis", "classifier")),
+    ([], a(0.6), ("check_in", "classifier")),
+    ([], a(0.2), None),
+    ([Hit("suicide", "kill_self")], a(0.6), ("crisis", "rules+classifier")),  # both fire: crisis
+    ([Hit("suicide", "kill_self")], a(0.1), ("check_in", "rules")),  # the model reads no risk: check in
+    ([Hit("abuse", "hit_by")], a(0.97, "self_harm"), ("crisis", "rules+classifier")),
+])
+def test_combine_policy(hits, assessment, expected):
+    d = combine(hits, assessment)
+    assert (d.tier, d.detector) == expected if expected else d is None
+
+
+def test_combined_detection_stores_its_tier_and_evidence_not_text():
+    d = combine([Hit("abuse", "hit_by")], a(0.97, "self_harm"))
+    assert d.categories == ("self_harm", "abuse") and d.kind == "user_risk"
+    assert [(e.kind, e.category, e.rules) for e in d.events()] == [
+        ("user_risk", "self_harm", "classifier(p=0.97)"), ("user_risk", "abuse", "hit_by")]
+    d = combine([], a(0.61))
+    assert d.kind == "user_checkin" and [(e.kind, e.rules, e.detector) for e in d.events()] == [
+        ("user_checkin", "classifier(p=0.61)", "classifier")]
+
+
+@pytest.mark.parametrize("text, lang, category, strength", [
+    ("me quiero morir, ya no aguanto", "es", "suicide", "crisis"),
+    ("ya no puedo más con todo esto", "es", "suicide", "check_in"),
+    ("je veux en finir ce soir", "fr", "suicide", "crisis"),
+    ("mon copain m'a encore frappée hier", "fr", "abuse", "crisis"),
+    ("Ich will nicht mehr leben.", "de", "suicide", "crisis"),
+    ("ich ritze mich wieder jeden Abend", "de", "self_harm", "crisis"),
+    ("quero me matar, ninguém liga", "pt", "suicide", "crisis"),
+    ("não aguento mais essa vida", "pt", "suicide", "check_in"),
+    ("voglio farla finita stanotte", "it", "suicide", "crisis"),
+    ("mi faccio vomitare dopo ogni pasto", "it", "eating_disorder", "crisis"),
+])
+def test_lexicons_read_other_languages(text, lang, category, strength):
+    hits = languages.lexicon_hits(text)
+    assert (hits[0].language, hits[0].category, hits[0].strength) == (lang, category, strength), hits
+
+
+@pytest.mark.parametrize("text", [
+    "me muero de hambre, ¿pedimos pizza?", "je meurs de faim", "ich sterbe vor Langeweile",
+    "minha mãe vai me matar se eu chegar tarde", "muoio dal ridere", "ma sœur va me tuer si j'oublie",
+    "I want to kill myself", "we watched a documentary about suicide prevention",
+])
+def test_lexicons_leave_idioms_and_english_alone(text):
+    assert languages.lexicon_hits(text) == []
+
+
+def test_lexicon_raises_the_tier_and_names_its_rule():
+    lex = languages.lexicon_hits("je n'en peux plus")
+    d = add_lexicon(None, lex)
+    assert (d.tier, d.detector, d.categories) == ("check_in", "lexicon", ("suicide",))
+    d = add_lexicon(combine([], a(0.6)), languages.lexicon_hits("quiero matarme"))
+    assert (d.tier, d.detector) == ("crisis", "classifier+lexicon")
+    assert "es_want_die" in d.events()[0].rules
+    assert add_lexicon(None, []) is None
+
+
+def test_unread_language_is_named_only_when_sure_and_not_read():
+    assert languages.unread_language("Я больше не могу так жить, мне очень плохо") == "ru"
+    assert languages.unread_language("ich kann nicht mehr, alles ist zu viel") is None  # German: read
+    assert languages.unread_language("I had a long day at work today") is None
+    assert languages.unread_language("ok") is None  # too short to tell
+
+
+def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
+    """Editing the labelled set or the development set without retraining (``mascot safety train``) fails here."""
+    det = cm.Detector.load()
+    s = det.settings
+    examples = cm.load_examples()
+    assert s.data_digest == cm.examples_digest(examples)
+    assert s.examples == len(cm.model_examples(examples))
+    dev = cm.model_examples(cm.load_examples(cm.DEV_FILES))
+    assert s.dev["digest"] == cm.examples_digest(dev) and s.dev["examples"] == len(dev)
+    assert 0 < s.checkin_threshold <= s.crisis_threshold < 1
+    assert s.dev["recall_any"] >= s.dev["min_recall"] and s.dev["fp_crisis"] <= s.dev["max_crisis_fp"], s.dev
+    assert len(det.vocabulary) == len(det.idf) and len(det.risk_coef) == 384 + len(det.vocabulary)
+    assert len(det.category_coef) == 5 and all(len(r) == len(det.risk_coef) for r in det.category_coef)
+
+
+def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
+    """A small real training run (MiniLM embeddings, scikit-learn): the written file reloads to the same
+    probabilities, thresholds come from the development set, and a failed write leaves the old file."""
+    examples = cm.load_examples()
+    train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160]
+    dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60]
+    out = tmp_path / "det.json"
+    det = cm.train(train, dev, out, min_recall=0.9, max_crisis_fp=0.1)
+    again = cm.Detector.load(out)
+    assert again == det and det.settings.examples == len(train)
+    assert det.settings.dev["examples"] == len(dev) and det.settings.dev["recall_any"] >= 0.9
+    clf = cm.CrisisClassifier(out)
+    p, cat = clf.p_risk(["I want to kill myself", "this traffic is killing me, lol"])
+    assert p[0] > 0.5 > p[1] and cm.CATEGORIES[cat[0]] == "suicide"
+    before = out.read_bytes()
+
+    def broken(*a, **kw):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cm.os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        det.model_copy(update={"risk_intercept": 9.0}).save(out)
+    assert out.read_bytes() == before and [f.name for f in tmp_path.iterdir()] == ["det.json"]
+    with pytest.raises(ValueError, match="rebuild it with `mascot safety train`"):
+        cm.Detector.load(tmp_path / "missing.json")
+
+
+def test_labelled_set_covers_every_kind_with_provenance():
+    examples = cm.load_examples()
+    kinds = {(e.kind, e.at_risk) for e in examples}
+    assert {k for k, r in kinds if r} == set(cm.RISK_KINDS)
+    assert {k for k, r in kinds if not r} == set(cm.SAFE_KINDS)
+    assert {e.category for e in examples} == set(cm.LABELS)
+    for f in cm.TRAIN_FILES:
+        assert "Provenance: written by hand for this project" in f.read_text(encoding="utf-8")
