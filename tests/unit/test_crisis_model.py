@@ -76,6 +76,14 @@ def test_combine_policy(hits, assessment, expected):
     assert (d.tier, d.detector) == expected if expected else d is None
 
 
+def test_topic_word_rules_need_some_risk_from_the_model():
+    word, act = Hit("suicide", "suicide_word"), Hit("abuse", "passive_abuse")
+    assert combine([word], a(0.1), rule_floor=0.27) is None  # "a documentary about suicide"
+    assert combine([word], a(0.3), rule_floor=0.27).tier == "check_in"
+    assert combine([word, act], a(0.1), rule_floor=0.27).categories == ("abuse",)  # other rules still count
+    assert combine([word], cm.Assessment(None, "suicide", "none"), rule_floor=0.27).tier == "crisis"  # unreadable
+
+
 def test_combined_detection_stores_its_tier_and_evidence_not_text():
     d = combine([Hit("abuse", "hit_by")], a(0.97, "self_harm"))
     assert d.categories == ("self_harm", "abuse") and d.kind == "user_risk"

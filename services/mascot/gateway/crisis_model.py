@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from mascot.gateway.risk_rules import CATEGORIES, normalize
+from mascot.gateway.risk_rules import CATEGORIES, blank_idioms, normalize
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,8 +115,10 @@ def examples_digest(examples: Sequence[Example]) -> str:
 
 
 def model_text(text: str) -> str:
-    """The text the encoder reads: the rules' normalisation (:func:`~mascot.gateway.risk_rules.normalize`)."""
-    return normalize(text)
+    """The text the model reads: the rules' normalisation (:func:`~mascot.gateway.risk_rules.normalize`) with the
+    rules' harmless idioms blanked ("could kill for a coffee", "is killing me", "bored to death"), so that both
+    detectors read the same words."""
+    return " ".join(blank_idioms(normalize(text)).replace(" _ ", " ").split())
 
 
 def tier_of(p_risk: float, crisis_threshold: float, checkin_threshold: float) -> str:

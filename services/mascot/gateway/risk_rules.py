@@ -438,7 +438,8 @@ RISK_RULES: list[tuple[str, str, re.Pattern]] = [(cat, name, re.compile(p)) for 
 _ABUSE_GUARD = re.compile(r"\b(?:substance|alcohol|drug|drugs)\s+abuse\b")
 
 
-def _blank_idioms(t: str) -> str:
+def blank_idioms(t: str) -> str:
+    """``t`` (normalised text) with the harmless idioms of :data:`IDIOMS` replaced by `` _ ``."""
     for p in IDIOMS:
         t = p.sub(" _ ", t)
     return t
@@ -450,7 +451,7 @@ def detect(text: str) -> list[Hit]:
     Args:
         text: The user's message as sent (any length; normalised here).
     """
-    t = _ABUSE_GUARD.sub(" _ ", _blank_idioms(normalize(text)))
+    t = _ABUSE_GUARD.sub(" _ ", blank_idioms(normalize(text)))
     return [Hit(cat, name) for cat, name, p in RISK_RULES if p.search(t)]
 
 

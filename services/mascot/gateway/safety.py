@@ -135,9 +135,11 @@ class Detection:
                             self.detector) for c in self.categories]
 
 
-#: A rule hit counts when the model's risk probability is at least this share of its check-in threshold
-#: (:func:`combine`).
+#: A topic-word rule hit (:data:`MENTION_RULES`) counts when the model's risk probability is at least this share of
+#: its check-in threshold (:func:`combine`).
 RULE_FLOOR = 0.5
+#: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
+MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
 
 
 class RiskClassifier(Protocol):
@@ -156,9 +158,10 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detect
     - Without the model, or on a text it cannot read (``p_risk`` None), any rule hit is a crisis (the rules-only
       gate).
     - The model's own tier when it fires (``check_in`` or ``crisis``); a rule hit raises a check-in to a crisis.
-    - A rule hit the model reads as below its check-in threshold but at or above ``rule_floor``: check-in. Below the
-      floor the rule hit is dropped: on the development set every such hit was a mention, a helper, a past crisis or
-      a denial (27 of 106 harmless messages, none of 128 disclosures; docs/safety.md).
+    - A rule hit the model reads as below its check-in threshold: check-in, except that below ``rule_floor`` the
+      rules that only see a topic word (:data:`MENTION_RULES`: "suicide", "self-harm", "anorexia", "abuse") are
+      dropped: in the training and development sets every such hit was a mention, a helper, a past crisis or a
+      denial (89 hits, none on a disclosure; docs/safety.md).
 
     Args:
         hits: The rules' hits.
@@ -169,10 +172,12 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detect
     if assessment is None or assessment.p_risk is None:  # no model, or a text it cannot read: the rules decide
         return Detection(tuple(hits), "rules") if hits else None
     model_fires = assessment.tier != "none"
-    rules = bool(hits) and (model_fires or assessment.p_risk >= rule_floor)
+    if not model_fires and assessment.p_risk < rule_floor:  # a topic word the model reads as no risk
+        hits = [h for h in hits if h.rule not in MENTION_RULES]
+    rules = bool(hits)
     if not rules and not model_fires:
         return None
-    hits = list(hits) if rules else []
+    hits = list(hits)
     if assessment.category not in {h.category for h in hits} and (model_fires or not hits):
         hits.append(Hit(assessment.category, "classifier"))
     detector = "rules+classifier" if rules and model_fires else "rules" if rules else "classifier"

@@ -1,0 +1,95 @@
+"""The default safety gate (rules, trained detector, lexicons) measured on messages it never saw (docs/safety.md,
+"Measured"): the held-out set written by a writer blind to the detector's data and code, and the EmpatheticDialogues
+test openings (ordinary messages: how often the gate interrupts a normal conversation). The floors are the measured
+figures less a small margin; a change that loses recall or adds false positives fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mascot.cli.safety import evaluation_table
+from mascot.core.config import SafetyConfig
+from mascot.core.personas import PersonaCatalog
+from mascot.gateway import crisis_model as cm
+from mascot.gateway.safety import SafetyGate
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+HOLDOUT = HERE / "crisis_holdout.yaml"
+
+
+@pytest.fixture(scope="module")
+def gate() -> SafetyGate:
+    return SafetyGate(SafetyConfig(), PersonaCatalog.load())
+
+
+def _table(gate, examples):
+    ds = gate.detect_many([e.text for e in examples])
+    return evaluation_table(examples, [d.tier if d else "none" for d in ds])
+
+
+def _print(title, table, record_property):
+    print(f"\n{title}")
+    for kind, k in table["kinds"].items():
+        print(f"  {kind:20s} n={k['n']:3d} any={k['any']:3d} crisis={k['crisis']:3d} check_in={k['check_in']:3d}")
+    print(f"  total {table['total']}")
+    record_property(title, table)
+
+
+def test_held_out_set_is_disjoint_from_the_detectors_data():
+    held = cm.load_examples([HOLDOUT])
+    seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
+    assert len(held) >= 150 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
+    assert {e.kind for e in held if e.at_risk} == set(cm.RISK_KINDS)
+    assert "after the shipped detector was frozen" in HOLDOUT.read_text(encoding="utf-8")
+
+
+def test_held_out_recall_and_false_positives(gate, record_property):
+    """Measured on 250 messages (144 at risk): recall 0.910 at any tier (0.604 at the crisis tier), lowest kind 0.79
+    (indirect), false positives 3.8% crisis tier and 16.0% check-in tier (rules alone: recall 0.34, false positives
+    36% crisis tier)."""
+    table = _table(gate, cm.load_examples([HOLDOUT]))
+    _print("crisis_holdout (default gate)", table, record_property)
+    t = table["total"]
+    assert t["recall_any"] >= 0.88 and t["lowest_kind_recall"] >= 0.7, t
+    assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]  # every explicit one: crisis
+    assert t["fp_crisis"] <= 0.06 and t["fp_check_in"] <= 0.2, t
+    rules = SafetyGate(SafetyConfig(classifier="none"), PersonaCatalog.load())
+    assert _table(rules, cm.load_examples([HOLDOUT]))["total"]["recall_any"] < t["recall_any"] - 0.4
+
+
+def _ed_texts(shared_data: Path) -> list[str]:
+    rows = [json.loads(x) for x in (shared_data / "empathetic_dialogues" / "test_situations.jsonl")
+            .read_text(encoding="utf-8").splitlines() if x.strip()]
+    return [r["first_utterance"] for r in rows]
+
+
+def test_ordinary_openings_are_rarely_interrupted(gate, shared_data, record_property):
+    """The 312 EmpatheticDialogues test openings (ordinary emotional stories, none a disclosure): measured 1 crisis
+    template (0.3%) and 20 check-ins (6.4%)."""
+    texts = _ed_texts(shared_data)
+    tiers = [d.tier if d else "none" for d in gate.detect_many(texts)]
+    crisis, check_in = tiers.count("crisis") / len(texts), tiers.count("check_in") / len(texts)
+    print(f"\nEmpatheticDialogues openings: {len(texts)}, crisis {crisis:.3f}, check-in {check_in:.3f}")
+    record_property("ed_openings", {"n": len(texts), "crisis": crisis, "check_in": check_in})
+    assert crisis <= 0.015 and check_in <= 0.09
+
+
+def test_no_labelled_message_repeats_an_evaluation_text(shared_data):
+    """The detector's data never holds EmpatheticDialogues text (the figures above would be in-sample, and the
+    data's licence keeps it out of the project): no labelled message shares 60% of its words with an opening or a
+    situation."""
+    rows = [json.loads(x) for x in (shared_data / "empathetic_dialogues" / "test_situations.jsonl")
+            .read_text(encoding="utf-8").splitlines() if x.strip()]
+
+    def words(t: str) -> set[str]:
+        return set(re.findall(r"[a-z']+", t.lower()))
+
+    ed = [words(r[k]) for r in rows for k in ("first_utterance", "situation")]
+    close = [e.text for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)
+             if len(w := words(e.text)) >= 3 and any(len(w & x) / len(w | x) >= 0.6 for x in ed)]
+    assert close == []
