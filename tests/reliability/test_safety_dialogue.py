@@ -60,7 +60,7 @@ class Scripted:
 async def scripted(tmp_path):
     script = Scripted()
     eng = ScriptedEngine(lambda p: DIRECTOR, script.speaker)
-    stack = await start_stack(make_config(tmp_path), engine=eng)
+    stack = await start_stack(make_config(tmp_path, safety={"classifier": "minilm"}), engine=eng)
     client = Client(stack)
     client.script, client.engine = script, eng
     yield client
@@ -305,7 +305,8 @@ async def tiers(tmp_path):
     shipped detector, thresholds moved so that the tier does not depend on a probability's third decimal."""
     script = Scripted()
     eng = ScriptedEngine(lambda p: DIRECTOR, script.speaker)
-    stack = await start_stack(make_config(tmp_path, safety={"crisis_threshold": 0.999, "checkin_threshold": 0.3}),
+    stack = await start_stack(make_config(tmp_path, safety={"classifier": "minilm", "crisis_threshold": 0.999,
+                                                            "checkin_threshold": 0.3}),
                               engine=eng)
     client = Client(stack)
     client.script, client.engine = script, eng
