@@ -59,9 +59,10 @@ async def main() -> None:
     await inproc_engine.start()
     # a speed bench on the tiny random model: the reply checks and the director's content rules are off (its text
     # fails them all; with them on the ratio would count regenerations, not the gRPC overhead)
+    # the safety gate's trained detector is off too: its per-message cost (bench/crisis_gate.py) is not transport
     cfg = MascotConfig(server={"gateway_port": 0}, store={"url": f"sqlite:///{tmp}/bench.db"},
                        speaker={"temperature": 0.7, "max_tokens": 48}, guard={"enabled": False},
-                       director={"check_content": False, "rest_turns": 0})
+                       director={"check_content": False, "rest_turns": 0}, safety={"classifier": "none"})
     print("guard: off (reply checks and director content rules; speed only), regenerations: 0 by construction")
     stack = await start_stack(cfg, engine=engine)
     catalog = PersonaCatalog.load()

@@ -14,8 +14,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def run(args, tiny_model_dir, tmp_path):
     env = {"MASCOT_ENGINE__MODEL": str(tiny_model_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           # the tiny random model fails every reply check: structure only here (test_real_dialogue checks language)
-           "MASCOT_GUARD__ENABLED": "false", "MASCOT_DIRECTOR__CHECK_CONTENT": "false"}
+           # the tiny random model fails every reply check: structure only here (test_real_dialogue checks language);
+           # the safety gate's rules only: the simulated user's tiny-model text is noise to the crisis detector
+           "MASCOT_GUARD__ENABLED": "false", "MASCOT_DIRECTOR__CHECK_CONTENT": "false",
+           "MASCOT_SAFETY__CLASSIFIER": "none"}
     out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", *args], capture_output=True, text=True,
                          timeout=900, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -47,8 +49,10 @@ def test_bad_situations_file_is_refused(tmp_path, tiny_model_dir):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1, "situation": "x"}\n')
     env = {"MASCOT_ENGINE__MODEL": str(tiny_model_dir), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           # the tiny random model fails every reply check: structure only here (test_real_dialogue checks language)
-           "MASCOT_GUARD__ENABLED": "false", "MASCOT_DIRECTOR__CHECK_CONTENT": "false"}
+           # the tiny random model fails every reply check: structure only here (test_real_dialogue checks language);
+           # the safety gate's rules only: the simulated user's tiny-model text is noise to the crisis detector
+           "MASCOT_GUARD__ENABLED": "false", "MASCOT_DIRECTOR__CHECK_CONTENT": "false",
+           "MASCOT_SAFETY__CLASSIFIER": "none"}
     out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", "--situations", str(bad), "--out",
                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 2 and "bad.jsonl:1" in out.stderr and "first_utterance" in out.stderr

@@ -34,8 +34,10 @@ ANSWERED = "rpc judge.JudgeCandidates code=OK"
 
 
 def base_env(tiny_model_dir: Path) -> dict:
+    # rules-only safety gate: the tiny model's simulated-user text is noise to the crisis detector
     return {**os.environ, "MASCOT_ENGINE__MODEL": str(tiny_model_dir), "MASCOT_ENGINE__THREADS": "1",
-            "MASCOT_SERVER__METRICS_PORT": "0", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+            "MASCOT_SERVER__METRICS_PORT": "0", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
+            "MASCOT_SAFETY__CLASSIFIER": "none"}
 
 
 class JudgeProcess:

@@ -18,6 +18,11 @@ from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.api.training.v1 import training_pb2 as tpb
 from mascot.core.enums import enum_names
 
+#: Label values of ``mascot_safety_unread_total``: the most spoken languages the safety gate does not read
+#: (:mod:`mascot.gateway.languages`), and ``other`` (a bounded label set, every series created at zero at start).
+UNREAD_LABELS = ("ar", "bn", "fa", "he", "hi", "id", "ja", "ko", "nl", "pl", "ro", "ru", "sv", "th", "tr", "uk",
+                 "ur", "vi", "zh", "other")
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
@@ -152,6 +157,8 @@ class Metrics:
         for tier in ("crisis", "check_in"):
             self.safety_detections.labels(tier)
             self.safety_turns.labels(tier)
+        for language in UNREAD_LABELS:
+            self.safety_unread.labels(language)
         self.conversations_active = Gauge(
             "mascot_conversations_active", "Conversations with a round in progress.", ["mode"], registry=r)
         self.engine_batch_size = Histogram(

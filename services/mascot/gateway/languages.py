@@ -11,9 +11,9 @@ rules' normalised text, accents folded), in two strengths:
   kann nicht mehr``, ``não aguento mais``, ``non ce la faccio più``), or the wish to disappear.
 
 The message's language is identified with py3langid (langid.py's model over 97 languages; the probability is
-normalised). It is stored as evidence and counted: a message identified, with probability at least
-:data:`LANG_CONFIDENCE`, in a language that is neither English nor one of the lexicons' is counted in
-``mascot_safety_unread_total{language}`` (docs/safety.md says what is and is not covered).
+normalised): a message identified, with probability at least :data:`LANG_CONFIDENCE`, in a language that is
+neither English nor one of the lexicons' is counted in ``mascot_safety_unread_total{language}`` (label values
+:data:`UNREAD_LABELS`; docs/safety.md says what is and is not covered).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from mascot.core.metrics import UNREAD_LABELS
 from mascot.gateway.risk_rules import normalize
 
 #: Languages the gate reads: English (rules and the trained detector) and the lexicons' languages.
@@ -193,7 +194,12 @@ def identify(text: str) -> tuple[str, float]:
 def unread_language(text: str) -> str | None:
     """The message's language when it is identified with probability >= :data:`LANG_CONFIDENCE` and the gate does
     not read it (not in :data:`READ_LANGUAGES`), else None."""
-    if len(text.split()) < 3:
+    if len(text.split()) < 3 and not any(ord(c) > 0x2E80 for c in text):  # CJK text has no spaces
         return None
     lang, p = identify(text)
     return lang if p >= LANG_CONFIDENCE and lang not in READ_LANGUAGES else None
+
+
+def unread_label(lang: str) -> str:
+    """``lang`` as a ``mascot_safety_unread_total`` label: itself when in :data:`UNREAD_LABELS`, else ``other``."""
+    return lang if lang in UNREAD_LABELS else "other"

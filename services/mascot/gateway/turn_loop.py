@@ -37,6 +37,7 @@ from mascot.core.errors import (DeadlineExceeded, FailedPrecondition, InvalidArg
                                  Unavailable)
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.risk_rules import CATEGORIES, SCREEN_CATEGORIES
+from mascot.gateway.languages import unread_label
 from mascot.gateway.safety import Detection, SafetyGate
 from mascot.gateway.store import NewTurn, SafetyEvent, Store, TurnRow
 
@@ -193,7 +194,7 @@ class TurnLoop:
 
         detection, unread = await asyncio.to_thread(run) if self.safety.slow else run()
         if unread:
-            self.metrics.safety_unread.labels(language=unread).inc()
+            self.metrics.safety_unread.labels(language=unread_label(unread)).inc()
         return detection
 
     def count_safety(self, categories: Any, tier: str | None = None) -> None:
