@@ -510,7 +510,8 @@ class SafetyConfig(_Section):
     #: Crisis resource lines shown after the template's generic emergency line (e.g. your country's crisis line);
     #: empty = the locale template's own lines (``en``: 988 in the US, Samaritans 116 123 in the UK and Ireland).
     resources: list[str] = Field(default_factory=list, max_length=12)
-    #: Optional YAML file of more templates: ``{locale: {acknowledge, emergency, resources, encourage, follow_up}}``.
+    #: Optional YAML file of more templates: ``{locale: {acknowledge, emergency, resources, encourage, follow_up,
+    #: check_in}}`` (``check_in`` optional: the check-in turn's text; the locale's ``follow_up`` without it).
     templates_file: Path | None = None
     #: Persona that delivers safety turns in support mode (if the conversation's roster lacks it: the roster's first).
     support_persona: str = "anchor"
@@ -518,7 +519,7 @@ class SafetyConfig(_Section):
     meeting_persona: str = "minutes_scribe"
     #: The trained crisis detector beside the rules (:mod:`mascot.gateway.crisis_model`: a logistic-regression head
     #: on the bundled all-MiniLM-L6-v2 encoder, loaded offline at start): ``minilm`` (default) or ``none`` (rules
-    #: only: every rule hit is a crisis, nothing is a check-in).
+    #: and lexicons only: every rule hit is a crisis; only the lexicons' check-in phrases are check-ins).
     classifier: Literal["none", "minilm"] = "minilm"
     #: Risk probability at or above which the detector's tier is ``crisis``; None = the shipped head's value.
     crisis_threshold: float | None = Field(None, gt=0.0, lt=1.0)

@@ -11,7 +11,7 @@ and a multinomial one over the five risk categories names the category:
 - below: no risk from the model (the rules may still fire; :func:`mascot.gateway.safety.combine` decides).
 
 It is trained (:func:`train`, scikit-learn, balanced class weights) on the labelled set ``risk_data/crisis_train_*
-.yaml`` (five files by different writers, provenance in each header) and its thresholds are chosen on the
+.yaml`` (nine files by eight writers' briefs, provenance in each header) and its thresholds are chosen on the
 development set ``risk_data/crisis_dev*.yaml`` (other writers). The result is one JSON file,
 ``risk_data/crisis_detector.json`` (vocabulary, inverse document frequencies, coefficients, thresholds, the training
 set's digest and the development figures; no pickle), shipped in the package; ``mascot safety train`` rebuilds it in

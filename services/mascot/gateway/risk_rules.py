@@ -20,9 +20,10 @@ How a message is read:
    ``accidentally cut myself`` ...), so the risk patterns below cannot match inside them.
 3. Risk patterns (regular expressions over the normalised text) are tried; each hit names its category and rule.
 
-Negations do NOT suppress a hit (safety first): "I would never kill myself" is flagged as ``suicide``. Many
+Negations do NOT suppress a rule's hit (safety first): "I would never kill myself" hits ``suicide``. Many
 disclosures come negated or hedged ("I don't want to live anymore", "I'm not suicidal, but..."), and telling a
-denial from a disclosure needs more than rules can do; a needless safety turn costs less than a missed one.
+denial from a disclosure needs more than rules can do; with the trained detector on, the gate weighs the hit against
+the detector's reading (:func:`mascot.gateway.safety.combine`), and a denial usually becomes a check-in.
 
 Third-person framings ("my friend wants to kill herself") are flagged with the friend's category: the user may need
 help to help them, and the same resources apply.
@@ -152,7 +153,7 @@ def _join_spaced(m: re.Match) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _vocabulary() -> frozenset[str]:
+def vocabulary() -> frozenset[str]:
     """Whole English words of the bundled MiniLM tokenizer's vocabulary (30k WordPiece entries), for
     :func:`_segment`; empty when the package is missing (then nothing is split)."""
     try:
@@ -171,7 +172,7 @@ def _segment(word: str) -> str:
     """``word`` split into the fewest vocabulary words when it is not one itself, such a split exists and it holds
     a word of :data:`_JOIN_KEYWORDS` ("iwanttodie" -> "i want to die"; dynamic programming over prefixes), else
     unchanged."""
-    vocab = _vocabulary()
+    vocab = vocabulary()
     if not vocab or word in vocab or len(word) > 40:
         return word
     for suffix in _SUFFIXES:  # an inflected vocabulary word ("harming", "coworkers") stays whole

@@ -2,11 +2,13 @@
 template per locale, and screening of replies once a conversation is flagged.
 
 Every user message (live chat and the simulated user in self-play) goes through :meth:`SafetyGate.detect`: the
-rules of :mod:`mascot.gateway.risk_rules`, plus, when ``safety.classifier`` is ``minilm``, a nearest-prototype
-classifier on the bundled all-MiniLM-L6-v2 encoder. On risk the turn loop answers with one safety turn (the
-template, delivered by the mode's safety persona, ``Turn.safety`` true, directive source ``safety``) and the round
-ends. The conversation stays flagged; later replies are screened with :func:`~mascot.gateway.risk_rules.screen_reply`
-and a screened reply is replaced by the template's follow-up line.
+rules of :mod:`mascot.gateway.risk_rules`, the trained crisis detector of :mod:`mascot.gateway.crisis_model` (when
+``safety.classifier`` is ``minilm``, the default) and the other languages' lexicons of :mod:`mascot.gateway.languages`;
+:func:`combine` and :func:`add_lexicon` decide the tier. On the crisis tier the turn loop answers with one safety turn
+(the template, delivered by the mode's safety persona, ``Turn.safety`` true, directive source ``safety``) and the
+round ends; the conversation stays flagged, later replies are screened with
+:func:`~mascot.gateway.risk_rules.screen_reply` and a screened reply is replaced by the template's follow-up line. On
+the check-in tier a check-in turn comes first and the round goes on (the conversation is not flagged).
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ class SafetyGate:
             card = catalog.cards.get(pid)
             if card is None or card.persona_set != mode:
                 raise ValueError(f"safety.{mode}_persona {pid!r} is not a persona of the {mode} set")
+        risk_rules.vocabulary()  # load the word list and the language identifier now, not on the first message
+        languages.identify("warm up")
         if classifier is None and cfg.classifier == "minilm":
             from mascot.gateway.crisis_model import shared_classifier
 

@@ -119,7 +119,7 @@ class SafetyEventRow(Base):
     category: Mapped[str] = mapped_column(String(32))
     #: Names of the rules (or ``classifier``) that fired, comma-separated; never user text.
     rules: Mapped[str] = mapped_column(String(256), default="")
-    #: ``rules``, ``classifier``, or ``rules+classifier``.
+    #: The detectors that fired, joined with ``+``: ``rules``, ``classifier``, ``lexicon`` (e.g. ``rules+classifier``).
     detector: Mapped[str] = mapped_column(String(32), default="rules")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

@@ -11,8 +11,9 @@ regenerates refused attempts; when it refuses a persona's every attempt, the dir
 persona excluded; when the replacement is refused too, the round ends (``empty_replies``). Every turn is
 committed to the store before its TurnCompleted event is yielded.
 
-The safety gate (:mod:`mascot.gateway.safety`, docs/safety.md) sits ahead of the director: a risky user message
-is answered by :meth:`TurnLoop.safety_turn` and the round ends. In a flagged conversation each reply is generated
+The safety gate (:mod:`mascot.gateway.safety`, docs/safety.md) sits ahead of the director: a user message at the
+crisis tier is answered by :meth:`TurnLoop.safety_turn` and the round ends; one at the check-in tier gets a check-in
+turn (the same method) before the round's agent turns. In a flagged conversation each reply is generated
 in full, screened, and only then sent (one delta): a screened reply is replaced by the template's follow-up line.
 """
 
