@@ -100,8 +100,8 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
                        # every chatting conversation plus the one that measures the swap holds a round at once
                        limits={"max_active_rounds": conversations + 1, "max_rounds_per_caller": conversations + 1})
     stack = await start_stack(cfg, engine=engine)
-    ch = channel(stack.target("gateway"))
-    admin, conv = adapter_pb2_grpc.AdapterServiceStub(ch), cpb_grpc.ConversationServiceStub(ch)
+    ch, cch = channel(stack.target("gateway")), channel(stack.target("control"))
+    admin, conv = adapter_pb2_grpc.AdapterServiceStub(cch), cpb_grpc.ConversationServiceStub(ch)
     failures: list[str] = []
     served = {"requests": 0}
     try:
@@ -149,6 +149,7 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
                 "new_version": version, "examples": failures[:3]}
     finally:
         await ch.close()
+        await cch.close()
         await stack.stop(0)
 
 

@@ -87,7 +87,9 @@ def test_every_client_the_chart_configures_dials_the_headless_services(rendered,
     assert server["director_target"] == _target("director" if per_component else "generation")
     assert server["speaker_target"] == _target("speaker" if per_component else "generation")
     (c,) = r.one("Pod", "-test-health")["spec"]["containers"]
-    assert c["args"][3::2] == [f"{RELEASE}-mascot-gateway:50051", *(_target(comp) for comp in _enabled(r))]
+    control = [f"{RELEASE}-mascot-control:50061"] if [d for d in r.of_kind("Deployment")
+                                                      if d["metadata"]["name"].endswith("-control")] else []
+    assert c["args"][3::2] == [f"{RELEASE}-mascot-gateway:50051", *control, *(_target(comp) for comp in _enabled(r))]
     for comp in _enabled(r):
         assert f"\n  {_notes_line(r, comp)}\n" in r.notes
     for comp in r.hosted:  # a hosted component has no target of its own anywhere

@@ -4,9 +4,10 @@ kubernetes-validate strict 1.33; InferenceService, ServiceMonitor and Prometheus
 values.schema.json rejections (the MascotConfig overrides by a schema generated from the model), the cross-field
 checks of the templates, secure defaults, and the contracts the chart keeps with the code: the MascotConfig each
 component reads, the CLI commands it runs, the Alembic hook, the `helm test` health check and the training Job
-templates. Operations: which value change restarts which pods, the pod extension points, PodDisruptionBudgets, the
-monitoring objects only where the cluster serves their API, the metrics scrape sources. Monitoring content:
-test_helm_monitoring.py; checkov: test_helm_checkov.py."""
+templates; the control plane apart from the public gateway (the admin services, the Job Role, the admin token, its
+NetworkPolicy, Secrets read as files). Operations: which value change restarts which pods, the pod extension points,
+PodDisruptionBudgets, the monitoring objects only where the cluster serves their API, the metrics scrape sources.
+Monitoring content: test_helm_monitoring.py; checkov: test_helm_checkov.py."""
 
 from __future__ import annotations
 
@@ -38,16 +39,16 @@ EXPECTED_KINDS = {
         "ConfigMap": 2, "Deployment": 1, "InferenceService": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1,
         "Pod": 1, "PodDisruptionBudget": 1, "Service": 2, "ServiceAccount": 3,  # Services: gateway + 1 headless
     },
-    "full.yaml": {
-        "ConfigMap": 7, "CronJob": 1, "Deployment": 1, "HorizontalPodAutoscaler": 1, "InferenceService": 4,
-        "Ingress": 1, "Job": 1, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
+    "full.yaml": {  # Deployments: the gateway and the control plane (training and an adapter store)
+        "ConfigMap": 7, "CronJob": 1, "Deployment": 2, "HorizontalPodAutoscaler": 1, "InferenceService": 4,
+        "Ingress": 1, "Job": 1, "NetworkPolicy": 4, "PersistentVolumeClaim": 1, "Pod": 1,
         "PodDisruptionBudget": 2,  # the gateway's, and the speaker's (2 to 4 replicas)
-        "PrometheusRule": 1, "Role": 1, "RoleBinding": 1, "Service": 5, "ServiceAccount": 5, "ServiceMonitor": 2,
+        "PrometheusRule": 1, "Role": 1, "RoleBinding": 1, "Service": 6, "ServiceAccount": 6, "ServiceMonitor": 3,
     },
-    "external-postgresql.yaml": {  # generation and reward
-        "ConfigMap": 3, "Deployment": 1, "InferenceService": 2, "Job": 1, "NetworkPolicy": 3,
-        "PersistentVolumeClaim": 1, "Pod": 1, "PodDisruptionBudget": 1, "Service": 3, "ServiceAccount": 4,
-        "ServiceMonitor": 2,
+    "external-postgresql.yaml": {  # generation and reward; the control plane (an adapter store, no training)
+        "ConfigMap": 3, "Deployment": 2, "InferenceService": 2, "Job": 1, "NetworkPolicy": 4,
+        "PersistentVolumeClaim": 1, "Pod": 1, "PodDisruptionBudget": 1, "Service": 4, "ServiceAccount": 5,
+        "ServiceMonitor": 3,
     },
     "cpu-without-kserve.yaml": {  # generation and reward as Deployments
         "ConfigMap": 2, "Deployment": 3, "NetworkPolicy": 3, "PersistentVolumeClaim": 1, "Pod": 1,
@@ -63,6 +64,13 @@ EXPECTED_SERVICES = {
 }
 
 
+
+def _control_plane(r) -> bool:
+    """Whether the control plane renders: it has an adapter store to manage or training runs to start."""
+    v = r.effective
+    return bool(v["adapters"]["store"] or v["training"]["enabled"])
+
+
 # ----------------------------------------------------------------------------------------------- render, lint, validate
 @pytest.mark.parametrize("ci", CI_IDS)
 def test_kinds_rendered_per_ci_file(rendered, ci):
@@ -75,7 +83,7 @@ def test_kinds_rendered_per_ci_file(rendered, ci):
     r = rendered[ci]
     assert r.services == EXPECTED_SERVICES[ci]
     workloads = r.of_kind("InferenceService") or [d for d in r.of_kind("Deployment")
-                                                  if not d["metadata"]["name"].endswith("-gateway")]
+                                                  if not d["metadata"]["name"].endswith(("-gateway", "-control"))]
     assert sorted(o["metadata"]["name"] for o in workloads) == sorted(f"{RELEASE}-mascot-{s}" for s in r.services)
 
 
@@ -187,6 +195,7 @@ def test_every_pod_runs_non_root_read_only_without_privileges(rendered, ci):
             mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
             assert {"/tmp", "/home/mascot"} <= mounts, f"{where}: writable scratch for a read-only root"
             assert not any("value" in e and any(w in e["name"] for w in ("TOKEN", "PASSWORD", "SECRET", "URL"))
+                           and not e["name"].endswith("_FILE")  # the path of a mounted Secret file
                            for e in c.get("env", [])), f"{where}: a secret-looking env var from a literal value"
 
 
@@ -199,14 +208,15 @@ def test_every_object_has_the_standard_labels_and_the_release_namespace(rendered
         assert obj["metadata"]["namespace"] == NAMESPACE
 
 
-def test_only_the_gateway_may_touch_the_api_and_only_jobs(rendered):
+def test_only_the_control_plane_may_touch_the_api_and_only_jobs(rendered):
     full = rendered["full.yaml"]
     (role,) = full.of_kind("Role")
+    assert role["metadata"]["name"] == f"{RELEASE}-mascot-control-jobs"
     assert role["rules"] == [{"apiGroups": ["batch"], "resources": ["jobs"],
                               "verbs": ["create", "get", "list", "watch", "delete"]}]
     (binding,) = full.of_kind("RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-mascot-gateway",
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{RELEASE}-mascot-control",
                                     "namespace": NAMESPACE}]
     for ci, r in rendered.items():
         assert not r.of_kind("ClusterRole") and not r.of_kind("ClusterRoleBinding")
@@ -214,9 +224,9 @@ def test_only_the_gateway_may_touch_the_api_and_only_jobs(rendered):
         for _, obj in r.objects:
             for where, spec in pod_specs(obj):
                 mounts_token = spec["automountServiceAccountToken"]
-                gateway_with_training = where.endswith("-gateway") and obj["kind"] == "Deployment" and bool(
+                control_with_training = where.endswith("-control") and obj["kind"] == "Deployment" and bool(
                     r.values.get("training", {}).get("enabled"))
-                assert mounts_token is gateway_with_training, (ci, where)
+                assert mounts_token is control_with_training, (ci, where)
 
 
 def test_network_policies_deny_ingress_except_the_listed_paths(rendered):
@@ -229,16 +239,271 @@ def test_network_policies_deny_ingress_except_the_listed_paths(rendered):
     grpc_rule, metrics_rule = models["spec"]["ingress"]
     assert sorted(p["port"] for p in grpc_rule["ports"]) == [50061, 50062, 50063, 50064]
     (peer,) = grpc_rule["from"]
-    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "training", "test"]
+    # the gateway, the control plane (its promote gate calls the speaker), training Jobs and the test pod
+    assert peer["podSelector"]["matchExpressions"][0]["values"] == ["gateway", "control", "training", "test"]
     assert metrics_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert "namespaceSelector" in metrics_rule["from"][0]
     gateway = full.one("NetworkPolicy", "-gateway")
     clients = gateway["spec"]["ingress"][0]["from"]
     assert clients[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ingress-nginx"}
-    assert clients[1]["podSelector"]["matchExpressions"][0]["values"] == ["training", "test"]
+    assert clients[1]["podSelector"]["matchExpressions"][0]["values"] == ["test"]  # Jobs publish to the control plane
     minimal = rendered["minimal.yaml"]
     assert "from" not in minimal.one("NetworkPolicy", "-gateway")["spec"]["ingress"][0]  # the public API
     assert minimal.one("NetworkPolicy", "-default-deny")["spec"]["policyTypes"] == ["Ingress"]
+
+
+# ----------------------------------------------------------------------------------------------- the control plane
+#: What only the admin plane needs: the admin token, the run directories and the training Job templates.
+ADMIN_VOLUMES = {"admin-token", "runs", "training-templates"}
+ADMIN_PATHS = {"/etc/mascot/admin-token", "/runs", "/etc/mascot/training"}
+CONTROL = f"{RELEASE}-mascot-control"
+
+
+@pytest.mark.parametrize("ci", CI_IDS)
+def test_the_public_gateway_holds_no_admin_power(rendered, ci):
+    """The internet-facing gateway: no Role or RoleBinding names its account, no service account token, none of the
+    admin plane's volumes or checksums, a read-only adapter store, and a config without the admin keys."""
+    from mascot.core.config import MascotConfig
+
+    r = rendered[ci]
+    gateway_sa = f"{RELEASE}-mascot-gateway"
+    for binding in r.of_kind("RoleBinding"):
+        assert gateway_sa not in {s["name"] for s in binding["subjects"]}, binding["metadata"]["name"]
+    assert not [o for o in r.of_kind("Role") if "gateway" in o["metadata"]["name"]]
+    dep = r.one("Deployment", "-gateway")
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == gateway_sa and spec["automountServiceAccountToken"] is False
+    (c,) = spec["containers"]
+    assert c["command"] + c["args"] == ["mascot", "serve", "--component", "gateway"]
+    assert not ADMIN_VOLUMES & ({v["name"] for v in spec["volumes"]} | {m["name"] for m in c["volumeMounts"]})
+    assert not ADMIN_PATHS & {m["mountPath"] for m in c["volumeMounts"]}
+    assert "checksum/training-templates" not in dep["spec"]["template"]["metadata"]["annotations"]
+    assert all(m["readOnly"] is True for m in c["volumeMounts"] if m["name"] == "adapter-store")
+    raw = component_config(r, "gateway")
+    assert "training" not in raw and "control" not in raw and "admin_token_file" not in raw.get("adapters", {})
+    assert raw["server"]["reflection"] is True  # gateway.reflection: the public API may list itself
+    cfg = MascotConfig.model_validate(raw)
+    assert not cfg.training.templates_dir and not cfg.adapters.admin_token_file
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "adapters-only"])
+def test_the_control_plane_runs_the_admin_services_and_holds_the_job_role_only_with_training(training):
+    import kubernetes_validate
+
+    from mascot.core.config import MascotConfig
+
+    r = render({"adminToken": {"existingSecret": "mascot-admin-token"}, "adapters": {"store": "pvc://adapters/store"},
+                "training": {"enabled": training}})
+    for _, obj in r.objects:
+        if obj["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    dep, sa, svc = r.one("Deployment", "-control"), r.one("ServiceAccount", "-control"), r.one("Service", "-control")
+    assert dep["metadata"]["name"] == sa["metadata"]["name"] == svc["metadata"]["name"] == CONTROL
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}  # SQLite
+    spec = dep["spec"]["template"]["spec"]
+    assert sa["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == CONTROL and spec["automountServiceAccountToken"] is training
+    (c,) = spec["containers"]
+    assert c["command"] + c["args"] == ["mascot", "serve", "--component", "control"]
+    cli_accepts(c["command"][1:] + c["args"])
+    assert {e["name"]: e.get("value") for e in c["env"]}["MASCOT_CONFIG"] == "/etc/mascot/config/control.yaml"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"control": 50061, "metrics": 9465}
+    assert [c[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")] == [50061] * 3
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["admin-token"]["mountPath"] == "/etc/mascot/admin-token" and "subPath" not in mounts["admin-token"]
+    assert volumes["admin-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]
+    assert mounts["adapter-store"]["readOnly"] is False  # the registry's only writer
+    assert (ADMIN_VOLUMES <= set(mounts)) is training and (ADMIN_VOLUMES <= set(volumes)) is training
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert ("checksum/training-templates" in annotations) is training and "checksum/config" in annotations
+    # its own SQLite file for the audit trail, on its own volume
+    pvc = r.one("PersistentVolumeClaim", "-control-data")
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert mounts["data"]["mountPath"] == "/var/lib/mascot"
+    # a ClusterIP Service of the control and metrics ports, selecting the control pods only
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("control", 50061, "control"), ("metrics", 9465, "metrics")]
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    gw_labels = r.one("Deployment", "-gateway")["spec"]["template"]["metadata"]["labels"]
+    assert not svc["spec"]["selector"].items() <= gw_labels.items()
+    # the Job Role exists with training only, bound to the control plane's account alone
+    if training:
+        (role,), (binding,) = r.of_kind("Role"), r.of_kind("RoleBinding")
+        assert role["metadata"]["name"] == binding["roleRef"]["name"] == f"{CONTROL}-jobs"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": CONTROL, "namespace": NAMESPACE}]
+    else:
+        assert not r.of_kind("Role") and not r.of_kind("RoleBinding")
+    raw = component_config(r, "control")
+    cfg = MascotConfig.model_validate(raw)
+    assert raw["control"] == {"host": "0.0.0.0", "port": 50061, "reflection": False}
+    assert raw["store"] == {"url": "sqlite:////var/lib/mascot/control.db"}
+    assert raw["server"]["metrics_port"] == 9465
+    assert raw["server"]["speaker_target"] == component_config(r, "gateway")["server"]["speaker_target"]
+    assert cfg.adapters.admin_token_file == f"{mounts['admin-token']['mountPath']}/token"
+    assert cfg.adapters.store == "pvc://adapters/store"
+    assert cfg.adapters.pvc_root == mounts["adapter-store"]["mountPath"]
+    assert cfg.training.templates_dir == ("/etc/mascot/training" if training else "")
+    # an existing claim instead of the chart's
+    own = render({"adapters": {"store": "s3://bucket/prefix"}, "training": {"enabled": training},
+                  "controlPlane": {"persistence": {"existingClaim": "audit"}}})
+    assert not [p for p in own.of_kind("PersistentVolumeClaim") if p["metadata"]["name"].endswith("-control-data")]
+    (data,) = [v for v in own.one("Deployment", "-control")["spec"]["template"]["spec"]["volumes"]
+               if v["name"] == "data"]
+    assert data["persistentVolumeClaim"]["claimName"] == "audit"
+
+
+def test_nothing_of_the_control_plane_renders_without_anything_to_administer(rendered):
+    for ci in ("minimal.yaml", "cpu-without-kserve.yaml"):
+        r = rendered[ci]
+        assert not _control_plane(r)
+        assert not [o for _, o in r.objects if o["metadata"]["name"].startswith(CONTROL)], ci
+        assert "control.yaml" not in r.one("ConfigMap", "-config")["data"]
+        assert "-control" not in r.notes
+
+
+def test_the_ingress_targets_only_the_gateways_public_port(rendered):
+    ingresses = [(ci, ing) for ci, r in rendered.items() for ing in r.of_kind("Ingress")]
+    assert ingresses
+    for ci, ing in ingresses:
+        backends = [path["backend"] for rule in ing["spec"]["rules"] for path in rule["http"]["paths"]]
+        backends += [ing["spec"]["defaultBackend"]] if "defaultBackend" in ing["spec"] else []
+        assert backends and all(b == {"service": {"name": f"{RELEASE}-mascot-gateway", "port": {"name": "grpc"}}}
+                                for b in backends), ci
+        ports = {p["name"]: p["port"] for p in rendered[ci].one("Service", "-gateway")["spec"]["ports"]}
+        assert ports["grpc"] == 50051  # ConversationService; metrics and the control plane stay inside
+
+
+def test_the_control_plane_is_reached_only_from_its_clients_or_the_namespace(rendered):
+    import kubernetes_validate
+
+    full = rendered["full.yaml"]
+    policy = full.one("NetworkPolicy", "-control")
+    labels = full.one("Deployment", "-control")["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert not selector.items() <= full.one("Deployment", "-gateway")["spec"]["template"]["metadata"]["labels"].items()
+    control_rule, metrics_rule = policy["spec"]["ingress"]
+    assert control_rule["ports"] == [{"protocol": "TCP", "port": 50061}]
+    release_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mascot",
+                                                    "app.kubernetes.io/instance": RELEASE},
+                                    "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                                          "values": ["training", "test"]}]}}
+    clients = load_ci("full.yaml")["controlPlane"]["clients"]
+    assert clients and control_rule["from"] == [*clients, release_pods]
+    assert metrics_rule == {"ports": [{"protocol": "TCP", "port": 9465}], "from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}
+    # no clients: the release namespace only, never any source
+    for values in ({"training": {"enabled": True}}, {"adapters": {"store": "s3://bucket/prefix"},
+                                                      "networkPolicy": {"metricsFrom": []}}):
+        r = render(values)
+        policy = r.one("NetworkPolicy", "-control")
+        kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+        control_rule = policy["spec"]["ingress"][0]
+        assert control_rule["from"] == [{"podSelector": {}}]
+    # the model services admit the control plane (its promote gate calls the speaker)
+    models_rule = full.one("NetworkPolicy", "-models")["spec"]["ingress"][0]
+    assert "control" in models_rule["from"][0]["podSelector"]["matchExpressions"][0]["values"]
+
+
+def test_control_config_names_its_listener_tokens_file_and_jwt(rendered):
+    from mascot.core.config import MascotConfig
+
+    r, values = rendered["full.yaml"], load_ci("full.yaml")["controlPlane"]
+    spec = r.one("Deployment", "-control")["spec"]["template"]["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "control-tokens"]
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "control-tokens"]
+    # a directory volume, no subPath: an updated Secret reaches the file, which the process re-reads
+    assert "subPath" not in mount and mount["readOnly"] is True and mount["mountPath"] == "/etc/mascot/control-tokens"
+    assert vol["secret"] == {"secretName": values["tokens"]["existingSecret"], "defaultMode": 0o440,
+                             "items": [{"key": "tokens", "path": "tokens"}]}
+    raw = component_config(r, "control")
+    cfg = MascotConfig.model_validate(raw)
+    assert (cfg.control.host, cfg.control.port, cfg.control.reflection) == ("0.0.0.0", 50061, False)
+    assert cfg.control.tokens_file == f"{mount['mountPath']}/tokens"
+    assert raw["control"]["jwt"] == {"issuer": values["jwt"]["issuer"], "audience": values["jwt"]["audience"],
+                                     "jwks_url": values["jwt"]["jwksUrl"], "role_claim": "roles"}
+    assert cfg.store.url_file == "/etc/mascot/store/url" and cfg.training.templates_dir == "/etc/mascot/training"
+    assert raw["server"]["metrics_port"] == 9465 and "gateway_port" not in raw["server"]
+    gateway = component_config(r, "gateway")
+    assert "control" not in gateway and "training" not in gateway
+    # the listeners' reflection follows their values; controlPlane.config wins over the chart's keys
+    r = render({"training": {"enabled": True}, "gateway": {"reflection": False},
+                "controlPlane": {"reflection": True, "config": {"control": {"reload_s": 5}}}})
+    assert component_config(r, "gateway")["server"]["reflection"] is False
+    control = MascotConfig.model_validate(component_config(r, "control")).control
+    assert control.reflection is True and control.reload_s == 5 and not control.tokens_file and not control.jwt.issuer
+    assert "jwt" not in component_config(r, "control")["control"]
+
+
+def test_control_plane_values_that_cannot_work_are_refused():
+    rejected({"controlPlane": {"jwt": {"issuer": "https://idp.example.com/", "jwksUrl": "https://idp/jwks"}}},
+             "/controlPlane/jwt/audience", "minLength")
+    rejected({"controlPlane": {"jwt": {"issuer": "https://idp.example.com/", "audience": "mascot"}}},
+             "/controlPlane/jwt/jwksUrl", "minLength")
+    rejected({"controlPlane": {"replicaCount": 2}}, "/controlPlane/replicaCount", "maximum")  # SQLite
+    rejected({"controlPlane": {"tokens": {"existingSecret": "t", "tokens": "ops:admin=secret"}}},
+             "/controlPlane/tokens", "tokens")
+    rejected({"controlPlane": {"tokens": {"existingSecret": "Bad_Name!"}}}, "/controlPlane/tokens/existingSecret",
+             "pattern")
+    r = render({"store": {"type": "postgresql", "postgresql": {"existingSecret": "pg"}}, "training": {"enabled": True},
+                "controlPlane": {"replicaCount": 2}})
+    dep = r.one("Deployment", "-control")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert not [p for p in r.of_kind("PersistentVolumeClaim") if p["metadata"]["name"].endswith("-control-data")]
+
+
+@pytest.mark.parametrize("ci", CI_IDS)
+def test_no_secret_reaches_a_container_as_an_env_var(rendered, ci):
+    """The PostgreSQL URL, the admin token and every other Secret are mounted files, never env vars."""
+    for _, obj in rendered[ci].objects:
+        for where, spec in pod_specs(obj):
+            for c in spec["containers"] + spec.get("initContainers", []):
+                env = {e["name"]: e for e in c.get("env", [])}
+                assert not {"MASCOT_STORE__URL", "MASCOT_ADMIN_TOKEN"} & set(env), where
+                assert not [e for e in env.values() if "secretKeyRef" in e.get("valueFrom", {})], where
+                assert not [e for e in c.get("envFrom", []) if "secretRef" in e], where
+
+
+def test_model_rest_inference_reads_its_token_from_a_mounted_secret(rendered):
+    full = rendered["full.yaml"]
+    secret = load_ci("full.yaml")["models"]["restAuth"]["existingSecret"]
+    for comp in full.services:
+        predictor = full.one("InferenceService", f"-{comp}")["spec"]["predictor"]
+        (vol,) = [v for v in predictor["volumes"] if v["name"] == "rest-token"]
+        (mount,) = [m for m in predictor["containers"][0]["volumeMounts"] if m["name"] == "rest-token"]
+        assert vol["secret"] == {"secretName": secret, "defaultMode": 0o440, "items": [{"key": "token",
+                                                                                     "path": "token"}]}
+        assert component_config(full, comp)["server"]["rest_token_file"] == f"{mount['mountPath']}/token"
+    for comp in ("gateway", "control"):
+        assert "rest_token_file" not in component_config(full, comp)["server"]
+    # off by default: REST inference is admitted from networkPolicy.metricsFrom only
+    minimal = rendered["minimal.yaml"]
+    assert "rest_token_file" not in component_config(minimal, "generation")["server"]
+    predictor = minimal.one("InferenceService", "-generation")["spec"]["predictor"]
+    assert "rest-token" not in {v["name"] for v in predictor["volumes"]}
+    # the Deployment form mounts it the same way
+    r = render({"kserve": {"enabled": False}, "model": {"storageUri": ""}, "reward": {"storageUri": ""},
+                "models": {"restAuth": {"existingSecret": "rest", "key": "bearer"}}})
+    for comp in r.services:
+        spec = r.one("Deployment", f"-{comp}")["spec"]["template"]["spec"]
+        (vol,) = [v for v in spec["volumes"] if v["name"] == "rest-token"]
+        assert vol["secret"]["items"] == [{"key": "bearer", "path": "token"}]
+
+
+def test_notes_send_admin_commands_to_the_control_plane(rendered):
+    notes = rendered["full.yaml"].notes
+    assert f"port-forward svc/{CONTROL} 50061" in notes
+    admin = [line.strip() for line in notes.splitlines() if "mascot adapters" in line or "mascot retrain" in line]
+    assert len(admin) == 2 and all("--target 127.0.0.1:50061" in line for line in admin), admin
+    plain = rendered["external-postgresql.yaml"].notes  # no TLS: the commands as the CLI takes them
+    (line,) = [line.strip() for line in plain.splitlines() if "mascot adapters" in line]
+    cli_accepts(line.replace("<your control token>", "token").split()[1:])
+    assert f"Control plane (AdapterService, TrainingService; ClusterIP only, never behind the Ingress): " \
+           f"{CONTROL}:50061" in notes
+    assert "mascot retrain" not in rendered["external-postgresql.yaml"].notes  # adapters only, no training
 
 
 # ----------------------------------------------------------------------------------------------- the gateway
@@ -260,9 +525,16 @@ def test_postgresql_gateway_scales_and_reads_its_url_from_the_secret(rendered):
     dep = r.one("Deployment", "-gateway")
     assert dep["spec"]["replicas"] == 3 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["MASCOT_STORE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "mascot-postgresql", "key": "url"}
-    assert "store" not in component_config(r, "gateway")  # no URL (no password) in the ConfigMap
+    assert not {"MASCOT_STORE__URL", "MASCOT_STORE__URL_FILE"} & {e["name"] for e in c["env"]}
+    # the URL (it holds the password) is a file of the Secret, named by store.url_file; never in the ConfigMap
+    for workload in ("gateway", "control"):
+        spec = r.one("Deployment", f"-{workload}")["spec"]["template"]["spec"]
+        (vol,) = [v for v in spec["volumes"] if v["name"] == "store-url"]
+        (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "store-url"]
+        assert vol["secret"] == {"secretName": "mascot-postgresql", "defaultMode": 0o440,
+                                 "items": [{"key": "url", "path": "url"}]}
+        assert mount["readOnly"] is True and "subPath" not in mount
+        assert component_config(r, workload)["store"] == {"url_file": f"{mount['mountPath']}/url"}
     assert not [p for p in r.of_kind("PersistentVolumeClaim") if p["metadata"]["name"].endswith("-gateway-data")]
     assert c["command"] + c["args"] == ["mascot", "serve", "--component", "gateway"]
     probes = [c[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
@@ -273,12 +545,14 @@ def test_postgresql_gateway_scales_and_reads_its_url_from_the_secret(rendered):
 
 def test_admin_token_and_tls_are_secrets_referenced_by_name(rendered):
     r = rendered["full.yaml"]
-    spec = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
+    spec = r.one("Deployment", "-control")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["admin-token"]["secret"]["secretName"] == "mascot-admin-token"
     assert volumes["tls"]["secret"]["secretName"] == "mascot-tls"
     mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    assert component_config(r, "gateway")["adapters"]["admin_token_file"] == mounts["admin-token"] + "/token"
+    assert component_config(r, "control")["adapters"]["admin_token_file"] == mounts["admin-token"] + "/token"
+    gateway = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
+    assert volumes["tls"] == {v["name"]: v for v in gateway["volumes"]}["tls"]
     for isvc in r.of_kind("InferenceService"):
         assert {v["name"] for v in isvc["spec"]["predictor"]["volumes"]} >= {"tls"}
     ingress = r.one("Ingress", "-gateway")
@@ -390,9 +664,10 @@ def test_every_component_config_is_a_valid_mascot_config(rendered, ci):
     from mascot.core.config import MascotConfig
 
     cm = rendered[ci].one("ConfigMap", "-config")
-    # one file per workload: the gateway's and each model service's (none for a component the generation service
-    # hosts: its config is merged into generation.yaml)
-    assert sorted(cm["data"]) == sorted(f"{s}.yaml" for s in ("gateway", *rendered[ci].services))
+    # one file per workload: the gateway's, the control plane's (when it renders) and each model service's (none for
+    # a component the generation service hosts: its config is merged into generation.yaml)
+    control = ["control"] if _control_plane(rendered[ci]) else []
+    assert sorted(cm["data"]) == sorted(f"{s}.yaml" for s in ("gateway", *control, *rendered[ci].services))
     for key, text in cm["data"].items():
         cfg = MascotConfig.model_validate(yaml.safe_load(text) or {})
         assert cfg.server.host == "0.0.0.0", key
@@ -454,19 +729,27 @@ def test_migrations_hook_runs_alembic_to_head(rendered, tmp_path):
     weights = [int(o["metadata"]["annotations"]["helm.sh/hook-weight"])
                for o in (r.one("ServiceAccount", "-migrations"), r.one("ConfigMap", "-migrations"), job)]
     assert weights == sorted(weights), "the account and the config exist before the Job"
-    (c,) = job["spec"]["template"]["spec"]["containers"]
+    spec = job["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
     env = {e["name"]: e for e in c["env"]}
-    assert env["MASCOT_STORE__URL"]["valueFrom"]["secretKeyRef"]["name"] == "mascot-postgresql"
-    # run the hook's command with its alembic.ini against a SQLite file (PostgreSQL: tests/integration)
+    assert "MASCOT_STORE__URL" not in env  # the URL holds the password: a Secret file, never an env var
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "store-url"]
+    (url_mount,) = [m for m in c["volumeMounts"] if m["name"] == "store-url"]
+    assert vol["secret"]["secretName"] == "mascot-postgresql" and vol["secret"]["items"] == [{"key": "url",
+                                                                                              "path": "url"}]
+    assert env["MASCOT_STORE__URL_FILE"]["value"] == f"{url_mount['mountPath']}/url"
+    # run the hook's command with its alembic.ini against a SQLite file (PostgreSQL: tests/integration), the URL
+    # read from a file as the pod reads the mounted Secret
     ini = r.one("ConfigMap", "-migrations")["data"]["alembic.ini"]
     (mount,) = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "alembic"]
     argv = [a.replace(mount, str(tmp_path)) for a in c["command"]]
     (tmp_path / "alembic.ini").write_text(ini)
     db = tmp_path / "store.db"
+    (tmp_path / "url").write_text(f"sqlite:///{db}\n")
     alembic = Path(sys.executable).parent / argv[0]
     need(alembic.exists(), "alembic is installed with the package")
     p = subprocess.run([str(alembic), *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                       env={"MASCOT_STORE__URL": f"sqlite:///{db}", "PATH": str(alembic.parent),
+                       env={"MASCOT_STORE__URL_FILE": str(tmp_path / "url"), "PATH": str(alembic.parent),
                             "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)})
     assert p.returncode == 0, p.stderr[-2000:]
     import sqlite3
@@ -503,8 +786,8 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     assert c["args"][:2] == ["--timeout", str(r.values.get("tests", {}).get("timeoutSeconds", 10))]
     flags, targets = c["args"][2::2], c["args"][3::2]
     assert set(flags) == {"--target"}
-    # the gateway, then each model service once, through its headless Service
-    expected = [f"{RELEASE}-mascot-gateway:50051"]
+    # the gateway, the control plane when it renders, then each model service once, through its headless Service
+    expected = [f"{RELEASE}-mascot-gateway:50051"] + ([f"{RELEASE}-mascot-control:50061"] if _control_plane(r) else [])
     for svc in r.services:
         host = r.one("Service", f"-{svc}-headless")["metadata"]["name"]
         port = {"generation": 50060, "director": 50061, "speaker": 50062, "judge": 50063, "reward": 50064}[svc]
@@ -513,7 +796,7 @@ def test_helm_test_pod_checks_the_grpc_health_of_every_component(rendered, ci):
     assert len(targets) == len(set(targets))
     server = component_config(r, "gateway")["server"]
     for comp in ("director", "speaker"):  # the gateway's clients are among the checked targets
-        assert server[f"{comp}_target"] == expected[1 + r.services.index(r.service_of(comp))]
+        assert server[f"{comp}_target"] == expected[-len(r.services) + r.services.index(r.service_of(comp))]
 
 
 def test_helm_test_command_passes_only_when_every_target_is_serving(rendered, tmp_path):
@@ -570,7 +853,10 @@ def test_training_job_templates_run_each_phase_with_the_run_id_as_job_name(rende
         env = {e["name"]: e for e in c["env"]}
         assert env["MASCOT_RUN_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
             "metadata.labels['batch.kubernetes.io/job-name']"
-        assert env["MASCOT_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "mascot-admin-token"
+        assert "MASCOT_ADMIN_TOKEN" not in env  # the admin token is a file of the Secret (publish.token_file)
+        (token,) = [v for v in spec["volumes"] if v["name"] == "admin-token"]
+        (token_mount,) = [m for m in c["volumeMounts"] if m["name"] == "admin-token"]
+        assert token["secret"]["secretName"] == "mascot-admin-token" and token_mount["readOnly"] is True
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert spec["restartPolicy"] == "OnFailure" and spec["serviceAccountName"] == f"{RELEASE}-mascot-training"
         volumes = {v["name"]: v for v in spec["volumes"]}
@@ -578,18 +864,24 @@ def test_training_job_templates_run_each_phase_with_the_run_id_as_job_name(rende
         assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == f"{RELEASE}-mascot-training-runs"
         run_cfg = yaml.safe_load(r.one("ConfigMap", f"-training-{phase}")["data"]["run.yaml"])
         model = PersonaAlignmentConfig if phase == "persona-alignment" else CollaborativeConfig
+        # training runs publish to the control plane, never to the public gateway, with the mounted admin token
+        assert run_cfg["publish"] == {"gateway": f"{RELEASE}-mascot-control:50061",
+                                      "token_file": f"{token_mount['mountPath']}/token"}
         cfg = model.model_validate(run_cfg)
-        assert cfg.publish.gateway == f"{RELEASE}-mascot-gateway:50051"
+        assert cfg.publish.gateway == f"{RELEASE}-mascot-control:50061"
         assert cfg.model.startswith("/models/") and str(cfg.data.situations).startswith("/data/")
     # the CronJob runs the same Job spec as the template
     (cron,) = r.of_kind("CronJob")
     assert cron["spec"]["concurrencyPolicy"] == "Forbid" and cron["spec"]["schedule"] == "0 3 * * 0"
     assert cron["spec"]["jobTemplate"]["spec"] == jobs["persona-alignment"]["spec"]
     assert len(cron["metadata"]["name"]) <= 52
-    # the gateway mounts the templates and the run volume (read-only)
-    gw = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
-    mounts = {m["name"]: m for m in gw["containers"][0]["volumeMounts"]}
+    # the control plane mounts the templates and the run volume (read-only); the gateway neither
+    control = r.one("Deployment", "-control")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in control["containers"][0]["volumeMounts"]}
     assert mounts["training-templates"]["mountPath"] == "/etc/mascot/training" and mounts["runs"]["readOnly"]
+    assert component_config(r, "control")["training"] == {"templates_dir": "/etc/mascot/training"}
+    gw = r.one("Deployment", "-gateway")["spec"]["template"]["spec"]
+    assert not {"training-templates", "runs", "admin-token"} & {v["name"] for v in gw["volumes"]}
 
 
 @pytest.mark.parametrize("launcher,command,head", [
@@ -612,8 +904,9 @@ def _merged(values: dict, extra: dict) -> dict:
 
 
 def _pod_templates(r) -> dict[str, dict]:
-    """component -> {"metadata": labels and annotations, "spec": ...} of the pods of the gateway and of every model
-    service (an InferenceService predictor, whose labels and annotations KServe puts on its pods, or a Deployment)."""
+    """component -> {"metadata": labels and annotations, "spec": ...} of the pods of the gateway, the control plane
+    and every model service (an InferenceService predictor, whose labels and annotations KServe puts on its pods, or
+    a Deployment)."""
     out = {}
     for _, obj in r.objects:
         comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -644,7 +937,8 @@ def test_a_components_config_change_restarts_only_that_component(rendered, ci, c
                           == component_config(before_r, f.removesuffix(".yaml"))
                           for f in others), "only the file of the restarted workload changes"
     before, after = _pod_templates(before_r), _pod_templates(after_r)
-    assert set(before) == set(after) == {"gateway", *before_r.services}
+    control = {"control"} if _control_plane(before_r) else set()
+    assert set(before) == set(after) == {"gateway", *control, *before_r.services}
     for comp, template in before.items():
         annotations = template["metadata"]["annotations"]
         assert {"checksum/config", "checksum/personas"} <= set(annotations), comp
@@ -659,15 +953,15 @@ def test_a_components_config_change_restarts_only_that_component(rendered, ci, c
 
 
 def test_a_persona_change_restarts_every_component_that_reads_personas(rendered):
-    """The gateway and the four model services load the persona catalog once at start (training Jobs do not mount
-    it): a card's change restarts exactly those pods, through checksum/personas only."""
+    """The gateway, the control plane and the four model services load the persona catalog once at start (training
+    Jobs do not mount it): a card's change restarts exactly those pods, through checksum/personas only."""
     values = copy.deepcopy(load_ci("full.yaml"))
     values["personas"]["sets"]["night-owl.yaml"]["personas"][0]["goal"] = "Keep the user company, one question a time."
     before_r, after_r = rendered["full.yaml"], render(values)
     assert before_r.one("ConfigMap", "-personas")["data"] != after_r.one("ConfigMap", "-personas")["data"]
     before, after = _pod_templates(before_r), _pod_templates(after_r)
-    reads_personas = {"gateway", *before_r.services}
-    assert set(before) == reads_personas == {"gateway", *MODEL_COMPONENTS}  # full.yaml: one service per component
+    reads_personas = {"gateway", "control", *before_r.services}
+    assert set(before) == reads_personas == {"gateway", "control", *MODEL_COMPONENTS}  # full.yaml: per component
     for comp, template in before.items():
         old, new = template["metadata"]["annotations"], after[comp]["metadata"]["annotations"]
         assert new["checksum/personas"] != old["checksum/personas"], comp
@@ -679,23 +973,25 @@ def test_a_persona_change_restarts_every_component_that_reads_personas(rendered)
     assert after_r.of_kind("CronJob") == before_r.of_kind("CronJob")
 
 
-def test_job_template_changes_restart_the_gateway_and_phase_config_changes_restart_nothing(rendered):
-    """The gateway's TrainingService loads the Job templates once at start (checksum/training-templates); a Job reads
-    its phase config from its own ConfigMap when it starts, so a phase config change restarts no running pod."""
+def test_job_template_changes_restart_the_control_plane_and_phase_config_changes_restart_nothing(rendered):
+    """The control plane's TrainingService loads the Job templates once at start (checksum/training-templates); a
+    Job reads its phase config from its own ConfigMap when it starts, so a phase config change restarts no running
+    pod. The gateway has nothing to do with training: it never restarts for it."""
     values, before_r = load_ci("full.yaml"), rendered["full.yaml"]
     before = _pod_templates(before_r)
-    assert "checksum/training-templates" in before["gateway"]["metadata"]["annotations"]
-    assert "checksum/training-templates" not in _pod_templates(rendered["minimal.yaml"])["gateway"]["metadata"][
-        "annotations"]  # no training, no templates
+    assert "checksum/training-templates" in before["control"]["metadata"]["annotations"]
+    assert "checksum/training-templates" not in before["gateway"]["metadata"]["annotations"]
+    no_training = _pod_templates(rendered["external-postgresql.yaml"])  # a control plane for adapters only
+    assert "checksum/training-templates" not in no_training["control"]["metadata"]["annotations"]
     resized = render(_merged(values, {"training": {"resources": {"limits": {"memory": "128Gi"}}}}))
     after = _pod_templates(resized)
     assert training_templates(resized) != training_templates(before_r)
-    old, new = before["gateway"]["metadata"]["annotations"], after["gateway"]["metadata"]["annotations"]
+    old, new = before["control"]["metadata"]["annotations"], after["control"]["metadata"]["annotations"]
     assert new["checksum/training-templates"] != old["checksum/training-templates"]
     assert {k: v for k, v in new.items() if k != "checksum/training-templates"} == {
         k: v for k, v in old.items() if k != "checksum/training-templates"}
-    assert set(after) == set(before) == {"gateway", *before_r.services}
-    assert all(after[comp] == before[comp] for comp in before_r.services)
+    assert set(after) == set(before) == {"gateway", "control", *before_r.services}
+    assert all(after[comp] == before[comp] for comp in ("gateway", *before_r.services))
     phase = render(_merged(values, {"training": {"phases": {"collaborative": {"config": {"max_model_len": 2048}}}}}))
     assert _pod_templates(phase) == before
     jobs, old_jobs = training_templates(phase), training_templates(before_r)
@@ -722,8 +1018,10 @@ EXTENSIONS = {
 }
 #: Workloads with the extension points ("models": every model service rendered, the generation service or each
 #: component's; training: its Job templates and CronJob, one pod per Job, so no spread).
-EXTENDED = {field: ("gateway", "models") + (() if field == "topologySpreadConstraints" else ("training",))
+EXTENDED = {field: ("gateway", "control", "models") + (() if field == "topologySpreadConstraints" else ("training",))
             for field in EXTENSIONS}
+#: The values key of a workload whose key is not its component name.
+VALUES_KEY = {"control": "controlPlane"}
 
 
 def _extended_pods(r) -> list[tuple[str, str, dict, dict]]:
@@ -748,13 +1046,13 @@ def test_extension_points_render_in_every_pod_they_are_set_for(crd_validators, f
     services = model_services({"generation": {"enabled": generation}})
     assert services == (["generation", "reward"] if generation else list(MODEL_COMPONENTS))
     owners = [w for o in EXTENDED[field] for w in (services if o == "models" else [o])]
-    values = {comp: {field: value} for comp in owners}
+    values = {VALUES_KEY.get(comp, comp): {field: value} for comp in owners}
     values["training"] = {**values.get("training", {}), "enabled": True, "cronJob": {"enabled": True}}
     values["kserve"] = {"enabled": kserve}
     values["generation"] = {**values.get("generation", {}), "enabled": generation}
     r = render(values)
     pods = _extended_pods(r)
-    assert {comp for comp, *_ in pods} == {"gateway", *services, "training"}
+    assert {comp for comp, *_ in pods} == {"gateway", "control", *services, "training"}
     for comp, where, meta, spec in pods:
         if comp not in owners:
             assert field not in spec, where
@@ -790,7 +1088,7 @@ def test_extension_points_are_off_by_default(rendered, ci):
     for _, obj in rendered[ci].objects:
         for where, spec in pod_specs(obj):
             comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-            own = values.get(comp) or {}
+            own = values.get(VALUES_KEY.get(comp, comp)) or {}
             for field in ("priorityClassName", "runtimeClassName", "topologySpreadConstraints"):
                 assert (field in spec) == bool(own.get(field)), (where, field)
             names = {e["name"] for c in spec["containers"] for e in c.get("env", [])}
@@ -1087,7 +1385,7 @@ def _without_monitoring(r) -> list:
 def test_monitoring_objects_render_only_where_the_cluster_serves_their_api():
     values = load_ci("full.yaml")
     served = render(values)  # CLUSTER_APIS: KServe and prometheus-operator
-    assert len(served.of_kind("ServiceMonitor")) == 2 and len(served.of_kind("PrometheusRule")) == 1
+    assert len(served.of_kind("ServiceMonitor")) == 3 and len(served.of_kind("PrometheusRule")) == 1  # + control
     assert "WARNING" not in served.notes and "Monitoring: ServiceMonitors, PrometheusRule" in served.notes
     bare = render(values, api_versions=tuple(a for a in CLUSTER_APIS if not a.startswith("monitoring.coreos.com")))
     assert not any(bare.of_kind(k) for k in MONITORING_KINDS)
@@ -1099,7 +1397,7 @@ def test_monitoring_objects_render_only_where_the_cluster_serves_their_api():
     assert "Install the prometheus-operator" in bare.notes and "Grafana dashboard ConfigMap" in bare.notes
     # one API of the two: that object renders, the other is reported
     only_sm = render(values, api_versions=tuple(a for a in CLUSTER_APIS if not a.endswith("/PrometheusRule")))
-    assert len(only_sm.of_kind("ServiceMonitor")) == 2 and not only_sm.of_kind("PrometheusRule")
+    assert len(only_sm.of_kind("ServiceMonitor")) == 3 and not only_sm.of_kind("PrometheusRule")
     assert "monitoring.prometheusRule.enabled is true" in only_sm.notes
     assert "monitoring.serviceMonitor.enabled is true" not in only_sm.notes
     # switched off: nothing to report
@@ -1110,12 +1408,17 @@ def test_monitoring_objects_render_only_where_the_cluster_serves_their_api():
 
 # ----------------------------------------------------------------------------------------------- metrics sources
 def _metrics_rules(r) -> list[dict]:
-    """The ingress rules of the metrics ports: the gateway's metricsPort and the model services' httpPort."""
+    """The ingress rules of the metrics ports: the gateway's metricsPort, the model services' httpPort and, when it
+    renders, the control plane's metricsPort."""
     gateway = r.one("NetworkPolicy", "-gateway")["spec"]["ingress"][1]
     models = r.one("NetworkPolicy", "-models")["spec"]["ingress"][1]
     assert gateway["ports"] == [{"protocol": "TCP", "port": 9464}]
     assert models["ports"] == [{"protocol": "TCP", "port": 8080}]
-    return [gateway, models]
+    if not _control_plane(r):
+        return [gateway, models]
+    control = r.one("NetworkPolicy", "-control")["spec"]["ingress"][1]
+    assert control["ports"] == [{"protocol": "TCP", "port": 9465}]
+    return [gateway, models, control]
 
 
 def test_metrics_scrapes_are_admitted_from_the_configured_peers(rendered):
@@ -1126,7 +1429,8 @@ def test_metrics_scrapes_are_admitted_from_the_configured_peers(rendered):
         assert rule["from"] == default
     peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
-    custom = render({"networkPolicy": {"metricsFrom": [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]}})
+    custom = render({"networkPolicy": {"metricsFrom": [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+                     "training": {"enabled": True}})  # the control plane's metrics port too
     for rule in _metrics_rules(custom):
         assert rule["from"] == [peer, {"ipBlock": {"cidr": "10.0.0.0/8"}}]
     for np in custom.of_kind("NetworkPolicy"):

@@ -33,14 +33,15 @@ def tls_values(r) -> dict:
 
 
 def workloads(r) -> dict[str, tuple[dict, dict]]:
-    """component -> (pod spec, its container) of the gateway and of every enabled model service (the generation
-    service or a component's own; InferenceService predictor or Deployment), plus "test" for the `helm test` Pod."""
+    """component -> (pod spec, its container) of the gateway, the control plane (when it renders) and every enabled
+    model service (the generation service or a component's own; InferenceService predictor or Deployment), plus
+    "test" for the `helm test` Pod."""
     out = {}
     for _, obj in r.objects:
         if obj["kind"] not in ("Deployment", "InferenceService", "Pod"):
             continue
         comp = obj["metadata"]["labels"]["app.kubernetes.io/component"]
-        if comp in ("gateway", "test", "generation", *MODEL_COMPONENTS):
+        if comp in ("gateway", "control", "test", "generation", *MODEL_COMPONENTS):
             ((_, spec),) = pod_specs(obj)
             out[comp] = (spec, spec["containers"][0])
     return out
@@ -54,8 +55,13 @@ def config_of(r, container: dict) -> tuple[str, dict]:
 
 
 def grpc_port(container: dict) -> int:
-    (port,) = [p["containerPort"] for p in container.get("ports", []) if p["name"] == "grpc"]
+    """The container's gRPC port: "grpc", or the control plane's "control"."""
+    (port,) = [p["containerPort"] for p in container.get("ports", []) if p["name"] in ("grpc", "control")]
     return port
+
+
+def _control(r) -> set[str]:
+    return {"control"} if [d for d in r.of_kind("Deployment") if d["metadata"]["name"].endswith("-control")] else set()
 
 
 # ----------------------------------------------------------------------------------------------- server.tls
@@ -66,7 +72,8 @@ def test_every_component_config_names_the_files_of_the_mounted_tls_secret(render
 
     r, t = rendered[ci], tls_values(rendered[ci])
     pods = workloads(r)
-    assert set(pods) == {"gateway", "test", *r.services} and len(pods) == 2 + len(r.services)
+    assert set(pods) == {"gateway", "test", *_control(r), *r.services}
+    assert len(pods) == 2 + len(_control(r)) + len(r.services)
     for comp, (spec, c) in pods.items():
         key, raw = config_of(r, c)
         assert key == ("gateway.yaml" if comp == "test" else f"{comp}.yaml")
@@ -152,7 +159,8 @@ def test_grpc_probes_are_mascot_health_exec_probes_under_tls_and_grpc_probes_oth
         if comp == "test":
             continue
         port = grpc_port(c)
-        grpc_probes = ("startupProbe", "readinessProbe", "livenessProbe") if comp == "gateway" else ("readinessProbe",)
+        grpc_probes = (("startupProbe", "readinessProbe", "livenessProbe") if comp in ("gateway", "control")
+                       else ("readinessProbe",))
         for name in grpc_probes:
             probe = c[name]
             if TLS_ON[ci]:
@@ -168,7 +176,7 @@ def test_grpc_probes_are_mascot_health_exec_probes_under_tls_and_grpc_probes_oth
             else:
                 assert probe["grpc"] == {"port": port} and "exec" not in probe, (comp, name)
             assert probe["periodSeconds"] > 0 and probe["failureThreshold"] > 0
-        if comp != "gateway":  # KServe's REST port stays plaintext: startup and liveness on HTTP either way
+        if comp not in ("gateway", "control"):  # KServe's REST port stays plaintext: startup and liveness on HTTP
             assert c["startupProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 def make_config(tmp_path: Path, **sections):
-    """A MascotConfig for tests: ports 0, a SQLite file in ``tmp_path``, section overrides merged in.
+    """A MascotConfig for tests: ports 0 (the control plane's too), a SQLite file in ``tmp_path``, section overrides
+    merged in.
 
     The safety gate runs its rules only (``safety.classifier: none``): these stacks serve scripted engines and the
     tiny random model, whose text is noise to the trained crisis detector, and what they test is not the detector.
@@ -15,7 +16,7 @@ def make_config(tmp_path: Path, **sections):
     from mascot.core.config import MascotConfig
 
     base = {"server": {"gateway_port": 0, "metrics_port": 0}, "store": {"url": f"sqlite:///{tmp_path}/store.db"},
-            "safety": {"classifier": "none"}}
+            "safety": {"classifier": "none"}, "control": {"port": 0}}
     for k, v in sections.items():
         base[k] = {**base.get(k, {}), **v}
     return MascotConfig(**base)

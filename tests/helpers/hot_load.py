@@ -62,8 +62,8 @@ async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, ref
             await ref.load_adapter(name, str(tmp_path / "store" / "anchor" / f"v{n}"))
         return await expected_reply(ref, name, turn, cfg)
 
-    ch = channel(stack.target("gateway"))
-    admin, conv = adapter_pb2_grpc.AdapterServiceStub(ch), cpb_grpc.ConversationServiceStub(ch)
+    ch, cch = channel(stack.target("gateway")), channel(stack.target("control"))
+    admin, conv = adapter_pb2_grpc.AdapterServiceStub(cch), cpb_grpc.ConversationServiceStub(ch)
     try:
         for i in (1, 2, 3):
             await admin.PublishAdapter(apb.PublishAdapterRequest(persona_id="anchor", source_path=str(loras[i])),
@@ -137,4 +137,5 @@ async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, ref
         assert reg.get_sample_value("mascot_adapter_load_seconds_count", {"persona": "anchor"}) == 3
     finally:
         await ch.close()
+        await cch.close()
         await stack.stop(0)

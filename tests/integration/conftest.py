@@ -18,10 +18,10 @@ from tests.helpers.kube import TOKEN, Env, write_kubeconfig
 
 @pytest.fixture(scope="module")
 def chart_templates(tmp_path_factory):
-    """The chart's Job templates (training enabled), as the gateway mounts them at /etc/mascot/training."""
+    """The chart's Job templates (training enabled), as the control plane mounts them at /etc/mascot/training."""
     r = render({"training": {"enabled": True}})
-    gateway_cfg = yaml.safe_load(r.one("ConfigMap", "-config")["data"]["gateway.yaml"])
-    assert gateway_cfg["training"]["templates_dir"] == "/etc/mascot/training"  # the chart turns TrainingService on
+    control_cfg = yaml.safe_load(r.one("ConfigMap", "-config")["data"]["control.yaml"])
+    assert control_cfg["training"]["templates_dir"] == "/etc/mascot/training"  # the chart turns TrainingService on
     d = tmp_path_factory.mktemp("training-templates")
     for phase, job in training_templates(r).items():
         (d / f"{phase}.yaml").write_text(yaml.safe_dump(job))
@@ -54,7 +54,7 @@ async def envs(kmock, kube, chart_templates, tmp_path, monkeypatch):
                           training={"templates_dir": str(templates_dir), "kubeconfig": str(kubeconfig),
                                     "poll_s": 0, **training})
         stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-        ch = channel(stack.target("gateway"))
+        ch = channel(stack.target("control"))
         started.append((stack, ch))
         return Env(stack, training_pb2_grpc.TrainingServiceStub(ch), batch, kmock)
 

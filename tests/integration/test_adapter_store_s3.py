@@ -107,7 +107,7 @@ async def gateway(s3, tiny_model_dir, monkeypatch, tmp_path):
     cfg = make_config(tmp_path, adapters={"store": uri, "base_model": str(tiny_model_dir), "max_rank": 4,
                                      "admin_token_env": "MASCOT_TEST_ADMIN"})
     stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-    ch = channel(stack.target("gateway"))
+    ch = channel(stack.target("control"))
     yield adapter_pb2_grpc.AdapterServiceStub(ch), uri, client
     await ch.close()
     await stack.stop(0)
@@ -193,7 +193,7 @@ async def test_a_writer_outside_the_lock_never_loses_an_update(backend, s3, tiny
     cfg = make_config(tmp_path, adapters={"store": uri, "base_model": str(tiny_model_dir), "max_rank": 4,
                                           "admin_token_env": "MASCOT_TEST_ADMIN"})
     stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-    ch = channel(stack.target("gateway"))
+    ch = channel(stack.target("control"))
     try:
         code, msg = await code_of(adapter_pb2_grpc.AdapterServiceStub(ch).RetireAdapter(
             pb.RetireAdapterRequest(persona_id="anchor", version=1), metadata=AUTH))

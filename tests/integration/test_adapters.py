@@ -58,7 +58,7 @@ async def admin(tmp_path, tiny_model_dir, monkeypatch):
     cfg = make_config(tmp_path, adapters={"store": str(store), "base_model": str(tiny_model_dir), "max_rank": 4,
                                           "admin_token_env": "MASCOT_TEST_ADMIN"})
     stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-    ch = channel(stack.target("gateway"))
+    ch = channel(stack.target("control"))
     yield adapter_pb2_grpc.AdapterServiceStub(ch), store, stack
     await ch.close()
     await stack.stop(0)
@@ -70,7 +70,7 @@ async def test_admin_token_is_required(admin):
     assert code == grpc.StatusCode.UNAUTHENTICATED and "MASCOT_ADMIN_TOKEN" in msg
     code, msg = await code_of(stub.ListAdapters(pb.ListAdaptersRequest(),
                                                 metadata=(("authorization", "Bearer nope"),)))
-    assert code == grpc.StatusCode.PERMISSION_DENIED and TOKEN not in msg
+    assert code == grpc.StatusCode.UNAUTHENTICATED and TOKEN not in msg and "not valid" in msg
     assert (await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=AUTH)).revision == 0
 
 
@@ -78,11 +78,11 @@ async def test_no_configured_token_refuses_everything(tmp_path, tiny_model_dir, 
     monkeypatch.delenv("MASCOT_ADMIN_TOKEN", raising=False)
     cfg = make_config(tmp_path, adapters={"store": str(tmp_path / "s"), "base_model": str(tiny_model_dir)})
     stack = await start_stack(cfg, engine=ScriptedEngine(lambda p: "", lambda p: ""))
-    ch = channel(stack.target("gateway"))
+    ch = channel(stack.target("control"))
     try:
         code, msg = await code_of(adapter_pb2_grpc.AdapterServiceStub(ch).ListAdapters(
             pb.ListAdaptersRequest(), metadata=AUTH))
-        assert code == grpc.StatusCode.PERMISSION_DENIED and "no admin token configured" in msg
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "no admin identity configured" in msg
     finally:
         await ch.close()
         await stack.stop(0)
@@ -183,7 +183,7 @@ async def test_cli_lists_and_promotes_with_the_env_token(admin, loras):
 
     def cli(*args, **kw):
         return subprocess.run([sys.executable, "-m", "mascot.cli", "adapters", *args, "--target",
-                               stack.target("gateway")], env=kw.get("env", env), capture_output=True, text=True,
+                               stack.target("control")], env=kw.get("env", env), capture_output=True, text=True,
                               timeout=120)
 
     p = await asyncio.to_thread(cli, "promote", "catalyst", "1")
@@ -213,7 +213,7 @@ async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch,
 
     stub, store, stack = admin
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", TOKEN)
-    gw = stack.target("gateway")
+    gw = stack.target("control")
     res = await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v2"], run_id="p2",
                                   data_ids=["x"], eval_metrics={"gate": {"passed": True}})
     assert (res["name"], res["version"]) == ("director--v1", 1)
@@ -222,9 +222,14 @@ async def test_training_publishes_through_the_gateway(admin, loras, monkeypatch,
         await asyncio.to_thread(publish_via_gateway, gw, "director", loras["rank8"], run_id="p2", data_ids=[],
                                 eval_metrics={})
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "wrong")
-    with pytest.raises(ValueError, match="PERMISSION_DENIED"):
+    with pytest.raises(ValueError, match="UNAUTHENTICATED"):
         await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v3"], run_id="p2", data_ids=[],
                                 eval_metrics={})
+    token_file = loras["v3"].parent / "publish-token"  # the chart mounts the token as a file (publish.token_file)
+    token_file.write_text(TOKEN + "\n")
+    res = await asyncio.to_thread(publish_via_gateway, gw, "director", loras["v3"], run_id="p3", data_ids=[],
+                                  eval_metrics={}, token_file=str(token_file))
+    assert res["version"] == 2
 
 
 async def test_config_must_match_weights_and_config_only_changes_are_new_versions(admin, loras, tmp_path):

@@ -330,3 +330,45 @@ def test_serve_model_cli_answers_then_stops_on_sigterm(tmp_path, tiny_model_dir)
     assert proc.returncode == 0, err[-3000:]
     announced = [json.loads(line) for line in out.splitlines() if line.startswith('{"component"')]
     assert announced == [{"component": "director", "grpc_port": gport, "http_port": hport}]
+
+
+async def test_rest_inference_needs_the_token_when_one_is_configured(tmp_path, engine):
+    """server.rest_token_file: REST inference without the token (or with another) is 401; with it the call is
+    answered; health, readiness and /metrics stay open; a rotated token applies without a restart; gRPC is untouched
+    (the NetworkPolicy guards it)."""
+    token = tmp_path / "rest-token"
+    token.write_text("rest-token-0123456789\n")
+    cfg = make_config(tmp_path, director=FAST_DIRECTOR, server={"rest_token_file": str(token)})
+    doc = oip_doc("NextDirective", DIRECTOR_REQ)
+    body = {"inputs": [{"name": "request", "datatype": "BYTES", "shape": [1], "data": [doc]}]}
+    async with model_server("director", cfg, engine) as (srv, ch, http):
+        await until_health(ch)
+        assert (await http.get("/v2/health/ready")).json() == {"ready": True}
+        assert (await http.get("/v2/models/director/ready")).status_code == 200
+        assert "mascot_" in (await http.get("/metrics")).text
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic rest-token-0123456789"}):
+            r = await http.post("/v2/models/director/infer", json=body, headers=headers)
+            assert r.status_code == 401 and "rest-token-0123456789" not in r.text
+            assert r.headers.get("www-authenticate") == "Bearer"
+        r = await http.post("/v2/models/director/infer", json=body,
+                            headers={"Authorization": "Bearer rest-token-0123456789"})
+        assert r.status_code == 200 and r.json()["outputs"][0]["name"] == "response"
+        token.write_text("rotated-token-0123456789")
+        os.utime(token, ns=(1, 10**18))  # a change the watcher sees even within one mtime tick
+        await asyncio.sleep(1.1)
+        r = await http.post("/v2/models/director/infer", json=body,
+                            headers={"Authorization": "Bearer rest-token-0123456789"})
+        assert r.status_code == 401
+        r = await http.post("/v2/models/director/infer", json=body,
+                            headers={"Authorization": "Bearer rotated-token-0123456789"})
+        assert r.status_code == 200
+        native = await dir_grpc.DirectorServiceStub(ch).NextDirective(DIRECTOR_REQ)
+        assert native.directive.persona_id in DIRECTOR_REQ.persona_ids
+
+
+async def test_an_unreadable_rest_token_file_fails_the_start(tmp_path, engine):
+    cfg = make_config(tmp_path, server={"rest_token_file": str(tmp_path / "missing")})
+    srv = OnePortModelServer("director", cfg, grpc_port=0, http_port=0, host="127.0.0.1", engine=engine, grace_s=1)
+    with pytest.raises(ValueError, match="cannot be read"):
+        await srv.start_async()
+    await srv.shutdown()

@@ -137,7 +137,9 @@ async def test_alerts_fire_on_planted_events_and_every_dashboard_query_has_data(
         await prom.wait_for(f'count_over_time(up{{job="{RELEASE}-mascot-gateway"}}[1m]) >= 2')
         gw = channel(stack.target("gateway"))
         chans.append(gw)
-        admin = adapter_pb2_grpc.AdapterServiceStub(gw)
+        control = channel(stack.target("control"))
+        chans.append(control)
+        admin = adapter_pb2_grpc.AdapterServiceStub(control)
 
         async def publish_and_promote(persona: str, corrupt: bool = False) -> None:
             await admin.PublishAdapter(apb.PublishAdapterRequest(

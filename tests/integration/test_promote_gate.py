@@ -77,7 +77,7 @@ async def test_gate_refuses_worse_versions_and_promotes_the_others(tmp_path, tin
     openings = [json.loads(x)["first_utterance"] for x in src.read_text().splitlines()[:N_SITUATIONS]]
     cfg = gate_config(tmp_path, tiny_model_dir, src, scripted_judge.url)
     stack = await start_stack(cfg, ("gateway", "director", "speaker", "judge"))
-    ch, sch = channel(stack.target("gateway")), channel(stack.target("speaker"))
+    ch, sch = channel(stack.target("control")), channel(stack.target("speaker"))
     admin, speaker = adapter_pb2_grpc.AdapterServiceStub(ch), speaker_pb2_grpc.SpeakerServiceStub(sch)
     try:
         for k, seed in enumerate(SEEDS, start=1):

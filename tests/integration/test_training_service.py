@@ -182,7 +182,7 @@ async def test_bad_input_and_auth(envs):
         (env.stub.TriggerRetraining(pb.TriggerRetrainingRequest(phase=PA, run_id="x")),
          grpc.StatusCode.UNAUTHENTICATED, "admin token"),
         (env.stub.GetRun(pb.GetRunRequest(run_id="x"), metadata=(("authorization", "Bearer wrong"),)),
-         grpc.StatusCode.PERMISSION_DENIED, "wrong"),
+         grpc.StatusCode.UNAUTHENTICATED, "not valid"),
     ]
     for call, want, fragment in cases:
         code, msg = await code_of(call)
@@ -251,12 +251,12 @@ async def test_the_background_poll_counts_runs_nobody_asks_about(envs):
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
-async def _cli(env, *args, wait_for: list[tuple[str, str, str]] = ()):
+async def _cli(env, *args, wait_for: list[tuple[str, str, str]] = (), component: str = "control"):
     """Run `mascot retrain ...` in a subprocess; for each (text, job, state) in ``wait_for``, once ``text`` appears
     on its stderr, patch ``job`` to ``state``. Returns (exit code, stdout, stderr)."""
     envs_ = {**os.environ, "MASCOT_ADMIN_TOKEN": TOKEN, "COLUMNS": "400"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mascot.cli", "retrain", *args, "--target", env.stack.target("gateway"),
+        sys.executable, "-m", "mascot.cli", "retrain", *args, "--target", env.stack.target(component),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=envs_, cwd=ROOT)
     err = ""
     steps = list(wait_for)
@@ -307,11 +307,15 @@ async def test_cli_retrain_wait_follows_the_run_to_its_end(envs):
     assert env.runs_total("cancelled") == 1
 
 
-async def test_cli_against_a_gateway_without_training_service_says_how_to_turn_it_on(engine, tmp_path):
-    stack = await start_stack(make_config(tmp_path), engine=engine)  # no training.templates_dir
+async def test_cli_against_a_plane_without_training_service_says_how_to_turn_it_on(engine, tmp_path):
+    """A control plane with adapters only, and the gateway's public port (which never serves the admin services):
+    the CLI says the address serves no TrainingService and how to get one."""
+    cfg = make_config(tmp_path, adapters={"store": str(tmp_path / "store")})  # no training.templates_dir
+    stack = await start_stack(cfg, engine=engine)
     try:
-        rc, out, err = await _cli(SimpleNamespace(stack=stack), "list")
-        assert rc == 1 and "has no TrainingService" in err and "training.templates_dir" in err, err
-        assert "Traceback" not in err
+        for component in ("control", "gateway"):
+            rc, out, err = await _cli(SimpleNamespace(stack=stack), "list", component=component)
+            assert rc == 1 and "serves no TrainingService" in err and "training.templates_dir" in err, err
+            assert "control.port" in err and "Traceback" not in err
     finally:
         await stack.stop(0)

@@ -88,7 +88,7 @@ async def test_publish_outside_the_allowlist_is_refused_and_writes_nothing(tmp_p
     (tmp_path / "runs").mkdir()
     os.symlink(outside, tmp_path / "runs" / "sneaky")
     try:
-        async with channel(stack.target("gateway"), token="") as ch:
+        async with channel(stack.target("control"), token="") as ch:
             stub = adapter_pb2_grpc.AdapterServiceStub(ch)
             auth = (("authorization", f"Bearer {ADMIN}"),)
             nested = adapter_dir(tmp_path / "runs" / "nested")

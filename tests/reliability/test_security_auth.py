@@ -41,8 +41,8 @@ async def stream_code(call) -> tuple[grpc.StatusCode, str]:
 
 # ---------------------------------------------------------------------------------------------------- admin token
 async def test_admin_services_refuse_without_or_with_a_wrong_token(tmp_path, monkeypatch):
-    """AdapterService (on a gateway) and TrainingService (served alone, its Job manager never reached) refuse a
-    call without the token (UNAUTHENTICATED) and with a wrong one (PERMISSION_DENIED), and echo no token."""
+    """AdapterService (on a stack's control plane) and TrainingService (served alone, its Job manager never reached)
+    refuse a call without the token and with a wrong one (UNAUTHENTICATED), and echo no token."""
     from mascot.gateway.training import TrainingServicer
 
     monkeypatch.setenv("MASCOT_TEST_ADMIN", ADMIN)
@@ -62,7 +62,7 @@ async def test_admin_services_refuse_without_or_with_a_wrong_token(tmp_path, mon
                                                                                   counter=object()),
         "mascot.api.training.v1.TrainingService")])
     try:
-        async with channel(stack.target("gateway"), token="") as ach, \
+        async with channel(stack.target("control"), token="") as ach, \
                 channel(f"127.0.0.1:{training.port}", token="") as tch:
             adapters = adapter_pb2_grpc.AdapterServiceStub(ach)
             runs = training_pb2_grpc.TrainingServiceStub(tch)
@@ -85,7 +85,7 @@ async def test_admin_services_refuse_without_or_with_a_wrong_token(tmp_path, mon
                     assert code == grpc.StatusCode.UNAUTHENTICATED and ADMIN not in msg, msg
                 for wrong in (md("nope"), md(ADMIN + "x"), md(ALICE)):
                     code, msg = await code_of(call(wrong))
-                    assert code == grpc.StatusCode.PERMISSION_DENIED and ADMIN not in msg, msg
+                    assert code == grpc.StatusCode.UNAUTHENTICATED and ADMIN not in msg, msg
             assert (await adapters.ListAdapters(apb.ListAdaptersRequest(), metadata=md(ADMIN))).revision == 0
             assert not (tmp_path / "store" / "anchor").exists()  # nothing was published
     finally:

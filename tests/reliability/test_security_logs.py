@@ -67,7 +67,7 @@ async def test_no_user_text_model_text_or_token_in_any_log(tmp_path, tiny_model_
             assert got.conversation.turns[0].text == MESSAGE
             with pytest.raises(Exception):  # a refused call is logged too (access log), without its token
                 await stub.ListPersonas(cpb.ListPersonasRequest(), metadata=(("authorization", f"Bearer {WRONG}"),))
-        async with channel(stack.target("gateway"), token="") as ch:
+        async with channel(stack.target("control"), token="") as ch:
             admin = adapter_pb2_grpc.AdapterServiceStub(ch)
             auth = (("authorization", f"Bearer {ADMIN}"),)
             r = await admin.PublishAdapter(apb.PublishAdapterRequest(persona_id="anchor", source_path=str(lora),

@@ -192,11 +192,12 @@ async def test_cli_chat_and_adapters_use_tls_options(tmp_path, pki, monkeypatch)
         assert "I hear you." in r.output
         r = await asyncio.to_thread(runner.invoke, app, ["chat", "--target", target], input="hello\n\n")
         assert r.exit_code == 1 and "UNAVAILABLE" in r.output
-        r = await asyncio.to_thread(runner.invoke, app, ["adapters", *tls, "list", "--target", target, "--json"])
+        control = stack.target("control")  # the control plane's listener serves TLS under server.tls too
+        r = await asyncio.to_thread(runner.invoke, app, ["adapters", *tls, "list", "--target", control, "--json"])
         assert r.exit_code == 0, r.output
         for name in ("MASCOT_TLS_CA", "MASCOT_TLS_CERT", "MASCOT_TLS_KEY"):
             monkeypatch.setenv(name, "")  # the first call exported its options into this process
-        r = await asyncio.to_thread(runner.invoke, app, ["adapters", "list", "--target", target])
+        r = await asyncio.to_thread(runner.invoke, app, ["adapters", "list", "--target", control])
         assert r.exit_code == 1 and "UNAVAILABLE" in r.output
     finally:
         await stack.stop(0)

@@ -367,10 +367,18 @@ def test_gateway_publish_without_a_token_is_a_config_error(tmp_path, monkeypatch
     from mascot_training.persona.config import validate
 
     monkeypatch.delenv("MASCOT_ADMIN_TOKEN", raising=False)
-    cfg = _cfg(publish={"gateway": "127.0.0.1:50051"})
+    cfg = _cfg(publish={"gateway": "127.0.0.1:50061"})
     assert any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))
     monkeypatch.setenv("MASCOT_ADMIN_TOKEN", "t0ken")
     assert not any("MASCOT_ADMIN_TOKEN" in p for p in validate(cfg))
+    # the token as a mounted file (the chart's way): it must exist
+    monkeypatch.delenv("MASCOT_ADMIN_TOKEN")
+    token = tmp_path / "token"
+    assert any("not a readable file" in p for p in validate(_cfg(publish={"gateway": "127.0.0.1:50061",
+                                                                          "token_file": str(token)})))
+    token.write_text("t0ken-from-a-file\n")
+    assert not any("token" in p for p in validate(_cfg(publish={"gateway": "127.0.0.1:50061",
+                                                                "token_file": str(token)})))
 
 
 def test_publish_never_copies_through_a_link_that_leaves_the_adapter(base, healthy, tmp_path):

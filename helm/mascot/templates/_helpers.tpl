@@ -144,6 +144,17 @@ director speaker judge reward
 {{- printf "%s-gateway:%d" (include "mascot.fullname" .) (int .Values.gateway.port) }}
 {{- end }}
 
+{{/* "true" when the control plane (`mascot serve --component control`: AdapterService, TrainingService) has
+     something to do: an adapter store to manage or training runs to start; else "" and nothing of it renders. */}}
+{{- define "mascot.controlPlaneEnabled" -}}
+{{- if or .Values.adapters.store .Values.training.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The control plane's address inside the cluster (its ClusterIP Service; never behind the Ingress). */}}
+{{- define "mascot.controlTarget" -}}
+{{- printf "%s-control:%d" (include "mascot.fullname" .) (int .Values.controlPlane.port) }}
+{{- end }}
+
 {{/* Parsed adapter store: {"scheme": "pvc"|"s3"|"", "claim": "<claim>"}. */}}
 {{- define "mascot.adapterStore" -}}
 {{- $uri := .Values.adapters.store }}
@@ -217,6 +228,67 @@ server_name: {{ . | quote }}
 {{- end }}
 {{- end }}
 
+{{/* Secrets the code reads as files (a Secret volume, never an env var): the directory of each and its file.
+     - the PostgreSQL URL (store.url_file): gateway, control plane, migrations hook;
+     - the admin token (adapters.admin_token_file, publish.token_file): control plane, training pods;
+     - the control plane's caller tokens (control.tokens_file), re-read when the Secret changes (no subPath);
+     - the model services' REST token (server.rest_token_file). */}}
+{{- define "mascot.storeUrlFile" -}}
+/etc/mascot/store/url
+{{- end }}
+
+{{- define "mascot.adminTokenFile" -}}
+/etc/mascot/admin-token/token
+{{- end }}
+
+{{- define "mascot.controlTokensFile" -}}
+/etc/mascot/control-tokens/tokens
+{{- end }}
+
+{{- define "mascot.restTokenFile" -}}
+/etc/mascot/rest-token/token
+{{- end }}
+
+{{/* A Secret key as one file, read-only for the pod's group: the volume and its mount, (dict "name" <volume name>
+     "secret" <Secret> "key" <key> "file" <path of the file in the container>). Empty when "secret" is "". */}}
+{{- define "mascot.secretFileVolume" -}}
+{{- if .secret }}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .key }}
+        path: {{ base .file }}
+{{- end }}
+{{- end }}
+
+{{- define "mascot.secretFileMount" -}}
+{{- if .secret }}
+- name: {{ .name }}
+  mountPath: {{ dir .file }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The (dict ...) of mascot.secretFileVolume for the PostgreSQL URL (secret "" with SQLite), the model services'
+     REST token and the admin token. */}}
+{{- define "mascot.storeUrlSecret" -}}
+{{- $pg := .Values.store.postgresql }}
+{{- $secret := ternary $pg.existingSecret "" (eq .Values.store.type "postgresql") }}
+{{- dict "name" "store-url" "secret" $secret "key" $pg.urlKey "file" (include "mascot.storeUrlFile" .) | toJson }}
+{{- end }}
+
+{{- define "mascot.restTokenSecret" -}}
+{{- $r := .Values.models.restAuth }}
+{{- dict "name" "rest-token" "secret" $r.existingSecret "key" $r.key "file" (include "mascot.restTokenFile" .) | toJson }}
+{{- end }}
+
+{{- define "mascot.adminTokenSecret" -}}
+{{- $t := .Values.adminToken }}
+{{- dict "name" "admin-token" "secret" $t.existingSecret "key" $t.key "file" (include "mascot.adminTokenFile" .) | toJson }}
+{{- end }}
+
 {{/* Where the gateway reads the caller tokens (security.caller_tokens_file): the callerAuth Secret's key mounted as
      the file "tokens". */}}
 {{- define "mascot.callerTokensDir" -}}
@@ -249,8 +321,8 @@ grpc:
 {{ toYaml .probe }}
 {{- end }}
 
-{{/* The MascotConfig YAML of one component: chart-derived keys < .Values.config < <component>.config.
-     (dict "ctx" $ "component" "gateway"|"director"|...). */}}
+{{/* The MascotConfig YAML of one component: chart-derived keys < .Values.config < <component>.config
+     (controlPlane.config for the control plane). (dict "ctx" $ "component" "gateway"|"control"|"director"|...). */}}
 {{- define "mascot.componentConfig" -}}
 {{- $ctx := .ctx }}
 {{- $v := $ctx.Values }}
@@ -275,10 +347,21 @@ grpc:
 {{- with $v.adapters.s3.endpointUrl }}{{ $_ := set $adapters "s3_endpoint_url" . }}{{ end }}
 {{- end }}
 {{- with $v.model.name }}{{ $_ := set $adapters "base_model" . }}{{ end }}
-{{- if and (eq $comp "gateway") $v.adminToken.existingSecret }}
-{{- $_ := set $adapters "admin_token_file" "/etc/mascot/admin-token/token" }}
+{{- /* The admin token names the control plane's legacy admin identity; the gateway serves no admin call. */}}
+{{- if and (eq $comp "control") $v.adminToken.existingSecret }}
+{{- $_ := set $adapters "admin_token_file" (include "mascot.adminTokenFile" $ctx) }}
 {{- end }}
 {{- if $adapters }}{{ $_ := set $cfg "adapters" $adapters }}{{ end }}
+{{- /* The conversation store: PostgreSQL's URL (it holds the password) as a mounted file, or a SQLite file of the
+       workload's own volume (the control plane keeps its audit trail apart from the gateway's conversations). */}}
+{{- $store := dict }}
+{{- if eq $v.store.type "postgresql" }}
+{{- $store = dict "url_file" (include "mascot.storeUrlFile" $ctx) }}
+{{- else if eq $comp "gateway" }}
+{{- $store = dict "url" (printf "sqlite:///%s/mascot.db" $v.store.sqlite.mountPath) }}
+{{- else if eq $comp "control" }}
+{{- $store = dict "url" (printf "sqlite:///%s/control.db" $v.store.sqlite.mountPath) }}
+{{- end }}
 {{- if eq $comp "gateway" }}
 {{- if $v.security.callerAuth.enabled }}
 {{- $_ := set $cfg "security" (dict "caller_auth" true "caller_tokens_file" (include "mascot.callerTokensFile" $ctx)) }}
@@ -287,15 +370,34 @@ grpc:
 {{- $_ := set $cfg.server "metrics_port" (int $v.gateway.metricsPort) }}
 {{- $_ := set $cfg.server "director_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "director")) }}
 {{- $_ := set $cfg.server "speaker_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "speaker")) }}
-{{- if eq $v.store.type "sqlite" }}
-{{- $_ := set $cfg "store" (dict "url" (printf "sqlite:///%s/mascot.db" $v.store.sqlite.mountPath)) }}
-{{- end }}
+{{- $_ := set $cfg.server "reflection" $v.gateway.reflection }}
+{{- $_ := set $cfg "store" $store }}
+{{- else if eq $comp "control" }}
+{{- $cp := $v.controlPlane }}
+{{- $_ := set $cfg.server "metrics_port" (int $cp.metricsPort) }}
+{{- /* The promote gate replays situations through the speaker. */}}
+{{- $_ := set $cfg.server "speaker_target" (include "mascot.modelTarget" (dict "ctx" $ctx "component" "speaker")) }}
+{{- $_ := set $cfg "store" $store }}
 {{- if $v.training.enabled }}
-{{- /* TrainingService: the Job templates the gateway mounts (training.yaml); Jobs go to the templates' namespace. */}}
+{{- /* TrainingService: the Job templates the control plane mounts (training.yaml); Jobs go to their namespace. */}}
 {{- $_ := set $cfg "training" (dict "templates_dir" "/etc/mascot/training") }}
 {{- end }}
+{{- $control := dict "host" "0.0.0.0" "port" (int $cp.port) "reflection" $cp.reflection }}
+{{- if $cp.tokens.existingSecret }}
+{{- $_ := set $control "tokens_file" (include "mascot.controlTokensFile" $ctx) }}
+{{- end }}
+{{- if $cp.jwt.issuer }}
+{{- $jwt := dict "issuer" $cp.jwt.issuer "audience" $cp.jwt.audience "jwks_url" $cp.jwt.jwksUrl }}
+{{- $_ := set $jwt "role_claim" $cp.jwt.roleClaim }}
+{{- $_ := set $control "jwt" $jwt }}
+{{- end }}
+{{- $_ := set $cfg "control" $control }}
 {{- else }}
 {{- $c := index $v $comp }}
+{{- if $v.models.restAuth.existingSecret }}
+{{- /* KServe REST inference needs the bearer token; health, readiness and /metrics stay open. */}}
+{{- $_ := set $cfg.server "rest_token_file" (include "mascot.restTokenFile" $ctx) }}
+{{- end }}
 {{- $model := ternary "/mnt/models" "" (ne (include "mascot.storageUri" (dict "ctx" $ctx "component" $comp)) "") }}
 {{- if eq $comp "reward" }}
 {{- if $model }}{{ $_ := set $cfg "reward" (dict "model" $model) }}{{ end }}
@@ -308,7 +410,7 @@ grpc:
 {{- if $engine }}{{ $_ := set $cfg "engine" $engine }}{{ end }}
 {{- end }}
 {{- end }}
-{{- $own := (index $v $comp).config | default dict }}
+{{- $own := (ternary $v.controlPlane (index $v $comp) (eq $comp "control")).config | default dict }}
 {{- if eq $comp "generation" }}
 {{- /* config < each hosted component's config (in generation.components order) < generation.config */}}
 {{- $own = dict }}
@@ -320,7 +422,7 @@ grpc:
 {{- $merged := mustMergeOverwrite $cfg (deepCopy ($v.config | default dict)) (deepCopy $own) }}
 {{- /* A vLLM engine on GPUs shards the model over every GPU the pod requests (engine.tensor_parallel_size =
      gpu.count), unless config or <component>.config sets engine.tensor_parallel_size itself (that wins). */}}
-{{- if and (ne $comp "gateway") (ne $comp "reward") }}
+{{- if not (has $comp (list "gateway" "control" "reward")) }}
 {{- $gpu := (index $v $comp).gpu }}
 {{- $engine := $merged.engine | default dict }}
 {{- if and $gpu.enabled (eq (toString $engine.kind) "vllm") (not (hasKey $engine "tensor_parallel_size")) }}

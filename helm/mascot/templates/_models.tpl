@@ -77,6 +77,7 @@ containers:
     volumeMounts:
       {{- include "mascot.scratchMounts" $ctx | nindent 6 }}
       {{- with (include "mascot.commonMounts" (dict "ctx" $ctx "component" $comp "readOnlyStore" true) | trim) }}{{- . | nindent 6 }}{{- end }}
+      {{- with (include "mascot.secretFileMount" (include "mascot.restTokenSecret" $ctx | fromJson) | trim) }}{{- . | nindent 6 }}{{- end }}
       {{- if $gpu }}
       - name: shm
         mountPath: /dev/shm
@@ -93,6 +94,8 @@ containers:
 volumes:
   {{- include "mascot.scratchVolumes" $ctx | nindent 2 }}
   {{- with (include "mascot.commonVolumes" (dict "ctx" $ctx "component" $comp "readOnlyStore" true) | trim) }}{{- . | nindent 2 }}{{- end }}
+  {{- /* The bearer token of KServe REST inference (server.rest_token_file). */}}
+  {{- with (include "mascot.secretFileVolume" (include "mascot.restTokenSecret" $ctx | fromJson) | trim) }}{{- . | nindent 2 }}{{- end }}
   {{- if $gpu }}
   - name: shm
     emptyDir:

@@ -9,9 +9,13 @@
 {{- $p := index $v.training.phases (include "mascot.phaseKey" .phase) }}
 {{- $cfg := deepCopy ($p.config | default dict) }}
 {{- if and $v.training.publishThroughGateway $v.adapters.store }}
+{{- /* publish.gateway is the AdapterService address: the control plane's, never the public gateway's. */}}
 {{- $publish := $cfg.publish | default dict }}
 {{- if not $publish.gateway }}
-{{- $_ := set $publish "gateway" (include "mascot.gatewayTarget" .ctx) }}
+{{- $_ := set $publish "gateway" (include "mascot.controlTarget" .ctx) }}
+{{- end }}
+{{- if and $v.adminToken.existingSecret (not $publish.token_file) }}
+{{- $_ := set $publish "token_file" (include "mascot.adminTokenFile" .ctx) }}
 {{- end }}
 {{- $_ := set $cfg "publish" $publish }}
 {{- end }}
@@ -41,7 +45,7 @@
 {{- end }}
 {{- end }}
 
-{{/* The kinds of the gateway's training runs, one word per phase (mascot.trainingKind): "job job" by default. */}}
+{{/* The kinds of the control plane's training runs, one word per phase (mascot.trainingKind): "job job" by default. */}}
 {{- define "mascot.trainingKinds" -}}
 {{- $kinds := list }}
 {{- range $phase := list "persona-alignment" "collaborative" }}
@@ -115,8 +119,8 @@ spec:
   restartPolicy: OnFailure
   {{- end }}
   {{- if eq $kind "indexed" }}
-  # Indexed Job pods are named <job>-<index>; the headless Service named here (the Job's own, which the gateway
-  # creates with the Job, or the CronJob's) gives them the DNS names <job>-<index>.<subdomain> of the rendezvous.
+  # Indexed Job pods are named <job>-<index>; the headless Service named here (the Job's own, which the control
+  # plane creates with the Job, or the CronJob's) gives them the DNS names <job>-<index>.<subdomain> of the rendezvous.
   subdomain: {{ .subdomain | default (printf "%s-%s" $fullname .phase) }}
   {{- end }}
   serviceAccountName: {{ $fullname }}-training
@@ -147,14 +151,6 @@ spec:
             fieldRef:
               fieldPath: metadata.annotations['batch.kubernetes.io/job-completion-index']
         {{- end }}
-        {{- if $v.adminToken.existingSecret }}
-        # mascot_training.common.publish reads the admin token only from this variable.
-        - name: MASCOT_ADMIN_TOKEN
-          valueFrom:
-            secretKeyRef:
-              name: {{ $v.adminToken.existingSecret }}
-              key: {{ $v.adminToken.key }}
-        {{- end }}
         {{- with $t.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -176,6 +172,8 @@ spec:
           readOnly: true
         - name: runs
           mountPath: /runs
+        {{- /* The publish step's admin token (publish.token_file), a file of the Secret, never an env var. */}}
+        {{- with (include "mascot.secretFileMount" (include "mascot.adminTokenSecret" $ctx | fromJson) | trim) }}{{- . | nindent 8 }}{{- end }}
         {{- if $t.modelsClaim }}
         - name: models
           mountPath: /models
@@ -201,6 +199,7 @@ spec:
     - name: runs
       persistentVolumeClaim:
         claimName: {{ $t.runs.existingClaim | default (printf "%s-training-runs" $fullname) }}
+    {{- with (include "mascot.secretFileVolume" (include "mascot.adminTokenSecret" $ctx | fromJson) | trim) }}{{- . | nindent 4 }}{{- end }}
     {{- if $t.modelsClaim }}
     - name: models
       persistentVolumeClaim:
@@ -242,7 +241,7 @@ template:
   {{- include "mascot.trainingPodTemplate" . | trim | nindent 2 }}
 {{- end }}
 
-{{/* The Job template of a phase, as the gateway's TrainingService loads it (training-templates ConfigMap):
+{{/* The Job template of a phase, as the control plane's TrainingService loads it (training-templates ConfigMap):
      (dict "ctx" $ "phase" "persona-alignment" ["withoutRunConfig" true]). A batch/v1 Job (Indexed on several
      nodes), or a kubeflow.org/v1 PyTorchJob (one Master and nodes - 1 Workers). */}}
 {{- define "mascot.trainingJobTemplate" -}}
@@ -287,9 +286,9 @@ spec:
   {{- end }}
 {{- end }}
 
-{{/* Restart trigger of the gateway, whose TrainingService loads the Job templates once at start: their checksum
-     without the phase configs' (a Job reads its phase config from its ConfigMap when it starts, so a phase config
-     change needs no gateway restart). */}}
+{{/* Restart trigger of the control plane, whose TrainingService loads the Job templates once at start: their
+     checksum without the phase configs' (a Job reads its phase config from its ConfigMap when it starts, so a phase
+     config change needs no restart). */}}
 {{- define "mascot.trainingTemplatesChecksum" -}}
 {{- $templates := list }}
 {{- range $phase := list "persona-alignment" "collaborative" }}

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hmac
 import logging
 import signal
 import socket
@@ -170,6 +171,7 @@ class OnePortModelServer(ModelServer):
         self._stopping: asyncio.Task | None = None
         self._stopped: asyncio.Event | None = None
         self.failure: BaseException | None = None
+        self._rest_token: Any = None
 
     @property
     def runtime(self) -> ComponentRuntime:
@@ -226,7 +228,8 @@ class OnePortModelServer(ModelServer):
         self.metrics.declare(rpcs=rpcs)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        if self.cfg.server.reflection:
+            enable_reflection([*ours, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
         creds = server_credentials(self.cfg.server.tls)  # TLS / mutual TLS per server.tls (docs/security.md)
         bound = bind_port(server, self.host, self.grpc_port, creds, f"the {self.label}'s gRPC port", "--port")
         await self._set_serving(False)
@@ -256,6 +259,9 @@ class OnePortModelServer(ModelServer):
         rest._add_middlewares(app)
         app.add_api_route("/metrics", self._metrics_endpoint, methods=["GET"])  # before KServe's own /metrics
         app.middleware("http")(self._count_rest_infer)
+        if self.cfg.server.rest_token_file:  # outermost: a refused call reaches nothing else
+            self._rest_token = self._watch_rest_token(self.cfg.server.rest_token_file)
+            app.middleware("http")(self._rest_auth)
         rest._register_endpoints(app)
         rest._add_exception_handlers(app)
         app.add_exception_handler(ServiceError, _service_error)
@@ -265,6 +271,42 @@ class OnePortModelServer(ModelServer):
         task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]), name="kserve-rest")
         task.add_done_callback(self._rest_ended)
         self._tasks.append(task)
+
+    @staticmethod
+    def _watch_rest_token(path: str) -> Any:
+        """The REST token file (``server.rest_token_file``), re-read when it changes.
+
+        Raises:
+            ValueError: the file cannot be read or is empty (the start fails, naming the file).
+        """
+        from mascot.gateway.control_auth import WatchedFile
+
+        def parse(text: str) -> bytes:
+            if not text.strip():
+                raise ValueError(f"server.rest_token_file {path} is empty")
+            return text.strip().encode()
+
+        watched = WatchedFile(path, parse, reload_s=1.0)
+        watched.value()
+        return watched
+
+    async def _rest_auth(self, request: Request, call_next: Callable) -> Response:
+        """Refuse REST calls that are not GET/HEAD (inference, model load/unload) without ``Authorization: Bearer
+        <server.rest_token_file's token>``: 401 (constant-time compare, the token never logged or echoed). Health,
+        readiness, metadata and ``/metrics`` (GET) stay open to whoever reaches the port."""
+        if request.method in ("GET", "HEAD"):
+            return await call_next(request)
+        scheme, _, value = request.headers.get("authorization", "").strip().partition(" ")
+        try:
+            expected = self._rest_token.value()
+        except ValueError:
+            return JSONResponse({"error": "the model service's REST token file is unusable; the operator must fix "
+                                          "server.rest_token_file"}, status_code=503)
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), expected):
+            return JSONResponse({"error": "REST inference needs 'Authorization: Bearer <token>' with the model "
+                                          "service's token (server.rest_token_file)"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
     def _rest_ended(self, task: asyncio.Task) -> None:
         if self._stopping is None:  # REST died on its own: without health endpoints the pod must not live on

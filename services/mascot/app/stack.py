@@ -21,7 +21,7 @@ from mascot.core.server import (ClientTLS, ConnectionSettings, PortInUse, Server
                                 port_in_use_message)
 
 log = logging.getLogger(__name__)
-COMPONENTS = ("gateway", "director", "speaker", "judge", "reward")
+COMPONENTS = ("gateway", "control", "director", "speaker", "judge", "reward")
 #: What ``mascot serve`` runs by default (the dialogue path); judge and reward join on request.
 DEFAULT_COMPONENTS = ("gateway", "director", "speaker")
 ENGINE_COMPONENTS = {"director", "speaker", "judge"}
@@ -64,8 +64,9 @@ class Stack:
         return self.metrics_server.server_port if self.metrics_server is not None else None
 
     def target(self, component: str) -> str:
-        """``host:port`` of a running component."""
-        return f"{self.cfg.server.host}:{self.servers[component].port}"
+        """``host:port`` of a running component (the control plane's on ``control.host``)."""
+        host = self.cfg.control.host if component == "control" else self.cfg.server.host
+        return f"{host}:{self.servers[component].port}"
 
     async def stop(self, grace: float = 2.0) -> None:
         """Stop servers (gateway first), background tasks, channels, the engine and the store."""
@@ -99,8 +100,9 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
 
     Args:
         cfg: Effective configuration. ``server.gateway_port`` 0 picks a free port (tests).
-        components: Any of ``gateway``, ``director``, ``speaker``, ``judge``, ``reward``. A gateway without the
-            other two uses ``server.director_target`` / ``server.speaker_target``.
+        components: Any of ``gateway``, ``control``, ``director``, ``speaker``, ``judge``, ``reward``. A gateway
+            without the other two uses ``server.director_target`` / ``server.speaker_target``; a control plane
+            without a speaker uses ``server.speaker_target`` for the promote gate.
         engine: An already started engine to share (tests inject a scripted engine); else one is built from
             ``cfg.engine`` when a model component runs.
         metrics: Metrics to register on; a fresh registry by default.
@@ -108,8 +110,10 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             (``mascot serve`` does; port 0 picks a free one, see :attr:`Stack.metrics_port`), with the process's own
             series and, on a vllm engine with ``engine.log_stats``, vLLM's ``vllm:*``. The model services under
             KServe serve theirs on the REST port instead (``mascot serve-model``).
-        admin: Serve the gateway's admin plane (AdapterService on ``adapters.store``, TrainingService on
-            ``training.templates_dir``) when those are set; an evaluation's stacks only converse (False).
+        admin: With a gateway, also open the control plane (AdapterService on ``adapters.store``, TrainingService on
+            ``training.templates_dir``, when those are set) on its own listener ``control.host:control.port``, as
+            the ``control`` component does alone; an evaluation's stacks only converse (False). The gateway's
+            public port never serves the admin services.
 
     Raises:
         ValueError: an unknown component, or a lone gateway without targets.
@@ -171,7 +175,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             dch = channel(director_target, srv.max_message_bytes, tls=out_tls, token="", connections=conns)
             sch = channel(speaker_target, srv.max_message_bytes, tls=out_tls, token="", connections=conns)
             stack.channels += [dch, sch]
-            stack.store = Store(cfg.store.url)
+            stack.store = Store(cfg.store.resolved_url())
             loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
                             speaker_pb2_grpc.SpeakerServiceStub(sch), cfg, metrics)
             conversations = ConversationServicer(stack.store, catalog, loop, cfg, metrics)
@@ -186,21 +190,19 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             if conversations.auth.enabled and not srv.tls.enabled:
                 log.warning("security.caller_auth is on without server.tls: caller tokens cross the network in "
                             "plaintext unless TLS ends in front of the gateway")
-            if admin and cfg.adapters.store:
-                gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
-                services.append(_adapter_service(cfg, gate))
-            if admin and cfg.training.templates_dir:
-                services.append(await _training_service(cfg, metrics, stack))
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
                                                           max_message_bytes=srv.max_message_bytes, tls=srv.tls,
-                                                          stream_stall_s=srv.stream_stall_s, connections=conns)
+                                                          stream_stall_s=srv.stream_stall_s, connections=conns,
+                                                          reflection_on=srv.reflection)
             from mascot.gateway.store import watch_health
 
             # A store that vanished or stopped answering turns the gateway's health NOT_SERVING (its writes are
             # refused at once by the store itself).
             stack.tasks.append(asyncio.create_task(watch_health(stack.store, stack.servers["gateway"].set_serving,
                                                                 cfg.store.health_poll_s)))
+        if "control" in components or (admin and "gateway" in components and control_has_work(cfg)):
+            stack.servers["control"] = await _control_server(cfg, metrics, stack, catalog, conns)
         if serve_metrics:
             from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, start_http_server
 
@@ -226,6 +228,62 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
         await stack.stop(0)
         raise
     return stack
+
+
+def control_has_work(cfg: MascotConfig) -> bool:
+    """True when the control plane has a service to host: ``adapters.store`` or ``training.templates_dir`` set."""
+    return bool(cfg.adapters.store or cfg.training.templates_dir)
+
+
+async def _control_server(cfg: MascotConfig, metrics: Metrics, stack: Stack, catalog: Any,
+                          conns: ConnectionSettings) -> Server:
+    """The control plane's listener on ``control.host:control.port``: AdapterService and TrainingService behind
+    :class:`~mascot.gateway.audit.ControlGuard` (roles and the audit trail in the conversation store), reflection per
+    ``control.reflection``.
+
+    Raises:
+        ValueError: nothing to host (neither ``adapters.store`` nor ``training.templates_dir``), no speaker for an
+            enabled promote gate, a token file or JWKS that cannot be read, or the errors of the services.
+    """
+    from mascot.api.speaker.v1 import speaker_pb2_grpc
+    from mascot.gateway.audit import ControlGuard
+    from mascot.gateway.control_auth import ControlAuth
+    from mascot.gateway.store import Store
+
+    if not control_has_work(cfg):
+        raise ValueError("the control plane has nothing to serve: set adapters.store (AdapterService) and/or "
+                         "training.templates_dir (TrainingService)")
+    srv, c = cfg.server, cfg.control
+    auth = ControlAuth.from_config(cfg)
+    if not auth.configured:
+        log.warning("the control plane has no admin identity (control.tokens_file, control.jwt or "
+                    "adapters.admin_token_*): it refuses every call")
+    store = stack.store
+    if store is None:  # the control plane alone: its audit trail goes to the same database
+        store = stack.store = Store(cfg.store.resolved_url())
+    guard = ControlGuard(auth, store, c.audit_page_max)
+    services = []
+    if cfg.adapters.store:
+        gate = None
+        if cfg.adapters.promote_gate.enabled:
+            speaker_target = stack.target("speaker") if "speaker" in stack.servers else srv.speaker_target
+            if not speaker_target:
+                raise ValueError("adapters.promote_gate.enabled needs a speaker: run the speaker in this process or "
+                                 "set server.speaker_target")
+            sch = channel(speaker_target, srv.max_message_bytes, tls=ClientTLS.from_config(srv.tls), token="",
+                          connections=conns)
+            stack.channels.append(sch)
+            gate = _promote_gate(cfg, stack, catalog, speaker_pb2_grpc.SpeakerServiceStub(sch))
+        services.append(_adapter_service(cfg, guard, gate))
+    if cfg.training.templates_dir:
+        services.append(await _training_service(cfg, metrics, stack, guard))
+    if not srv.tls.enabled and c.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("the control plane listens on %s without server.tls: admin tokens cross the network in "
+                    "plaintext unless TLS ends in front of it", c.host)
+    return await build_server("control", metrics, services, host=c.host, port=c.port,
+                              max_message_bytes=srv.max_message_bytes, tls=srv.tls,
+                              stream_stall_s=srv.stream_stall_s, connections=conns, reflection_on=c.reflection,
+                              port_setting="control.port")
 
 
 def needs_engine(cfg: MascotConfig, components: tuple[str, ...] | set[str]) -> bool:
@@ -348,11 +406,11 @@ def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -
     return gate
 
 
-def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
-    """AdapterService on ``adapters.store`` (the gateway is the registry's only writer)."""
+def _adapter_service(cfg: MascotConfig, guard: Any, gate: Any = None) -> tuple:
+    """AdapterService on ``adapters.store`` (the control plane is the registry's only writer)."""
     from mascot.api.adapter.v1 import adapter_pb2_grpc
     from mascot.core.engine import resolve_model
-    from mascot.gateway.admin import AdapterServicer, read_admin_token
+    from mascot.gateway.admin import AdapterServicer
 
     from mascot.core.personas import PersonaCatalog
 
@@ -360,30 +418,25 @@ def _adapter_service(cfg: MascotConfig, gate: Any = None) -> tuple:
     if Path(a.store).exists() and not Path(a.store).is_dir():
         raise ValueError(f"adapters.store {a.store} is not a directory")
     base = a.base_model or resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir)
-    token = read_admin_token(a.admin_token_env, a.admin_token_file)
-    if not token:
-        log.warning("AdapterService has no admin token (%s / adapters.admin_token_file): it refuses every call",
-                    a.admin_token_env)
     known = set(PersonaCatalog.load(cfg.personas.extra_files).cards) | {"director"}
     return (adapter_pb2_grpc.add_AdapterServiceServicer_to_server,
-            AdapterServicer(a.store, base, token, a.max_rank, known, config=a, gate=gate),
+            AdapterServicer(a.store, base, guard, a.max_rank, known, config=a, gate=gate),
             "mascot.api.adapter.v1.AdapterService")
 
 
-async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack) -> tuple:
-    """TrainingService on the Job templates of ``training.templates_dir`` (``mascot.gateway.jobs``), behind the admin
-    token of AdapterService; starts the poll that counts finished runs (:func:`mascot.gateway.training.watch_runs`,
-    a task of ``stack`` that closes the API client when cancelled).
+async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack, guard: Any) -> tuple:
+    """TrainingService on the Job templates of ``training.templates_dir`` (``mascot.gateway.jobs``), behind the
+    control plane's ``guard`` as AdapterService; starts the poll that counts finished runs
+    (:func:`mascot.gateway.training.watch_runs`, a task of ``stack`` that closes the API client when cancelled).
 
     Raises:
         ValueError: no readable template, or no Kubernetes API configuration (in-cluster or kubeconfig).
     """
     from mascot.api.training.v1 import training_pb2_grpc
     from mascot.gateway import jobs
-    from mascot.gateway.admin import read_admin_token
     from mascot.gateway.training import FinishedRuns, TrainingServicer, watch_runs
 
-    t, a = cfg.training, cfg.adapters
+    t = cfg.training
     client = await asyncio.to_thread(jobs.api_client, t.kubeconfig, t.context)
     try:
         fallback = await asyncio.to_thread(jobs.default_namespace, t.kubeconfig, t.context)
@@ -393,13 +446,9 @@ async def _training_service(cfg: MascotConfig, metrics: Metrics, stack: Stack) -
     except BaseException:
         client.close()
         raise
-    token = read_admin_token(a.admin_token_env, a.admin_token_file)
-    if not token:
-        log.warning("TrainingService has no admin token (%s / adapters.admin_token_file): it refuses every call",
-                    a.admin_token_env)
     counter = FinishedRuns(metrics, manager.clock())
     stack.tasks.append(asyncio.create_task(watch_runs(manager, counter, t.poll_s)))
     log.info("TrainingService: phases %s, Jobs in namespace %s, at most %d unfinished run(s) per phase",
              ", ".join(manager.phases), manager.namespace, t.max_active_runs)
     return (training_pb2_grpc.add_TrainingServiceServicer_to_server,
-            TrainingServicer(manager, token, metrics, counter), "mascot.api.training.v1.TrainingService")
+            TrainingServicer(manager, guard, metrics, counter), "mascot.api.training.v1.TrainingService")

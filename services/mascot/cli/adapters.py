@@ -1,6 +1,7 @@
-"""``mascot adapters``: list, publish, promote, roll back and retire adapter versions through the gateway's
-AdapterService (the registry's only writer). The admin token comes from ``MASCOT_ADMIN_TOKEN``
-(or ``--token-file``), never from a flag value. TLS: ``mascot adapters --tls-ca CA [--tls-cert C --tls-key K] ...`` or
+"""``mascot adapters``: list, publish, promote, roll back and retire adapter versions, and read the audit trail,
+through the control plane's AdapterService (the registry's only writer; ``--target`` or ``MASCOT_CONTROL_TARGET``).
+The admin token comes from ``MASCOT_ADMIN_TOKEN`` (or ``--token-file``), never from a flag value. TLS:
+``mascot adapters --tls-ca CA [--tls-cert C --tls-key K] ...`` or
 ``MASCOT_TLS_CA`` / ``MASCOT_TLS_CERT`` / ``MASCOT_TLS_KEY`` (docs/security.md)."""
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mascot.cli.common import TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, console, export_tls
+from mascot.cli.common import CONTROL_TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, admin_session, console, export_tls
 
-adapters_app = typer.Typer(help="Adapter registry: list | publish | promote | rollback | retire (AdapterService).",
+adapters_app = typer.Typer(help="Adapter registry: list | publish | promote | rollback | retire | audit "
+                                "(AdapterService on the control plane).",
                            no_args_is_help=True, add_completion=False)
 
 
@@ -30,7 +32,8 @@ def _state(number: int) -> str:
 @adapters_app.callback()
 def _options(tls_ca: Optional[Path] = TLS_CA, tls_cert: Optional[Path] = TLS_CERT,
              tls_key: Optional[Path] = TLS_KEY) -> None:
-    """Adapter registry: list | publish | promote | rollback | retire (AdapterService)."""
+    """Adapter registry: list | publish | promote | rollback | retire | audit (AdapterService on the control
+    plane)."""
     export_tls(tls_ca, tls_cert, tls_key)
 
 
@@ -55,7 +58,7 @@ def _show(personas: Any) -> None:
 
 
 @adapters_app.command("list")
-def list_(persona: str = typer.Option("", "--persona", help="Only this persona."), target: str = TARGET,
+def list_(persona: str = typer.Option("", "--persona", help="Only this persona."), target: str = CONTROL_TARGET,
           token_file: Optional[Path] = TOKEN_FILE,
           as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List every version, its state and the aliases."""
@@ -75,7 +78,7 @@ def list_(persona: str = typer.Option("", "--persona", help="Only this persona."
 def publish(persona: str = typer.Argument(..., help="Persona id (snake_case) or 'director'."),
             source: Path = typer.Argument(..., help="PEFT adapter directory the gateway can read."),
             run_id: str = typer.Option("", "--run-id", help="Training run id for the manifest."),
-            target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
+            target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Publish an adapter as a new staged version (checked against the serving base model and rank)."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
 
@@ -95,7 +98,7 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
             timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Seconds to wait for the gateway: its "
                                           "evaluation gate first generates and judges a reply per held-out "
                                           "situation for both versions (minutes on a CPU)."),
-            target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
+            target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Make a version stable (or the canary with --canary W); the gateway's evaluation gate runs first if enabled."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
 
@@ -117,7 +120,7 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
 
 
 @adapters_app.command("rollback")
-def rollback(persona: str = typer.Argument(...), target: str = TARGET,
+def rollback(persona: str = typer.Argument(...), target: str = CONTROL_TARGET,
              token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Restore the previous stable version (the current one is retired)."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
@@ -127,10 +130,39 @@ def rollback(persona: str = typer.Argument(...), target: str = TARGET,
 
 
 @adapters_app.command("retire")
-def retire(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1), target: str = TARGET,
-           token_file: Optional[Path] = TOKEN_FILE) -> None:
+def retire(persona: str = typer.Argument(...), version: int = typer.Argument(..., min=1),
+           target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Retire a staged or canary version."""
     from mascot.api.adapter.v1 import adapter_pb2 as pb
 
     r = _call(target, token_file, "RetireAdapter", pb.RetireAdapterRequest(persona_id=persona, version=version))
     _show([r.persona])
+
+
+@adapters_app.command("audit")
+def audit(actor: str = typer.Option("", "--actor", help="Only this identity."),
+          method: str = typer.Option("", "--method", help="Only this method (e.g. PromoteAdapter)."),
+          target_filter: str = typer.Option("", "--on", help="Only targets starting with this (e.g. anchor)."),
+          page_size: int = typer.Option(50, "--page-size", min=1, help="Events per page."),
+          page_token: str = typer.Option("", "--page-token", help="The next-page token a previous call printed."),
+          target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE,
+          as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """The control plane's audit trail, newest first: who published, promoted, rolled back, retired, started or
+    cancelled what, when, with which outcome and request id (role viewer or above)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from mascot.api.adapter.v1 import adapter_pb2 as pb
+
+    r = _call(target, token_file, "ListAuditEvents",
+              pb.ListAuditEventsRequest(page_size=page_size, page_token=page_token, actor=actor, method=method,
+                                        target=target_filter))
+    if as_json:
+        print(json.dumps(MessageToDict(r, preserving_proto_field_name=True), indent=2))
+        return
+    t = Table("id", "time", "actor", "role", "method", "target", "outcome", "request id")
+    for e in r.events:
+        outcome = e.outcome if e.outcome == "OK" else f"[red]{e.outcome}[/red]"
+        t.add_row(str(e.id), e.time[:19], e.actor, e.role, e.method, e.target, outcome, e.request_id)
+    Console().print(t)
+    if r.next_page_token:
+        console.print(f"more: --page-token {r.next_page_token}")

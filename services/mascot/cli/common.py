@@ -21,6 +21,10 @@ MODEL_HELP = ("The generation model: a local model directory, a Hugging Face hub
               "the local HF cache), or 'tiny' for the tiny random-init Qwen3 (speed only, its words are not language). "
               "Default: SmolLM2-135M-Instruct, converted by `mascot models prepare` (make setup runs it).")
 TARGET = typer.Option("127.0.0.1:50051", "--target", help="Gateway address host:port.")
+#: The admin commands' address: the control plane's listener (control.host:control.port), never the gateway's.
+CONTROL_TARGET = typer.Option("127.0.0.1:50061", "--target", envvar="MASCOT_CONTROL_TARGET",
+                              help="Control plane address host:port (control.host:control.port; the chart's "
+                                   "<release>-control Service).")
 #: The choices of ``--mode``, ``--engine`` and ``--phase`` as types: the help lists them and the parser refuses
 #: anything else (exit code 2). They equal the proto's modes, ``engine.kind`` and the proto's training phases
 #: (a unit test keeps them so).
@@ -147,12 +151,12 @@ def admin_token(token_file: Optional[Path]) -> str:
 
 def admin_session(target: str, token_file: Optional[Path], stub_class: Any, service: str, how_to_enable: str,
                   body: Callable[[Any, tuple], Awaitable[Any]], deadline_hint: str = "") -> Any:
-    """Run ``body(stub, metadata)`` on one channel to the gateway at ``target`` (the admin plane of ``mascot
-    adapters`` and ``mascot retrain``): ``stub`` is ``stub_class(channel)``, ``metadata`` carries the admin token
+    """Run ``body(stub, metadata)`` on one channel to the control plane at ``target`` (``mascot adapters`` and
+    ``mascot retrain``): ``stub`` is ``stub_class(channel)``, ``metadata`` carries the admin token
     (``--token-file`` or ``MASCOT_ADMIN_TOKEN``); TLS from ``--tls-*`` / ``MASCOT_TLS_*``.
 
     Exits 2 for bad usage (no token, a target that is not host:port, an unreadable TLS file) and 1 for an RPC
-    error (``CODE: details``; UNIMPLEMENTED says the gateway has no ``service`` and ``how_to_enable`` it;
+    error (``CODE: details``; UNIMPLEMENTED says ``target`` has no ``service`` and ``how_to_enable`` it;
     DEADLINE_EXCEEDED adds ``deadline_hint`` when given).
     """
     import grpc
@@ -175,7 +179,8 @@ def admin_session(target: str, token_file: Optional[Path], stub_class: Any, serv
         return asyncio.run(go())
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-            console.print(f"[red]the gateway at {target} has no {service}[/red]: {how_to_enable}", soft_wrap=True)
+            console.print(f"[red]{target} serves no {service}[/red]: give the control plane's address (control.port, "
+                          f"not the gateway's), and {how_to_enable}", soft_wrap=True)
             raise typer.Exit(1) from None
         hint = f" ({deadline_hint})" if deadline_hint and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
         console.print(f"[red]{e.code().name}:[/red] {e.details()}{hint}")

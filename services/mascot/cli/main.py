@@ -45,10 +45,15 @@ app.command("health")(health)
 @app.command()
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config file."),
-    component: list[str] = typer.Option([], "--component", help="Component to run (repeatable): gateway, director, "
-                                        "speaker, judge, reward. Default: gateway, director and speaker."),
+    component: list[str] = typer.Option([], "--component", help="Component to run (repeatable): gateway, control, "
+                                        "director, speaker, judge, reward. Default: gateway, director and speaker "
+                                        "(with the control plane on its own port when adapters.store or "
+                                        "training.templates_dir is set)."),
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the gateway, or of the one component named."),
+    control_port: Optional[int] = typer.Option(None, "--control-port",
+                                               help="Port of the control plane's listener (control.port, on "
+                                                    "control.host: loopback by default)."),
     model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
     engine: Optional[EngineKind] = ENGINE,
     store_url: Optional[str] = typer.Option(None, "--store-url", help="SQLAlchemy URL of the conversation store."),
@@ -68,8 +73,11 @@ def serve(
     if port is not None and len(comps) > 1 and "gateway" not in comps:
         console.print("[red]--port needs a single component (or the gateway among several)[/red]")
         raise typer.Exit(2)
-    port_key = f"server.{target_comp}_port"
-    cfg = load_config_or_exit(config, **{"server.host": host, port_key: port, "engine.model": model,
+    port_key = "control.port" if target_comp == "control" else f"server.{target_comp}_port"
+    overrides = {port_key: port} if port is not None else {}
+    if control_port is not None:
+        overrides["control.port"] = control_port
+    cfg = load_config_or_exit(config, **{"server.host": host, **overrides, "engine.model": model,
                                          "engine.kind": engine, "store.url": store_url,
                                          "server.director_target": director_target,
                                          "server.speaker_target": speaker_target})
@@ -87,8 +95,8 @@ def serve(
         except (ValueError, OSError) as e:  # a configuration the components cannot start with: say what, no trace
             console.print(f"[red]cannot start:[/red] {e}")
             raise typer.Exit(2) from None
-        for name, s in stack.servers.items():
-            console.print(f"{name} serving on {cfg.server.host}:{s.port}")
+        for name in stack.servers:
+            console.print(f"{name} serving on {stack.target(name)}")
         console.print(f"metrics on http://{cfg.server.host}:{stack.metrics_port}/metrics")
         print(json.dumps({name: s.port for name, s in stack.servers.items()}), flush=True)
         stop = asyncio.Event()

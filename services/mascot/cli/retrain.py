@@ -1,4 +1,4 @@
-"""``mascot retrain``: trigger, follow, list and cancel retraining runs through the gateway's TrainingService
+"""``mascot retrain``: trigger, follow, list and cancel retraining runs through the control plane's TrainingService
 (each run is a Kubernetes Job, ``mascot.gateway.jobs``). The admin token comes from ``MASCOT_ADMIN_TOKEN`` (or
 ``--token-file``), never from a flag value, as for ``mascot adapters``.
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mascot.api.training.v1 import training_pb2 as pb
-from mascot.cli.common import (TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, PhaseName, admin_session, console,
+from mascot.cli.common import (CONTROL_TARGET, TLS_CA, TLS_CERT, TLS_KEY, TOKEN_FILE, PhaseName, admin_session, console,
                                export_tls)
 from mascot.core.enums import enum_name, enum_names, enum_value
 
@@ -128,7 +128,7 @@ def _phase_command(phase: str) -> None:
                 wait: bool = typer.Option(False, "--wait", help="Wait until the run finishes; exit 0 if it "
                                                                 "succeeded, 1 if it failed or was cancelled."),
                 poll_s: float = typer.Option(10.0, "--poll-s", help="Seconds between status polls with --wait."),
-                target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
+                target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE) -> None:
         _trigger(phase, run_id, wait, poll_s, target, token_file)
 
     command.__doc__ = (f"Trigger a {phase} run: a Kubernetes Job made from the chart's template (at most "
@@ -141,7 +141,7 @@ for _p in PHASES:
 
 
 @retrain_app.command("status")
-def status(run_id: str = typer.Argument(..., help="The run id."), target: str = TARGET,
+def status(run_id: str = typer.Argument(..., help="The run id."), target: str = CONTROL_TARGET,
            token_file: Optional[Path] = TOKEN_FILE,
            as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a line.")) -> None:
     """Show a run's state (from its Job's status)."""
@@ -159,7 +159,7 @@ def status(run_id: str = typer.Argument(..., help="The run id."), target: str = 
 def list_(phase: Optional[PhaseName] = typer.Option(None, "--phase",
                                                   help="Only persona-alignment or collaborative runs."),
           limit: int = typer.Option(50, "--limit", min=1, max=1000, help="At most this many runs, newest first."),
-          target: str = TARGET, token_file: Optional[Path] = TOKEN_FILE,
+          target: str = CONTROL_TARGET, token_file: Optional[Path] = TOKEN_FILE,
           as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the runs whose Jobs still exist, newest first."""
 
@@ -175,7 +175,7 @@ def list_(phase: Optional[PhaseName] = typer.Option(None, "--phase",
 
 
 @retrain_app.command("cancel")
-def cancel(run_id: str = typer.Argument(..., help="The run id."), target: str = TARGET,
+def cancel(run_id: str = typer.Argument(..., help="The run id."), target: str = CONTROL_TARGET,
            token_file: Optional[Path] = TOKEN_FILE) -> None:
     """Cancel a pending or running run (its Job and pods are deleted)."""
     async def body(stub: Any, md: tuple) -> Any:

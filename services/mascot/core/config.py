@@ -255,6 +255,26 @@ class StoreConfig(_Section):
     """Conversation store: any SQLAlchemy URL (SQLite file by default, PostgreSQL by URL)."""
 
     url: str = "sqlite:///.cache/mascot.db"
+    #: A mounted file holding the SQLAlchemy URL (a server database's URL holds its password: a Secret mounted as a
+    #: file, never YAML); when set it replaces ``url``. Read once at start; a missing or empty file fails the start.
+    url_file: str = ""
+
+    def resolved_url(self) -> str:
+        """The SQLAlchemy URL: the stripped content of ``url_file`` when set, else ``url``.
+
+        Raises:
+            ValueError: ``url_file`` cannot be read or is empty (the message names the file, never its content).
+        """
+        if not self.url_file:
+            return self.url
+        try:
+            text = Path(self.url_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ValueError(f"store.url_file {self.url_file} cannot be read ({e.strerror or type(e).__name__})"
+                             ) from None
+        if not text:
+            raise ValueError(f"store.url_file {self.url_file} is empty; it must hold the database URL")
+        return text
     #: Seconds between the gateway's store probes: a SQLite file that was deleted, replaced or made read-only, or a
     #: server database that does not answer, turns the gateway's gRPC health NOT_SERVING (writes are refused at once,
     #: whatever this interval).
@@ -342,6 +362,13 @@ class ServerConfig(_Section):
     #: grace is ended with UNAVAILABLE (raise the grace for long self-play runs).
     max_connection_age_grace_s: float = Field(600.0, ge=1, le=86400)
     metrics_port: int = Field(9464, ge=0, le=65535)
+    #: gRPC server reflection on this process's public listeners (the gateway's, the model services'); the control
+    #: plane's listener has its own setting, ``control.reflection``.
+    reflection: bool = True
+    #: Model services (``mascot serve-model``): a mounted file holding a token every KServe REST POST (inference)
+    #: must send as ``Authorization: Bearer <token>`` (401 without it); health, readiness and ``/metrics`` stay open.
+    #: Empty = REST inference is open to whoever reaches the port (the chart's NetworkPolicy limits who does).
+    rest_token_file: str = ""
     #: TLS / mutual TLS of every gRPC server and of the gateway's channels (off by default).
     tls: TLSConfig = TLSConfig()
 
@@ -535,6 +562,71 @@ class SafetyConfig(_Section):
         return v
 
 
+class JWTConfig(_Section):
+    """OIDC/JWT bearer tokens of the control plane (docs/security.md): verified with PyJWT against the keys of a JWKS
+    (``jwks_url`` or ``jwks_file``), with the issuer and audience checked and the expiry honoured; the role comes
+    from the claim ``role_claim`` (a string or a list; the highest known role wins), the identity from
+    ``identity_claim``. Off while ``issuer`` is empty."""
+
+    #: Expected ``iss``; empty turns JWT verification off.
+    issuer: str = ""
+    #: Expected ``aud``.
+    audience: str = ""
+    #: JWKS endpoint of the identity provider (keys cached, refetched for an unknown key id).
+    jwks_url: str = ""
+    #: A mounted JWKS file instead of ``jwks_url`` (re-read when it changes).
+    jwks_file: str = ""
+    #: Signature algorithms accepted (never ``none``).
+    algorithms: list[Literal["RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA"]] = Field(
+        default_factory=lambda: ["RS256", "ES256"], min_length=1)
+    #: Claim holding the role(s): ``viewer``, ``operator`` or ``admin``.
+    role_claim: str = "roles"
+    #: Claim naming who called, recorded in the audit trail.
+    identity_claim: str = "sub"
+    #: Clock skew allowed on ``exp``/``nbf``/``iat``, in seconds.
+    leeway_s: float = Field(30.0, ge=0, le=600)
+
+    @model_validator(mode="after")
+    def _keys(self) -> "JWTConfig":
+        if self.issuer and not (self.jwks_url or self.jwks_file):
+            raise ValueError("control.jwt.issuer is set but neither control.jwt.jwks_url nor control.jwt.jwks_file "
+                             "names the keys that sign its tokens")
+        if self.issuer and not self.audience:
+            raise ValueError("control.jwt.issuer is set without control.jwt.audience: tokens minted for another "
+                             "service would be accepted; set the audience this control plane expects")
+        return self
+
+
+class ControlConfig(_Section):
+    """The control plane (docs/security.md): AdapterService and TrainingService on their own listener, apart from the
+    public ConversationService. ``mascot serve`` opens it in the same process on ``host:port`` (loopback by
+    default); the chart runs it as its own Deployment (``mascot serve --component control``).
+
+    Callers are admin identities with a role: ``viewer`` (list and read), ``operator`` (publish, canary, promote,
+    roll back, retire, start and cancel runs) or ``admin`` (also promote past the evaluation gate). Secrets never
+    live here: tokens come from the mounted file ``tokens_file`` (``identity:role=token`` per line, re-read when it
+    changes) or the variable ``tokens_env``; the legacy single token of ``adapters.admin_token_*`` is the identity
+    ``admin-token`` with role ``admin``; JWTs per ``jwt``."""
+
+    #: Interface of the control listener; keep it on loopback or a private network (never the Ingress).
+    host: str = "127.0.0.1"
+    #: Port of the control listener; 0 picks a free one (tests).
+    port: int = Field(50061, ge=0, le=65535)
+    #: gRPC server reflection on the control listener (off: it would list the admin methods to any caller).
+    reflection: bool = False
+    #: Mounted file of ``identity:role=token`` entries (one per line, ``#`` comments); checked for changes at every
+    #: call at most every ``reload_s`` seconds, so a revoked token is refused within that time, without a restart.
+    tokens_file: str = ""
+    #: Environment variable of ``identity:role=token`` entries (comma-separated) when ``tokens_file`` is empty.
+    tokens_env: str = "MASCOT_CONTROL_TOKENS"
+    #: Longest time, in seconds, a change of ``tokens_file`` (or the JWKS file) takes to apply.
+    reload_s: float = Field(1.0, ge=0, le=300)
+    #: OIDC/JWT bearer tokens.
+    jwt: JWTConfig = JWTConfig()
+    #: Largest page of ListAuditEvents.
+    audit_page_max: int = Field(500, ge=1, le=10_000)
+
+
 class SecurityConfig(_Section):
     """Caller authentication, rate limits and retention of the public API (ConversationService; docs/security.md).
     TLS is ``server.tls``; the admin plane's token is ``adapters.admin_token_*``.
@@ -620,6 +712,7 @@ class MascotConfig(BaseSettings):
     safety: SafetyConfig = SafetyConfig()
     training: TrainingConfig = TrainingConfig()
     security: SecurityConfig = SecurityConfig()
+    control: ControlConfig = ControlConfig()
 
     @model_validator(mode="after")
     def _rank_limits_agree(self) -> "MascotConfig":

@@ -1,7 +1,7 @@
 """The JSON Schema of the Helm chart's MascotConfig overrides, generated from :class:`mascot.core.config.MascotConfig`.
 
-The chart (helm/mascot) merges the values ``config`` and ``<component>.config`` (gateway, director, speaker, judge,
-reward) into each component's MascotConfig file. values.schema.json checks them with the definition
+The chart (helm/mascot) merges the values ``config`` and ``<component>.config`` (gateway, controlPlane, director,
+speaker, judge, reward) into each component's MascotConfig file. values.schema.json checks them with the definition
 ``mascotConfig``, written by this module from ``MascotConfig.model_json_schema()`` made fit for overrides:
 
 - every object with ``properties`` accepts no other key (``additionalProperties: false``): a typo is refused at
@@ -32,7 +32,7 @@ DEFINITION = "mascotConfig"
 #: The values keys merged into MascotConfig: the shared ``config`` and each component's own.
 CONFIG_KEYS: tuple[tuple[str, ...], ...] = (
     ("config",), ("gateway", "config"), ("director", "config"), ("speaker", "config"), ("judge", "config"),
-    ("reward", "config"),
+    ("reward", "config"), ("controlPlane", "config"),
 )
 COMMAND = "python -m mascot.core.config_schema"
 _DROPPED = frozenset({"title", "description", "default", "required", "examples"})

@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import logging
 import math
+import re
 import time
 import uuid
 from typing import Any, Awaitable, Callable
@@ -114,11 +115,25 @@ def _ended_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
 
 
+#: The request id of the call being handled (set by the boundary interceptor; "" outside a call), for records that
+#: name it (the control plane's audit trail).
+CURRENT_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("mascot_request_id", default="")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,64}$")
+
+
 def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's ``x-request-id`` when it is 1-64 visible characters of ``[A-Za-z0-9._:@/+=-]``, else a new
+    random one (a caller's id is never written to a log or record with line breaks, escapes or unbounded
+    length); also set as :data:`CURRENT_REQUEST_ID`."""
+    rid = ""
     for k, v in context.invocation_metadata() or ():
         if k == REQUEST_ID_KEY and v:
-            return str(v)[:64]
-    return uuid.uuid4().hex
+            v = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            rid = v if _REQUEST_ID_RE.match(v) else ""
+            break
+    rid = rid or uuid.uuid4().hex
+    CURRENT_REQUEST_ID.set(rid)
+    return rid
 
 
 def _consume(fut: "asyncio.Future[Any]") -> None:

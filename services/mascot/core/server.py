@@ -312,7 +312,8 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
                        host: str = "127.0.0.1", port: int = 0,
                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None,
                        stream_stall_s: float = DEFAULT_STREAM_STALL_S,
-                       connections: ConnectionSettings | None = None) -> Server:
+                       connections: ConnectionSettings | None = None, reflection_on: bool = True,
+                       port_setting: str = "") -> Server:
     """Create, bind and start a server.
 
     Args:
@@ -327,6 +328,9 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         stream_stall_s: ``server.stream_stall_s`` (see :class:`~mascot.core.interceptors.BoundaryInterceptor`).
         connections: Keepalive pings accepted and ``max_connection_age`` (:meth:`ConnectionSettings.server_options`);
             None = the defaults (a connection is asked to reconnect after 300 s).
+        reflection_on: Serve gRPC reflection (``server.reflection``; ``control.reflection`` for the control plane).
+            Off, the reflection service is not registered (a client's reflection call is UNIMPLEMENTED).
+        port_setting: The setting that names ``port``, for the error message; default ``server.<component>_port``.
 
     Raises:
         PortInUse: the port could not be bound (another process holds it, or the address is not this host's).
@@ -343,8 +347,10 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     metrics.declare(rpcs={component: service_rpcs(names)})
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    enable_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = bind_port(server, host, port, creds, f"the {component}'s gRPC port", f"server.{component}_port")
+    if reflection_on:
+        enable_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    bound = bind_port(server, host, port, creds, f"the {component}'s gRPC port",
+                      port_setting or f"server.{component}_port")
     await server.start()
     srv = Server(server, bound, hs, names)
     await srv.set_serving(True)

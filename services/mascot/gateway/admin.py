@@ -1,20 +1,20 @@
-"""AdapterService: the admin plane of the adapter registry, hosted by the gateway.
+"""AdapterService: the adapter registry's admin service, hosted by the control plane.
 
-The gateway is the only writer of ``<store>/registry.json``; the store is any URI
+The control plane is the only writer of ``<store>/registry.json``; the store is any URI
 :func:`mascot.core.adapters.store.open_store` takes (a local directory, ``pvc://<claim>/<path>``,
-``s3://<bucket>/<prefix>``). Every call needs ``authorization: Bearer <token>`` metadata with the admin token (from the
-environment variable or mounted file named in ``adapters``); the token is compared in constant time and never
-logged. Writes go through :meth:`mascot.core.adapters.store.AdapterStore.update` (lock + compare-and-swap on the
-registry), so two writers never lose an update and a refused transition writes nothing. Store trouble (unreadable
-registry, lock held too long, a registry that kept changing, I/O or S3 errors) is UNAVAILABLE with the reason.
-PublishAdapter reads only absolute local directories inside ``adapters.allowed_source_prefixes`` (docs/security.md).
+``s3://<bucket>/<prefix>``). Every call needs ``authorization: Bearer <token>`` metadata whose identity has the
+method's role (:mod:`mascot.gateway.control_auth`); every change is recorded in the audit trail
+(:mod:`mascot.gateway.audit`), which ListAuditEvents pages through. Writes go through
+:meth:`mascot.core.adapters.store.AdapterStore.update` (lock + compare-and-swap on the registry), so two writers never
+lose an update and a refused transition writes nothing. Store trouble (unreadable registry, lock held too long, a
+registry that kept changing, I/O or S3 errors) is UNAVAILABLE with the reason. PublishAdapter reads only absolute
+local directories inside ``adapters.allowed_source_prefixes`` (docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import hmac
 import json
 import logging
 import os
@@ -26,7 +26,8 @@ from mascot.api.adapter.v1 import adapter_pb2_grpc as pb_grpc
 from mascot.core.adapters import registry as rg
 from mascot.core.adapters import store as st
 from mascot.core.enums import enum_value
-from mascot.core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable
+from mascot.core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from mascot.gateway.audit import ControlGuard
 
 log = logging.getLogger(__name__)
 
@@ -40,28 +41,6 @@ def read_admin_token(env_name: str, file_path: str) -> str:
         except OSError:
             return ""
     return os.environ.get(env_name, "").strip() if env_name else ""
-
-
-def check_admin_token(context: Any, token: str, service: str) -> None:
-    """Check the ``authorization: Bearer <token>`` metadata of a call to an admin service (constant-time compare).
-
-    Raises:
-        Unauthenticated: no authorization metadata.
-        PermissionDenied: the gateway has no token configured (``service`` refuses every call), or it is wrong.
-    """
-    md = dict(context.invocation_metadata() or ())
-    got = md.get("authorization", "")
-    if not got:
-        raise Unauthenticated("the admin token is missing: send 'authorization: Bearer <token>' metadata "
-                              "(the mascot CLI reads it from MASCOT_ADMIN_TOKEN or --token-file)")
-    if not token:
-        raise PermissionDenied(f"the gateway has no admin token configured (adapters.admin_token_env or "
-                               f"adapters.admin_token_file); {service} refuses every call")
-    scheme, _, value = got.partition(" ")
-    if scheme.lower() != "bearer":
-        raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
-    if not hmac.compare_digest(value.strip().encode(), token.encode()):
-        raise PermissionDenied("the admin token is wrong")
 
 
 def check_source_path(source: str, prefixes: list[str]) -> Path:
@@ -119,7 +98,8 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         store: Store URI or path (local, ``file://``, ``pvc://``, ``s3://``) or an opened
             :class:`~mascot.core.adapters.store.AdapterStore`.
         base_model: The serving base model adapters must name.
-        token: The admin token; "" refuses every call (the admin plane is not configured).
+        token: The :class:`~mascot.gateway.audit.ControlGuard` (roles and audit trail), or a single admin token
+            (role admin, no stored trail; "" refuses every call).
         max_rank: Serving limit on the LoRA rank.
         known_ids: Persona ids that may own adapters (the catalog's plus "director"); None accepts any snake_case id.
         config: Optional ``AdaptersConfig`` supplying ``pvc_root`` and ``s3_endpoint_url`` for opening ``store``.
@@ -131,20 +111,18 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         ValueError: ``store`` is not a supported URI.
     """
 
-    def __init__(self, store: str | Path | st.AdapterStore, base_model: str, token: str, max_rank: int = st.MAX_RANK,
+    def __init__(self, store: str | Path | st.AdapterStore, base_model: str, token: "ControlGuard | str",
+                 max_rank: int = st.MAX_RANK,
                  known_ids: set[str] | None = None, *, config: Any = None, gate: Any = None) -> None:
         self.store = st.open_store(store, config=config)
         self.gate = gate
-        self.base_model, self.token, self.max_rank = base_model, token, max_rank
+        self.base_model, self.guard, self.max_rank = base_model, ControlGuard.of(token), max_rank
         if config is None:
             from mascot.core.config import AdaptersConfig
 
             config = AdaptersConfig()
         self.allowed_prefixes = list(config.allowed_source_prefixes)
         self.known_ids = known_ids
-
-    def _auth(self, context: Any) -> None:
-        check_admin_token(context, self.token, "AdapterService")
 
     def _persona_id(self, value: str) -> str:
         if not st.ID_RE.match(value or ""):
@@ -175,7 +153,7 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         return await self._store_call(self.store.read_registry)
 
     async def ListAdapters(self, request: pb.ListAdaptersRequest, context: Any) -> pb.ListAdaptersResponse:
-        self._auth(context)
+        self.guard.read(context, "ListAdapters")
         reg = await self._read()
         items = sorted(reg.get("adapters", {}).items())
         if request.persona_id:
@@ -184,7 +162,12 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
                                        personas=[persona_to_proto(p, e) for p, e in items])
 
     async def PublishAdapter(self, request: pb.PublishAdapterRequest, context: Any) -> pb.PublishAdapterResponse:
-        self._auth(context)
+        detail = {"source_path": request.source_path[:300], "run_id": request.run_id[:128],
+                  "data_ids": list(request.data_ids)[:20]}
+        return await self.guard.change(context, "PublishAdapter", request.persona_id[:64], detail,
+                                       lambda _who: self._publish(request))
+
+    async def _publish(self, request: pb.PublishAdapterRequest) -> pb.PublishAdapterResponse:
         pid = self._persona_id(request.persona_id)
         src = Path(request.source_path)
         if not request.source_path or not src.is_dir():
@@ -219,7 +202,14 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
                                          revision=res["revision"])
 
     async def PromoteAdapter(self, request: pb.PromoteAdapterRequest, context: Any) -> pb.PromoteAdapterResponse:
-        self._auth(context)
+        skip = request.skip_eval_gate and self.gate is not None and request.persona_id != "director"
+        method = "PromoteAdapter.skip_eval_gate" if skip else "PromoteAdapter"  # past the gate: admin only
+        detail = {"version": request.version, "canary_weight": request.canary_weight,
+                  "skip_eval_gate": request.skip_eval_gate}
+        return await self.guard.change(context, method, f"{request.persona_id[:64]}/v{request.version}", detail,
+                                       lambda _who: self._promote(request), need="admin" if skip else None)
+
+    async def _promote(self, request: pb.PromoteAdapterRequest) -> pb.PromoteAdapterResponse:
         pid = self._persona_id(request.persona_id)
         if request.version < 1:
             raise InvalidArgument(f"version must be >= 1, got {request.version}")
@@ -258,17 +248,29 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         return result
 
     async def RollbackAdapter(self, request: pb.RollbackAdapterRequest, context: Any) -> pb.RollbackAdapterResponse:
-        self._auth(context)
-        pid = self._persona_id(request.persona_id)
-        new = await self._update(lambda reg: rg.rollback(reg, pid))
-        return pb.RollbackAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
-                                          revision=new["revision"])
+        async def rollback(_who: Any) -> pb.RollbackAdapterResponse:
+            pid = self._persona_id(request.persona_id)
+            new = await self._update(lambda reg: rg.rollback(reg, pid))
+            return pb.RollbackAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
+                                              revision=new["revision"])
+
+        return await self.guard.change(context, "RollbackAdapter", request.persona_id[:64], {}, rollback)
 
     async def RetireAdapter(self, request: pb.RetireAdapterRequest, context: Any) -> pb.RetireAdapterResponse:
-        self._auth(context)
-        pid = self._persona_id(request.persona_id)
-        if request.version < 1:
-            raise InvalidArgument(f"version must be >= 1, got {request.version}")
-        new = await self._update(lambda reg: rg.retire(reg, pid, request.version))
-        return pb.RetireAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
-                                        revision=new["revision"])
+        async def retire(_who: Any) -> pb.RetireAdapterResponse:
+            pid = self._persona_id(request.persona_id)
+            if request.version < 1:
+                raise InvalidArgument(f"version must be >= 1, got {request.version}")
+            new = await self._update(lambda reg: rg.retire(reg, pid, request.version))
+            return pb.RetireAdapterResponse(persona=persona_to_proto(pid, new["adapters"][pid]),
+                                            revision=new["revision"])
+
+        return await self.guard.change(context, "RetireAdapter", f"{request.persona_id[:64]}/v{request.version}",
+                                       {"version": request.version}, retire)
+
+    async def ListAuditEvents(self, request: pb.ListAuditEventsRequest,
+                              context: Any) -> pb.ListAuditEventsResponse:
+        self.guard.read(context, "ListAuditEvents")
+        events, token = await self.guard.list_events(request.page_size, request.page_token, request.actor[:128],
+                                                     request.method[:64], request.target[:256])
+        return pb.ListAuditEventsResponse(events=[pb.AuditEvent(**e) for e in events], next_page_token=token)

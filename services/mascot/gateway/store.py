@@ -124,6 +124,26 @@ class SafetyEventRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class AuditEventRow(Base):
+    """One control-plane call that changes state (migration 0005): who (``actor``, ``role``, ``via``) did what
+    (``method`` on ``target``, ``detail`` a JSON of the request's non-secret fields), when, with which ``outcome``
+    (``OK`` or the gRPC status code name) and ``request_id``. Written by the control plane, never by the public API;
+    independent of conversations (no retention sweep or conversation delete touches it)."""
+
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    via: Mapped[str] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256), default="")
+    outcome: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    request_id: Mapped[str] = mapped_column(String(128), default="")
+
+
 @dataclass(frozen=True)
 class SafetyEvent:
     """A safety event to store with a turn (see :class:`SafetyEventRow`)."""
@@ -408,6 +428,35 @@ class Store:
             self._scrub()
         return done
 
+    def add_audit_event(self, *, actor: str, role: str, via: str, method: str, target: str, outcome: str,
+                        message: str = "", detail: dict | None = None, request_id: str = "",
+                        at: datetime | None = None) -> int:
+        """Store one control-plane audit event (:class:`AuditEventRow`); returns its id. Strings are cut to their
+        column's length."""
+        row = AuditEventRow(created_at=at or datetime.now(timezone.utc), actor=actor[:128], role=role[:16],
+                            via=via[:16], method=method[:64], target=target[:256], outcome=outcome[:32],
+                            message=message[:2000], detail=detail, request_id=request_id[:128])
+        with self.session() as s, s.begin():
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def audit_events(self, *, limit: int, before_id: int = 0, actor: str = "", method: str = "",
+                     target: str = "") -> list[AuditEventRow]:
+        """Audit events newest first, at most ``limit``, with an id below ``before_id`` when it is > 0 (paging),
+        filtered by exact ``actor``, ``method`` and ``target`` prefix when given."""
+        q = select(AuditEventRow).order_by(AuditEventRow.id.desc()).limit(limit)
+        if before_id > 0:
+            q = q.where(AuditEventRow.id < before_id)
+        if actor:
+            q = q.where(AuditEventRow.actor == actor)
+        if method:
+            q = q.where(AuditEventRow.method == method)
+        if target:
+            q = q.where(AuditEventRow.target.startswith(target, autoescape=True))
+        with self.session() as s:
+            return list(s.scalars(q))
+
     def count_turns(self, conv_id: str) -> int:
         """Number of stored turns."""
         with self.session() as s:
@@ -577,5 +626,6 @@ async def watch_health(store: Store, set_serving: Callable[[bool], Awaitable[Non
 
 __all__ = [
     "Store", "StoreUnavailable", "RoundClosed", "watch_health", "sqlite_file", "NewTurn", "ConversationRow",
-    "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent", "IntegrityError", "text_digest", "run_migrations"
+    "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent", "AuditEventRow", "IntegrityError", "text_digest",
+    "run_migrations"
 ]

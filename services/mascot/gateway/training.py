@@ -1,7 +1,8 @@
-"""TrainingService: trigger and follow retraining runs (Kubernetes Jobs) from the gateway.
+"""TrainingService: trigger and follow retraining runs (Kubernetes Jobs) from the control plane.
 
-The servicer translates proto <-> :mod:`mascot.gateway.jobs` and checks the admin token (the same token and check as
-AdapterService: :func:`mascot.gateway.admin.check_admin_token`). Kubernetes calls are synchronous and run in
+The servicer translates proto <-> :mod:`mascot.gateway.jobs` and checks the caller's role with the same guard as
+AdapterService (:class:`mascot.gateway.audit.ControlGuard`: viewer reads runs, operator starts and cancels them; both
+changes are recorded in the audit trail). Kubernetes calls are synchronous and run in
 threads; their failures are UNAVAILABLE with the API's reason.
 
 ``mascot_training_runs_total{phase, result}`` counts each run once, when the gateway first sees it finished
@@ -29,7 +30,7 @@ from mascot.api.training.v1 import training_pb2_grpc as pb_grpc
 from mascot.gateway import jobs
 from mascot.core.enums import enum_names, enum_value
 from mascot.core.errors import InvalidArgument
-from mascot.gateway.admin import check_admin_token
+from mascot.gateway.audit import ControlGuard
 
 log = logging.getLogger(__name__)
 
@@ -101,19 +102,16 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
 
     Args:
         manager: The Job manager (its blocking calls run in threads).
-        token: The admin token; "" refuses every call (PERMISSION_DENIED).
+        token: The :class:`~mascot.gateway.audit.ControlGuard`, or a single admin token ("" refuses every call).
         metrics: Metrics holding ``training_runs``.
         counter: The finished-run counter shared with :func:`watch_runs`; a new one (since now) by default.
     """
 
 
-    def __init__(self, manager: jobs.JobManager, token: str, metrics: Any,
+    def __init__(self, manager: jobs.JobManager, token: "ControlGuard | str", metrics: Any,
                  counter: FinishedRuns | None = None) -> None:
-        self.manager, self.token = manager, token
+        self.manager, self.guard = manager, ControlGuard.of(token)
         self.counter = counter or FinishedRuns(metrics, manager.clock())
-
-    def _auth(self, context: Any) -> None:
-        check_admin_token(context, self.token, "TrainingService")
 
     @staticmethod
     def _phase(value: int, *, required: bool) -> str:
@@ -127,20 +125,24 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
 
     async def TriggerRetraining(self, request: pb.TriggerRetrainingRequest,
                                 context: Any) -> pb.TriggerRetrainingResponse:
-        self._auth(context)
-        phase = self._phase(request.phase, required=True)
-        res = await asyncio.to_thread(self.manager.trigger, phase, request.run_id)
-        self.counter.observe(res.run)
-        return pb.TriggerRetrainingResponse(run=run_to_proto(res.run), already_existed=res.already_existed)
+        async def trigger(_who: Any) -> pb.TriggerRetrainingResponse:
+            phase = self._phase(request.phase, required=True)
+            res = await asyncio.to_thread(self.manager.trigger, phase, request.run_id)
+            self.counter.observe(res.run)
+            return pb.TriggerRetrainingResponse(run=run_to_proto(res.run), already_existed=res.already_existed)
+
+        name = PHASE_NAMES.get(request.phase, str(request.phase))
+        return await self.guard.change(context, "TriggerRetraining", f"phase/{name}",
+                                       {"run_id": request.run_id[:128]}, trigger)
 
     async def GetRun(self, request: pb.GetRunRequest, context: Any) -> pb.GetRunResponse:
-        self._auth(context)
+        self.guard.read(context, "GetRun")
         run = await asyncio.to_thread(self.manager.get, request.run_id)
         self.counter.observe(run)
         return pb.GetRunResponse(run=run_to_proto(run))
 
     async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
-        self._auth(context)
+        self.guard.read(context, "ListRuns")
         phase = self._phase(request.phase, required=False)
         if not 0 <= request.limit <= MAX_LIST:
             raise InvalidArgument(f"limit must be in [0, {MAX_LIST}], got {request.limit}")
@@ -150,10 +152,12 @@ class TrainingServicer(pb_grpc.TrainingServiceServicer):
         return pb.ListRunsResponse(runs=[run_to_proto(r) for r in runs])
 
     async def CancelRun(self, request: pb.CancelRunRequest, context: Any) -> pb.CancelRunResponse:
-        self._auth(context)
-        run, already = await asyncio.to_thread(self.manager.cancel, request.run_id)
-        self.counter.observe(run)
-        return pb.CancelRunResponse(run=run_to_proto(run), already_cancelled=already)
+        async def cancel(_who: Any) -> pb.CancelRunResponse:
+            run, already = await asyncio.to_thread(self.manager.cancel, request.run_id)
+            self.counter.observe(run)
+            return pb.CancelRunResponse(run=run_to_proto(run), already_cancelled=already)
+
+        return await self.guard.change(context, "CancelRun", f"run/{request.run_id[:128]}", {}, cancel)
 
 
 async def watch_runs(manager: jobs.JobManager, counter: FinishedRuns, poll_s: float) -> None:

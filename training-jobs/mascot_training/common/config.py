@@ -180,9 +180,13 @@ class GrpoOptimConfig(_S):
 class PublishTarget(_S):
     """Where a run publishes its adapters as ``staged``."""
 
-    #: Gateway address (host:port) of AdapterService, which must be able to read the run directory (a shared
-    #: volume); the token comes from MASCOT_ADMIN_TOKEN. Empty writes straight into ``store``.
+    #: Address (host:port) of the control plane's AdapterService (``control.port``, the chart's ``<release>-control``
+    #: Service; the name ``gateway`` is kept from when the gateway hosted it), which must be able to read the run
+    #: directory (a shared volume); the token (role operator or above) comes from ``token_file``, else
+    #: MASCOT_ADMIN_TOKEN. Empty writes straight into ``store``.
     gateway: str = ""
+    #: A mounted file holding the admin token used with ``gateway``; empty = the variable MASCOT_ADMIN_TOKEN.
+    token_file: str = ""
     #: Store root (any local path); empty = ``<out>/adapters``.
     store: str = ""
 
@@ -295,9 +299,11 @@ def common_problems(cfg: Any) -> list[str]:
         out.append("lora.r above 64 exceeds the serving limit (max_lora_rank 64)")
     import os
 
-    if cfg.publish.gateway and not os.environ.get("MASCOT_ADMIN_TOKEN", "").strip():
-        out.append("publish.gateway is set but MASCOT_ADMIN_TOKEN is empty: the gateway's AdapterService needs the "
-                   "admin token (mount it as that environment variable)")
+    if cfg.publish.gateway and not cfg.publish.token_file and not os.environ.get("MASCOT_ADMIN_TOKEN", "").strip():
+        out.append("publish.gateway is set but neither publish.token_file nor MASCOT_ADMIN_TOKEN holds a token: the "
+                   "control plane's AdapterService needs an admin token (mount it as a file)")
+    elif cfg.publish.token_file and not os.path.isfile(cfg.publish.token_file):
+        out.append(f"publish.token_file {cfg.publish.token_file} is not a readable file")
     return out
 
 

@@ -69,7 +69,8 @@ def publish_to(publish_cfg: Any, out: Path, persona_id: str, adapter_dir: str | 
         stayed unavailable.
     """
     if publish_cfg.gateway:
-        return publish_via_gateway(publish_cfg.gateway, persona_id, adapter_dir, run_id=run_id, data_ids=data_ids,
+        return publish_via_gateway(publish_cfg.gateway, persona_id, adapter_dir, token_file=publish_cfg.token_file,
+                                   run_id=run_id, data_ids=data_ids,
                                    eval_metrics=eval_metrics)
     store = Path(store_of(publish_cfg, out))
     digest = file_digest(Path(adapter_dir) / "adapter_model.safetensors")
@@ -82,10 +83,12 @@ def publish_to(publish_cfg: Any, out: Path, persona_id: str, adapter_dir: str | 
 
 
 def publish_via_gateway(gateway: str, persona_id: str, adapter_dir: str | Path, *, run_id: str,
-                        data_ids: list[str], eval_metrics: dict, attempts: int = 3, timeout_s: float = 300.0) -> dict:
-    """AdapterService.PublishAdapter on ``gateway`` (host:port) with the token in ``MASCOT_ADMIN_TOKEN``.
+                        data_ids: list[str], eval_metrics: dict, attempts: int = 3, timeout_s: float = 300.0,
+                        token_file: str = "") -> dict:
+    """AdapterService.PublishAdapter on the control plane at ``gateway`` (host:port) with the token of ``token_file``
+    (stripped), else of ``MASCOT_ADMIN_TOKEN``.
 
-    ``adapter_dir`` must be readable by the gateway (in a cluster: the shared volume the Job writes to).
+    ``adapter_dir`` must be readable by the control plane (in a cluster: the shared volume the Job writes to).
     UNAVAILABLE is retried ``attempts`` times with a short back-off.
 
     Raises:
@@ -102,9 +105,16 @@ def publish_via_gateway(gateway: str, persona_id: str, adapter_dir: str | Path, 
     from mascot.api.adapter.v1 import adapter_pb2_grpc
     from mascot.core.server import channel
 
-    token = os.environ.get("MASCOT_ADMIN_TOKEN", "").strip()
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ValueError(f"publish.token_file {token_file} cannot be read ({e.strerror})") from None
+    else:
+        token = os.environ.get("MASCOT_ADMIN_TOKEN", "").strip()
     if not token:
-        raise ValueError("publish.gateway is set but MASCOT_ADMIN_TOKEN is empty: give the Job the admin token")
+        raise ValueError("publish.gateway is set but no admin token was found (publish.token_file or "
+                         "MASCOT_ADMIN_TOKEN): give the Job a token with the role operator")
     req = pb.PublishAdapterRequest(persona_id=persona_id, source_path=str(Path(adapter_dir).resolve()),
                                    run_id=run_id, data_ids=list(data_ids),
                                    eval_metrics_json=json.dumps(eval_metrics, default=str))
@@ -125,7 +135,7 @@ def publish_via_gateway(gateway: str, persona_id: str, adapter_dir: str | Path, 
             return out | ({"already": True} if r.already_published else {})
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise PublishError(f"the gateway refused the adapter: {e.details()}") from None
+                raise PublishError(f"the control plane refused the adapter: {e.details()}") from None
             if e.code() != grpc.StatusCode.UNAVAILABLE or attempt + 1 == attempts:
                 raise ValueError(f"publishing {persona_id} through {gateway} failed: {e.code().name}: "
                                  f"{e.details()}") from None

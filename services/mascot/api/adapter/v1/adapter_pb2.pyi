@@ -157,3 +157,51 @@ class RetireAdapterResponse(_message.Message):
     persona: PersonaAdapters
     revision: int
     def __init__(self, persona: _Optional[_Union[PersonaAdapters, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("id", "time", "actor", "role", "via", "method", "target", "outcome", "message", "detail_json", "request_id")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    time: str
+    actor: str
+    role: str
+    via: str
+    method: str
+    target: str
+    outcome: str
+    message: str
+    detail_json: str
+    request_id: str
+    def __init__(self, id: _Optional[int] = ..., time: _Optional[str] = ..., actor: _Optional[str] = ..., role: _Optional[str] = ..., via: _Optional[str] = ..., method: _Optional[str] = ..., target: _Optional[str] = ..., outcome: _Optional[str] = ..., message: _Optional[str] = ..., detail_json: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ListAuditEventsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "actor", "method", "target")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    actor: str
+    method: str
+    target: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., actor: _Optional[str] = ..., method: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class ListAuditEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -26,9 +26,13 @@ if _version_not_supported:
 
 
 class AdapterServiceStub:
-    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
-    only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
-    metadata. Every write is a compare-and-swap on the registry revision.
+    """AdapterService is the admin plane of the adapter registry. The control plane hosts it (its own listener, never
+    the gateway's public port) and is the only writer of `<store>/registry.json`; every call needs an admin token
+    (or JWT) as `authorization: Bearer <token>` metadata, whose role allows the method: viewer (ListAdapters,
+    ListAuditEvents), operator (the writes), admin (PromoteAdapter with skip_eval_gate). Every write is a
+    compare-and-swap on the registry revision and is recorded in the audit trail (ListAuditEvents).
+    Common errors: UNAUTHENTICATED (no token, an unknown or revoked token, a JWT that fails verification),
+    PERMISSION_DENIED (the caller's role is too low).
     """
 
     def __init__(self, channel):
@@ -62,12 +66,21 @@ class AdapterServiceStub:
                 request_serializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterRequest.SerializeToString,
                 response_deserializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterResponse.FromString,
                 _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/mascot.api.adapter.v1.AdapterService/ListAuditEvents',
+                request_serializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AdapterServiceServicer:
-    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
-    only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
-    metadata. Every write is a compare-and-swap on the registry revision.
+    """AdapterService is the admin plane of the adapter registry. The control plane hosts it (its own listener, never
+    the gateway's public port) and is the only writer of `<store>/registry.json`; every call needs an admin token
+    (or JWT) as `authorization: Bearer <token>` metadata, whose role allows the method: viewer (ListAdapters,
+    ListAuditEvents), operator (the writes), admin (PromoteAdapter with skip_eval_gate). Every write is a
+    compare-and-swap on the registry revision and is recorded in the audit trail (ListAuditEvents).
+    Common errors: UNAUTHENTICATED (no token, an unknown or revoked token, a JWT that fails verification),
+    PERMISSION_DENIED (the caller's role is too low).
     """
 
     def ListAdapters(self, request, context):
@@ -120,6 +133,17 @@ class AdapterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditEvents(self, request, context):
+        """ListAuditEvents returns the control plane's audit trail, newest first: every call that changed or tried to
+        change state (publish, canary, promote, roll back, retire, skip of the evaluation gate, run start and cancel),
+        with who, what, when, the outcome and the request id.
+        Errors: INVALID_ARGUMENT (page_size outside [0, the control plane's maximum], a malformed page_token),
+        UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE (the store is unreachable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdapterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +172,11 @@ def add_AdapterServiceServicer_to_server(servicer, server):
                     request_deserializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterRequest.FromString,
                     response_serializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterResponse.SerializeToString,
             ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'mascot.api.adapter.v1.AdapterService', rpc_method_handlers)
@@ -157,9 +186,13 @@ def add_AdapterServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AdapterService:
-    """AdapterService is the admin plane of the adapter registry. The gateway hosts it and is the
-    only writer of `<store>/registry.json`; every call needs the admin token as `authorization: Bearer <token>`
-    metadata. Every write is a compare-and-swap on the registry revision.
+    """AdapterService is the admin plane of the adapter registry. The control plane hosts it (its own listener, never
+    the gateway's public port) and is the only writer of `<store>/registry.json`; every call needs an admin token
+    (or JWT) as `authorization: Bearer <token>` metadata, whose role allows the method: viewer (ListAdapters,
+    ListAuditEvents), operator (the writes), admin (PromoteAdapter with skip_eval_gate). Every write is a
+    compare-and-swap on the registry revision and is recorded in the audit trail (ListAuditEvents).
+    Common errors: UNAUTHENTICATED (no token, an unknown or revoked token, a JWT that fails verification),
+    PERMISSION_DENIED (the caller's role is too low).
     """
 
     @staticmethod
@@ -287,6 +320,33 @@ class AdapterService:
             '/mascot.api.adapter.v1.AdapterService/RetireAdapter',
             mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterRequest.SerializeToString,
             mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.RetireAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mascot.api.adapter.v1.AdapterService/ListAuditEvents',
+            mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsRequest.SerializeToString,
+            mascot_dot_api_dot_adapter_dot_v1_dot_adapter__pb2.ListAuditEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
