@@ -18,7 +18,7 @@ def check_outputs(out_dir, mode, n, personas):
     assert len(lines) == n
     for ln in lines:
         assert set(ln) == {"conversation_id", "mode", "source_id", "personas", "turns", "director_retries",
-                           "director_fallbacks", "end_reason", "model"}
+                           "director_fallbacks", "end_reason", "model", "situation_index"}
         assert ln["end_reason"] == "completed"
         assert ln["model"]["name"] == "tiny-random-qwen3" and len(ln["model"]["digest"]) == 64
         assert ln["mode"] == mode and set(ln["personas"]) == personas and ln["source_id"]
@@ -42,4 +42,6 @@ def check_outputs(out_dir, mode, n, personas):
     assert 0 < s["turn_latency_seconds"]["p50"] <= s["turn_latency_seconds"]["p95"]
     assert s["model"] == lines[0]["model"] and s["early_round_ends"] == 0
     assert s["rejections"] == {} and s["cut_replies"] == 0  # checks off
+    assert s["failed"] == [] and s["resumed"] == 0
+    assert [ln["situation_index"] for ln in lines] == list(range(n))
     return lines

@@ -69,6 +69,8 @@ ROSTER = ["anchor", "beacon", "catalyst"]
      "echo"),
     ("loop", "The Anchor\n\nThe Anchor\n\nThe Anchor\n\nThe Anchor", "loop"),
     ("blank", "   ", "empty"),
+    ("refrain", "You're not alone, you're not alone. You're not alone.", "loop"),
+    ("cheering bad news", "That's wonderful news, I'm so happy for you!", "feeling"),
 ])
 async def test_a_defective_first_attempt_is_regenerated_and_never_shown(tmp_path, defect, bad, reason):
     calls = Counter()

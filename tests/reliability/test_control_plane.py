@@ -334,3 +334,46 @@ def test_the_cli_lists_the_audit_trail(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+async def test_jwt_keys_from_a_jwks_url(tmp_path, tiny_model_dir, keys):
+    """control.jwt.jwks_url: the keys are fetched from the identity provider's JWKS endpoint (a real HTTP server on
+    loopback) and cached; a token signed by a key it does not list is refused."""
+    import http.server
+    import threading
+
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(keys["idp"].public_key()))
+    body = json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig", "alg": "RS256"}]}).encode()
+    hits = []
+
+    class JWKS(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JWKS)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/.well-known/jwks.json"
+    cfg = make_config(tmp_path, adapters={"store": str(tmp_path / "store"), "base_model": str(tiny_model_dir),
+                                          "admin_token_env": "MASCOT_NO_SUCH_VARIABLE"},
+                      control={"jwt": {"issuer": ISSUER, "audience": AUDIENCE, "jwks_url": url}})
+    stack = await start_stack(cfg, ("control",))
+    try:
+        async with channel(stack.target("control"), token="") as ch:
+            stub = adapter_pb2_grpc.AdapterServiceStub(ch)
+            for _ in range(3):
+                r = await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=md(mint(keys["idp"], roles="viewer")))
+                assert r.revision == 0
+            assert hits == ["/.well-known/jwks.json"]  # fetched once, then cached
+            code, _ = await code_of(stub.ListAdapters(pb.ListAdaptersRequest(), metadata=md(mint(keys["other"]))))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await stack.stop(0)
+        httpd.shutdown()

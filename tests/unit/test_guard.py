@@ -109,6 +109,20 @@ def test_a_sentence_said_again_without_a_space_between_is_a_loop():
     assert not is_loop("You did a great job today. I think you did a great job with the kids too.")
 
 
+def test_a_short_refrain_and_one_sentence_frame_are_loops():
+    """Two replies delivered before these rules: a 3-word refrain said three times, and three sentences on one frame;
+    the reply check and the evaluation's (and training gate's) defect detector agree."""
+    refrain = "You're not alone, you're not alone. You're not alone."
+    frame = "I'm so sorry for your pain. I'm so proud of you. I'm so glad of you."
+    for text in (refrain, frame):
+        assert is_loop(text) and defects.is_loop(text) and check_reply(text, CTX, ON) == "loop"
+    # twice is no refrain, two sentences are no frame, and a frame needs the same two opening words
+    assert not is_loop("You're not alone in this. Many people feel that way, and you're not alone.")
+    assert not is_loop("I'm so sorry. I'm so glad you told me, and I am here for you.")
+    assert not is_loop("I hear you. I know this is hard. I wonder what would help tonight.")
+    assert not is_loop("It sounds like a lot. It might help to rest. It is okay to pause.")
+
+
 def test_loop_and_echo_definitions():
     assert is_loop("the same old thing, the same old thing, the same old thing")
     assert is_loop("The Beacon\n\nThe Beacon")

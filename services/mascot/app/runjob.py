@@ -1,6 +1,7 @@
 """The main job: one self-play conversation per situation record, over the gateway's gRPC API.
 
 Writes ``DIR/transcripts.jsonl`` (one line per conversation) and ``DIR/summary.json`` (schema in docs/commands.md).
+A conversation that fails is listed in the summary and the others are kept; the same command run again resumes.
 Situations (:mod:`mascot.core.situations`, read with ``require_labels=False, verbatim=True``) are EmpatheticDialogues
 situations for ``support`` and QMSum excerpts for ``meeting`` (the excerpt seeds the conversation and the query opens
 the user's turn). Conversations run ``concurrency`` at a time so that the engine decodes their turns in one batch.
@@ -163,50 +164,118 @@ def _atomic_write(path: Path, text: str) -> None:
     atomic_write_text(path, text)
 
 
+#: What a failed conversation's entry in ``summary.json``'s ``failed`` holds, and the fix the message names.
+RETRY_HINT = ("lower --concurrency (fewer conversations decoded at once) or raise server.call_timeout_s, then run the "
+              "same command again: it keeps the finished conversations and runs only the failed ones")
+
+
+class RunIncomplete(Exception):
+    """Some conversations of a run failed; the others were written (``summary`` holds ``failed``).
+
+    Attributes:
+        summary: The summary written to ``summary.json``.
+    """
+
+    def __init__(self, summary: dict) -> None:
+        failed = summary["failed"]
+        names = ", ".join(f"#{f['index']} {f['source_id'] or '?'} ({f['code']})" for f in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        super().__init__(f"{len(failed)} of {summary['conversations'] + len(failed)} conversations failed: "
+                         f"{names}{more}; {RETRY_HINT}")
+        self.summary = summary
+
+
+def previous_lines(out: Path, situations: list[Situation], mode: str) -> dict[int, dict]:
+    """The transcript lines of an earlier run in ``out`` to keep: only when its ``summary.json`` lists failed
+    conversations (an incomplete run), each line matched to the situation at the same position with the same
+    ``source_id`` and ``mode``. A complete or unreadable earlier run keeps nothing (the run starts over).
+
+    Returns:
+        Situation index -> transcript line.
+    """
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        if not summary.get("failed"):
+            return {}
+        lines = [json.loads(x) for x in (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    except (OSError, ValueError, AttributeError):
+        return {}
+    kept: dict[int, dict] = {}
+    for ln in lines:
+        i = ln.get("situation_index")
+        if (isinstance(i, int) and 0 <= i < len(situations) and ln.get("mode") == mode
+                and ln.get("source_id") == situations[i].id[:256]):
+            kept[i] = ln
+    return kept
+
+
 async def run_job(target: str, situations: list[Situation], mode: str, out_dir: str | Path, *, agent_turns: int = 0,
                   seed: int = 0, progress: Callable[[], None] | None = None, max_message_bytes: int = 16 << 20,
-                  concurrency: int = 1, model: dict | None = None) -> dict:
+                  concurrency: int = 1, model: dict | None = None, resume: bool = True) -> dict:
     """Run one self-play conversation per situation against the gateway at ``target``; write the outputs.
+
+    A conversation whose call fails (a deadline passed under load, the gateway unavailable, ...) is recorded with its
+    status and the others go on; every finished conversation is written. Run again with the same arguments and
+    ``out_dir``, a run whose ``summary.json`` lists failures resumes: its finished conversations are kept (same
+    situation position, id and mode) and only the others run (with the seeds they had).
 
     Args:
         concurrency: Conversations in flight at once (>= 1); outputs keep the situations' order either way.
         model: ``{"name", "digest", ...}`` of the model serving the gateway, written into every transcript line and
             the summary (:func:`mascot.core.engine.default_model.model_identity`); None leaves it out.
+        resume: Keep the finished conversations of an incomplete earlier run in ``out_dir`` (False starts over).
 
     Files are written to temporary names and renamed, so a crashed run leaves no half-written artefact.
 
     Returns:
-        The summary dict (also written to ``summary.json``).
+        The summary dict (also written to ``summary.json``): ``failed`` is empty.
 
     Raises:
-        grpc.aio.AioRpcError: the gateway refused a request (its status says why).
+        RunIncomplete: some conversations failed; the others and the summary (with ``failed``: index, source id,
+            conversation id, status code and message of each) were written.
         ValueError: ``concurrency`` below 1.
     """
+    import grpc
+
     from mascot.core.server import channel
 
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines: list[dict | None] = [None] * len(situations)
+    kept = previous_lines(out, situations, mode) if resume else {}
+    lines: list[dict | None] = [kept.get(i) for i in range(len(situations))]
+    failed: list[dict] = []
     gate = asyncio.Semaphore(concurrency)
     async with channel(target, max_message_bytes) as ch:
         stub = cpb_grpc.ConversationServiceStub(ch)
 
         async def one(i: int, sit: Situation) -> None:
             async with gate:
-                conv = (await stub.StartConversation(start_request(sit, mode))).conversation
-                reason = ""
-                events = admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed + i)))
-                async for ev in events:
-                    if ev.event.WhichOneof("event") == "round_completed":
-                        reason = _end_reason(ev.event.round_completed.reason)
-                resp = await read_conversation(stub, conv.id, include_think=True)
-                lines[i] = transcript_line(resp, mode, model, reason)
+                conv_id = ""
+                try:
+                    conv = (await stub.StartConversation(start_request(sit, mode))).conversation
+                    conv_id = conv.id
+                    reason = ""
+                    events = admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed + i)))
+                    async for ev in events:
+                        if ev.event.WhichOneof("event") == "round_completed":
+                            reason = _end_reason(ev.event.round_completed.reason)
+                    resp = await read_conversation(stub, conv.id, include_think=True)
+                except grpc.aio.AioRpcError as e:
+                    failed.append({"index": i, "source_id": sit.id[:256], "conversation_id": conv_id,
+                                   "code": e.code().name, "message": (e.details() or "")[:500]})
+                    return
+                line = transcript_line(resp, mode, model, reason)
+                line["situation_index"] = i
+                lines[i] = line
                 if progress:
                     progress()
 
-        tasks = [asyncio.create_task(one(i, sit)) for i, sit in enumerate(situations)]
+        if progress:
+            for _ in kept:
+                progress()
+        tasks = [asyncio.create_task(one(i, sit)) for i, sit in enumerate(situations) if i not in kept]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -216,6 +285,10 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
             raise
     done = [ln for ln in lines if ln is not None]
     summary = summarize(done)
+    summary["resumed"] = len(kept)
+    summary["failed"] = sorted(failed, key=lambda f: f["index"])
     _atomic_write(out / "transcripts.jsonl", jsonl_text(done))
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if failed:
+        raise RunIncomplete(summary)
     return summary

@@ -248,11 +248,14 @@ def run(
     tls_cert: Optional[Path] = TLS_CERT,
     tls_key: Optional[Path] = TLS_KEY,
     token_file: Optional[Path] = CALLER_TOKEN_FILE,
+    fresh: bool = typer.Option(False, "--fresh", help="Start over even when --out holds an incomplete run (default: "
+                                                      "keep its finished conversations, run the failed ones)."),
 ) -> None:
-    """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json."""
+    """The main job: one self-play conversation per record; writes transcripts.jsonl and summary.json. A failed
+    conversation is listed in the summary (exit 1) and the others are kept; the same command again resumes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mascot.app.runjob import run_job
+    from mascot.app.runjob import RunIncomplete, previous_lines, run_job
     from mascot.core.situations import load_situations
 
     try:
@@ -278,6 +281,11 @@ def run(
             raise typer.Exit(2) from None
         console.print(f"model: {identity['name']} (sha256 {identity['digest'][:12]}...)")
 
+    kept = {} if fresh else previous_lines(out, records, mode)
+    if kept:
+        console.print(f"resuming {out}: {len(kept)} finished conversation(s) kept, {len(records) - len(kept)} to run "
+                      "(--fresh starts over)")
+
     async def main() -> dict:
         stack = None
         tgt = target
@@ -300,7 +308,8 @@ def run(
                         console.print(f"conversation {done[0]}/{len(records)} done")
 
                 return await run_job(tgt, records, mode, out, agent_turns=agent_turns or cfg.selfplay.agent_turns,
-                                     seed=seed, progress=step, concurrency=concurrency, model=identity)
+                                     seed=seed, progress=step, concurrency=concurrency, model=identity,
+                                     resume=not fresh)
         finally:
             if stack is not None:
                 await stack.stop(1)
@@ -311,6 +320,14 @@ def run(
         summary = asyncio.run(main())
     except grpc.aio.AioRpcError as e:
         console.print(f"[red]the gateway refused: {e.code().name}[/red]: {e.details()}")
+        raise typer.Exit(1) from None
+    except RunIncomplete as e:
+        print(json.dumps(e.summary, indent=2), flush=True)
+        for f in e.summary["failed"]:
+            console.print(f"[red]failed[/red] #{f['index']} {f['source_id']}: {f['code']}: {f['message'][:200]}",
+                          soft_wrap=True)
+        console.print(f"[red]{e}[/red]", soft_wrap=True)
+        console.print(f"kept: {out / 'transcripts.jsonl'} and {out / 'summary.json'}")
         raise typer.Exit(1) from None
     print(json.dumps(summary, indent=2), flush=True)  # the result on stdout (`| jq`); progress stays on stderr
     console.print(f"results: {out / 'transcripts.jsonl'} and {out / 'summary.json'}")

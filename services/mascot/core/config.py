@@ -231,6 +231,9 @@ class GuardConfig(_Section):
     retry_penalty_step: float = Field(0.1, ge=0.0, le=2.0)
     #: Temperature of a regeneration when the configured one is 0 (a greedy retry would repeat itself).
     retry_temperature: float = Field(0.7, gt=0.0, le=2.0)
+    #: Refuse a persona's sentence whose feeling does not fit the user's message (``feeling``: cheering or minimising
+    #: bad news, condolences when nobody died, sympathy for good news; :mod:`mascot.core.feeling`).
+    feeling: bool = True
 
     def settings(self) -> "Any":
         """The thresholds as a :class:`mascot.core.guard.GuardSettings`."""
@@ -238,7 +241,8 @@ class GuardConfig(_Section):
 
         return GuardSettings(enabled=self.enabled, echo_ngram=self.echo_ngram, loop_ngram=self.loop_ngram,
                              loop_count=self.loop_count, duplicate_jaccard=self.duplicate_jaccard,
-                             duplicate_min_words=self.duplicate_min_words, min_words=self.min_words)
+                             duplicate_min_words=self.duplicate_min_words, min_words=self.min_words,
+                             feeling=self.feeling)
 
 
 class PersonasConfig(_Section):

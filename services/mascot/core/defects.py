@@ -2,8 +2,9 @@
 definitions, independent of the reply-check settings (the ``guard`` config section).
 
 - echo: a reply shares a word 8-gram with a source text (its persona's prompt, card or directive);
-- loop: a word 4-gram occurs 3 or more times in one reply, a word 8-gram twice, or a line (or sentence) of the
-  reply repeats.
+- loop: a word 4-gram occurs 3 or more times in one reply, a word 8-gram twice, a word 3-gram three times (a
+  refrain), three sentences open with the same two words (one frame repeated), or a line (or sentence) of the reply
+  repeats.
 """
 
 from __future__ import annotations

@@ -17,14 +17,18 @@ Definitions (all on lower-cased text):
   with a source text (system prompt, persona card, directive), or, shorter than that, is contained whole (6+ words)
   in one; or it opens with a prompt label (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
 - loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, a word 8-gram
-  twice, or a sentence repeats (or opens with the whole of) an earlier sentence of the same reply;
+  twice, a word 3-gram three times (a refrain), three sentences open with the same two words (one frame repeated),
+  or a sentence repeats (or opens with the whole of) an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
   whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
   of an earlier turn, or between the whole reply and an earlier turn;
 - meta: a sentence about the text or the task instead of to the person (:data:`META_PATTERNS`): an offer of a
   rewritten version, a critique of the person's writing, the prompt's words ("Your task now is", "Your style:"),
   talk of "the user", an AI disclaimer, a letter opener ("Dear John,", "To: …"), or a stage direction standing
-  alone ("(pauses nervously)").
+  alone ("(pauses nervously)");
+- feeling: a sentence of a persona's reply whose feeling does not fit the user's message it answers: it celebrates
+  or minimises bad news, offers condolences when nobody died, or sympathy for good news
+  (:func:`mascot.core.feeling.feeling_mismatch`; ``feeling`` off skips it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from mascot.core.feeling import feeling_mismatch
+
 _WORD_RE = re.compile(r"[a-z0-9](?:[a-z0-9']*[a-z0-9])?")  # apostrophes inside a word only: 'I'm -> i'm
 #: A sentence ends at . ! ? or an ellipsis (optionally followed by closing quotes/brackets or emoji), then
 #: whitespace; or at a line break.
@@ -42,8 +48,8 @@ _LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|ins
                        r"\b\s*[:'’]", re.IGNORECASE)
 
 #: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
-REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "unfinished", "supporter", "directive_name",
-           "directive_voice", "directive_copy", "directive_invalid")
+REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "feeling", "unfinished", "supporter",
+           "directive_name", "directive_voice", "directive_copy", "directive_invalid")
 
 #: Sentences about the text or the task rather than to the person, as SmolLM2-135M writes them in a supporter's place
 #: (read in phase 1 candidates): "Here's a rewritten version of your message:", "Your English is too informal",
@@ -172,10 +178,28 @@ def _repeats_within(text: str) -> bool:
 REPEAT_NGRAM = 8
 
 
+#: A short phrase of this many words said :data:`REFRAIN_COUNT` times is a refrain, a loop too ("You're not alone,
+#: you're not alone. You're not alone.").
+REFRAIN_NGRAM, REFRAIN_COUNT = 3, 3
+#: This many sentences opening with the same :data:`FRAME_WORDS` words are one sentence frame repeated ("I'm so sorry
+#: for your pain. I'm so proud of you. I'm so glad of you").
+FRAME_WORDS, FRAME_COUNT = 2, 3
+
+
+def _repeats_frame(text: str) -> bool:
+    """:data:`FRAME_COUNT` or more sentences of ``text`` open with the same :data:`FRAME_WORDS` words."""
+    openers = Counter(tuple(w[:FRAME_WORDS]) for w in (words(s) for s in split_sentences(text))
+                      if len(w) > FRAME_WORDS)
+    return max(openers.values(), default=0) >= FRAME_COUNT
+
+
 def is_loop(text: str, n: int = 4, count: int = 3) -> bool:
-    """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, a sentence or
-    line of it repeated, or a sentence that opens with a whole earlier sentence (:data:`RESTART_MIN_WORDS`+ words)."""
-    return loop_count(text, n) >= count or loop_count(text, REPEAT_NGRAM) >= 2 or _repeats_within(text)
+    """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, a refrain (a
+    word :data:`REFRAIN_NGRAM`-gram :data:`REFRAIN_COUNT`+ times), a sentence or line of it repeated, a sentence that
+    opens with a whole earlier sentence (:data:`RESTART_MIN_WORDS`+ words), or :data:`FRAME_COUNT`+ sentences on one
+    frame (the same first :data:`FRAME_WORDS` words)."""
+    return (loop_count(text, n) >= count or loop_count(text, REPEAT_NGRAM) >= 2
+            or loop_count(text, REFRAIN_NGRAM) >= REFRAIN_COUNT or _repeats_within(text) or _repeats_frame(text))
 
 
 def max_similarity(text: str, earlier: Iterable[str]) -> float:
@@ -195,6 +219,7 @@ class GuardSettings:
     duplicate_jaccard: float = 0.6
     duplicate_min_words: int = 5
     min_words: int = 3
+    feeling: bool = True
 
 
 @dataclass
@@ -205,11 +230,13 @@ class ReplyContext:
         sources: Prompt texts it must not echo (system prompt, persona card, directive action and tone).
         earlier: Texts of earlier turns it must not copy.
         tags: Speaker names whose ``Name:`` at a sentence start is a leaked tag.
+        answers: The user's message the reply answers (persona replies; "" skips the ``feeling`` check).
     """
 
     sources: list[str] = field(default_factory=list)
     earlier: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    answers: str = ""
     _earlier_sentences: list[set] | None = field(default=None, repr=False)
     _source_grams: dict = field(default_factory=dict, repr=False)
 
@@ -230,13 +257,15 @@ class ReplyContext:
 def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
     """The reason ``sentence`` may not follow ``released`` (the reply's text so far), or None when it may.
 
-    Reasons: ``echo``, ``meta``, ``loop``, ``duplicate`` (see the module docstring).
+    Reasons: ``echo``, ``meta``, ``feeling``, ``loop``, ``duplicate`` (see the module docstring).
     """
     grams = ctx.source_grams(s.echo_ngram)
     if is_echo(sentence, ctx.sources, s.echo_ngram, ctx.tags, grams):
         return "echo"
     if is_meta(sentence):
         return "meta"
+    if s.feeling and ctx.answers and feeling_mismatch(sentence, ctx.answers):
+        return "feeling"
     if released:  # an n-gram that spans the boundary with the text so far is an echo too
         bridge = words(released)[-(s.echo_ngram - 1):] + words(sentence)
         if ngrams(bridge, s.echo_ngram) & grams:
@@ -256,7 +285,8 @@ def check_sentence(sentence: str, released: str, ctx: ReplyContext, s: GuardSett
 
 
 def check_reply(text: str, ctx: ReplyContext, s: GuardSettings) -> str | None:
-    """The first reason a whole reply fails (``empty``, ``echo``, ``meta``, ``loop``, ``duplicate``), or None. Used for
+    """The first reason a whole reply fails (``empty``, ``echo``, ``meta``, ``feeling``, ``loop``, ``duplicate``), or
+    None. Used for
     replies generated in full (screened conversations, evaluation baselines)."""
     if len(words(text)) == 0:
         return "empty"

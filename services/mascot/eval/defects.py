@@ -4,7 +4,8 @@ These definitions are fixed, on purpose independent of the reply-check settings 
 that a looser guard shows up as defects here instead of moving the yardstick with it:
 
 - echo: an agent reply shares a word 8-gram with its persona's system prompt, its persona card or its directive;
-- loop: a word 4-gram occurs 3 or more times in one reply, or a line (or sentence) of the reply repeats;
+- loop: a word 4-gram occurs 3 or more times in one reply, a word 3-gram three times (a refrain), three sentences
+  on one frame (the same first two words), or a line (or sentence) of the reply repeats;
 - near-duplicate: character 5-gram Jaccard similarity >= 0.8 between a reply and any earlier turn of the
   conversation (user turns included);
 - empty: no word;

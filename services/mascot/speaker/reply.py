@@ -284,9 +284,11 @@ async def persona_reply(engine: Any, card: PersonaCard, roster: Sequence[Persona
 def persona_reply_context(card: PersonaCard, names: dict[str, str], system: str, action: str, tone: str,
                           history: Sequence[HistoryTurn]) -> ReplyContext:
     """What a persona's reply is checked against: its prompt texts (:func:`persona_sources`), the earlier turns of
-    ``history`` and every speaker tag (``names``: persona id -> display name, the roster's)."""
+    ``history``, every speaker tag (``names``: persona id -> display name, the roster's) and the latest user message
+    (the feeling it must fit)."""
+    users = [t.text for t in history if t.role == "user"]
     return ReplyContext(sources=persona_sources(card, system, action, tone), earlier=[t.text for t in history],
-                        tags=["User", "Director", *names.values()])
+                        tags=["User", "Director", *names.values()], answers=users[-1] if users else "")
 
 
 def persona_text_filter(card: PersonaCard, names: dict[str, str]) -> VisibleTextFilter:

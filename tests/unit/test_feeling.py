@@ -1,0 +1,54 @@
+"""The feeling reply check on planted replies: what cheers or minimises bad news, condoles without a death or
+sympathises with good news is refused; fitting replies pass (the servers: tests/integration/test_reply_guard.py)."""
+
+import pytest
+
+from mascot.core.feeling import feeling_mismatch, valence
+from mascot.core.guard import GuardSettings, ReplyContext, check_reply
+
+MISMATCHED = [
+    # replies read by blind readers of held-out dialogues, and their kind
+    ("My grandmother died of cancer last month.", "That's wonderful. I'll see you later.", "celebrates bad news"),
+    ("I lost my swim trunks at the pool today, so embarrassing.", "I'm so sorry for your loss.",
+     "condolences without a death"),
+    ("I failed my exam and I feel terrible.", "Look on the bright side, there will be other exams.",
+     "minimises bad news"),
+    ("I failed my exam.", "That's wonderful news!", "celebrates bad news"),
+    ("Our dog was put to sleep this morning.", "Congratulations on taking such a big step!", "celebrates bad news"),
+    ("My husband left me last night and I can't stop crying.", "At least you have more free time now.",
+     "minimises bad news"),
+    ("I got the job I wanted!", "I'm so sorry to hear that.", "sympathy for good news"),
+    ("We had a baby girl yesterday, we are over the moon!", "That must have been so painful for you.",
+     "sympathy for good news"),
+]
+FITTING = [
+    ("My dog died yesterday.", "I'm so sorry for your loss."),
+    ("My grandmother passed away in her sleep.", "My condolences; she sounds like she was loved."),
+    ("I failed my exam and I feel terrible.", "That must have been hard."),
+    ("I failed my exam and I feel terrible.", "I'm glad you told me."),
+    ("I got promoted today!", "Congratulations!"),
+    ("I'm so excited, my sister is getting married next week!", "That's wonderful!"),
+    ("I'm nervous about the wedding but happy.", "I'm sorry to hear you're nervous."),  # mixed: sympathy fits
+    ("I finally finished my marathon!", "That must have been hard, but you did it."),
+    ("I lost my keys again.", "That's frustrating. Where did you last see them?"),
+    ("", "That's wonderful!"),  # nothing to fit: not checked
+]
+
+
+@pytest.mark.parametrize("user,reply,why", MISMATCHED)
+def test_mismatched_feelings_are_refused(user, reply, why):
+    assert feeling_mismatch(reply, user) == why
+    assert check_reply(reply, ReplyContext(answers=user), GuardSettings()) == "feeling"
+
+
+@pytest.mark.parametrize("user,reply", FITTING)
+def test_fitting_replies_pass(user, reply):
+    assert feeling_mismatch(reply, user) is None
+    assert check_reply(reply, ReplyContext(answers=user), GuardSettings()) is None
+
+
+def test_the_check_can_be_turned_off_and_valence_is_vader_compound():
+    user, reply = MISMATCHED[0][:2]
+    assert check_reply(reply, ReplyContext(answers=user), GuardSettings(feeling=False)) is None
+    assert valence("I feel terrible and hopeless.") < -0.5 < 0.5 < valence("This is a wonderful, happy day!")
+    assert valence("") == 0.0
