@@ -369,7 +369,7 @@ async def test_jwt_keys_from_a_jwks_url(tmp_path, tiny_model_dir, keys):
         async with channel(stack.target("control"), token="") as ch:
             stub = adapter_pb2_grpc.AdapterServiceStub(ch)
             for _ in range(3):
-                r = await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=md(mint(keys["idp"], roles="viewer")))
+                r = await stub.ListAdapters(pb.ListAdaptersRequest(), metadata=md(mint(keys["idp"], roles=["viewer"])))
                 assert r.revision == 0
             assert hits == ["/.well-known/jwks.json"]  # fetched once, then cached
             code, _ = await code_of(stub.ListAdapters(pb.ListAdaptersRequest(), metadata=md(mint(keys["other"]))))

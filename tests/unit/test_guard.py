@@ -114,13 +114,14 @@ def test_a_short_refrain_and_one_sentence_frame_are_loops():
     the reply check and the evaluation's (and training gate's) defect detector agree."""
     refrain = "You're not alone, you're not alone. You're not alone."
     frame = "I'm so sorry for your pain. I'm so proud of you. I'm so glad of you."
-    for text in (refrain, frame):
+    for text in (refrain, frame, "You're not alone, you're not alone."):
         assert is_loop(text) and defects.is_loop(text) and check_reply(text, CTX, ON) == "loop"
     # twice is no refrain, two sentences are no frame, and a frame needs the same two opening words
     assert not is_loop("You're not alone in this. Many people feel that way, and you're not alone.")
     assert not is_loop("I'm so sorry. I'm so glad you told me, and I am here for you.")
     assert not is_loop("I hear you. I know this is hard. I wonder what would help tonight.")
     assert not is_loop("It sounds like a lot. It might help to rest. It is okay to pause.")
+    assert not is_loop("Thank you. That means a lot to me, thank you.")  # a phrase twice in a longer reply
 
 
 def test_loop_and_echo_definitions():

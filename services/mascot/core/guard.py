@@ -18,7 +18,8 @@ Definitions (all on lower-cased text):
   in one; or it opens with a prompt label (``Action:``, ``Tone:``, ``Agent:``, ``Director``, a speaker tag);
 - loop: a word n-gram (``loop_ngram``, 4) occurs ``loop_count`` (3) or more times in the reply, a word 8-gram
   twice, a word 3-gram three times (a refrain), three sentences open with the same two words (one frame repeated),
-  or a sentence repeats (or opens with the whole of) an earlier sentence of the same reply;
+  three quarters of the text is one short phrase said again ("You're not alone, you're not alone."), or a sentence
+  repeats (or opens with the whole of) an earlier sentence of the same reply;
 - near-duplicate: character 5-gram Jaccard similarity (|A ∩ B| / |A ∪ B| over sets of 5-character substrings of
   whitespace-normalised text) of at least ``duplicate_jaccard`` (0.6) between a sentence of 5+ words and a sentence
   of an earlier turn, or between the whole reply and an earlier turn;
@@ -186,6 +187,20 @@ REFRAIN_NGRAM, REFRAIN_COUNT = 3, 3
 FRAME_WORDS, FRAME_COUNT = 2, 3
 
 
+def _mostly_one_phrase(text: str) -> bool:
+    """A phrase of 2-5 words said twice or more makes up three quarters or more of ``text`` (4+ words): "You're not
+    alone, you're not alone." """
+    w = words(text)
+    if len(w) < 4:
+        return False
+    for n in range(2, 6):
+        c = Counter(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+        top = max(c.values(), default=0)
+        if top >= 2 and top * n >= 0.75 * len(w):
+            return True
+    return False
+
+
 def _repeats_frame(text: str) -> bool:
     """:data:`FRAME_COUNT` or more sentences of ``text`` open with the same :data:`FRAME_WORDS` words."""
     openers = Counter(tuple(w[:FRAME_WORDS]) for w in (words(s) for s in split_sentences(text))
@@ -196,10 +211,12 @@ def _repeats_frame(text: str) -> bool:
 def is_loop(text: str, n: int = 4, count: int = 3) -> bool:
     """A loop: a word ``n``-gram ``count``+ times in ``text``, a word :data:`REPEAT_NGRAM`-gram twice, a refrain (a
     word :data:`REFRAIN_NGRAM`-gram :data:`REFRAIN_COUNT`+ times), a sentence or line of it repeated, a sentence that
-    opens with a whole earlier sentence (:data:`RESTART_MIN_WORDS`+ words), or :data:`FRAME_COUNT`+ sentences on one
-    frame (the same first :data:`FRAME_WORDS` words)."""
+    opens with a whole earlier sentence (:data:`RESTART_MIN_WORDS`+ words), :data:`FRAME_COUNT`+ sentences on one
+    frame (the same first :data:`FRAME_WORDS` words), or text made (three quarters or more) of one short phrase said
+    again."""
     return (loop_count(text, n) >= count or loop_count(text, REPEAT_NGRAM) >= 2
-            or loop_count(text, REFRAIN_NGRAM) >= REFRAIN_COUNT or _repeats_within(text) or _repeats_frame(text))
+            or loop_count(text, REFRAIN_NGRAM) >= REFRAIN_COUNT or _repeats_within(text) or _repeats_frame(text)
+            or _mostly_one_phrase(text))
 
 
 def max_similarity(text: str, earlier: Iterable[str]) -> float:
