@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.errors import PermissionDenied, Unauthenticated, Unavailable
-from mascot.gateway.security import MIN_TOKEN_CHARS, bearer
+from mascot.gateway.security import bearer, token_entries
 
 log = logging.getLogger(__name__)
 
@@ -88,25 +88,17 @@ def parse_control_tokens(text: str, source: str) -> dict[bytes, Identity]:
         ValueError: a malformed entry, a bad identity, an unknown role, a token shorter than 16 characters or with
             spaces, or a token given twice. Messages name the entry's position and identity, never a token.
     """
-    out: dict[bytes, Identity] = {}
-    entries = [e.strip() for line in text.splitlines() if not line.lstrip().startswith("#") for e in line.split(",")]
-    for n, entry in enumerate((e for e in entries if e), 1):
-        who, sep, token = entry.partition("=")
-        name, _, role = who.strip().partition(":")
-        name, role, token = name.strip(), role.strip(), token.strip()
-        if not sep or not IDENTITY_RE.match(name):
-            raise ValueError(f"{source}: entry {n} is not identity:role=token with an identity of letters, digits "
-                             "and '_ . @ -' (at most 64)")
+    def identity(who: str) -> str:
+        name, _, role = (x.strip() for x in who.partition(":"))
+        if not IDENTITY_RE.match(name):
+            return ""
         if role not in _RANK:
-            raise ValueError(f"{source}: entry {n} ({name}) has role {role[:20]!r}; use one of {', '.join(ROLES)}")
-        if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-            raise ValueError(f"{source}: the token of {name!r} must be at least {MIN_TOKEN_CHARS} characters without "
-                             "spaces")
-        d = _digest(token)
-        if d in out:
-            raise ValueError(f"{source}: the token of {name!r} is also the token of {out[d].name!r}")
-        out[d] = Identity(name, role)
-    return out
+            raise ValueError(f"{source}: {name!r} has role {role[:20]!r}; use one of {', '.join(ROLES)}")
+        return repr(name)
+
+    entries = token_entries(text, source, "identity:role=token with an identity of letters, digits and '_ . @ -' "
+                                          "(at most 64)", identity)
+    return {d: Identity(*(x.strip() for x in who.partition(":")[::2])) for d, (who, _) in entries.items()}
 
 
 class WatchedFile:

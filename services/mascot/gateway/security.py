@@ -43,8 +43,43 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
+def token_entries(text: str, source: str, what: str, name_ok: Callable[[str], str]) -> dict[bytes, tuple[str, str]]:
+    """Parse ``<name>=<token>`` entries (one per line or comma-separated; lines starting with ``#`` are comments), the
+    format of the caller tokens and of the control plane's tokens.
+
+    Args:
+        text: The file's or variable's content.
+        source: Where it came from, for messages (``security.caller_tokens_file /x``).
+        what: The entry's form, for messages (``caller_id=token``).
+        name_ok: Checks the part before ``=`` and returns the entry's label for messages ("" when it is malformed).
+
+    Returns:
+        SHA-256 digest of each token -> (the part before ``=``, its label).
+
+    Raises:
+        ValueError: a malformed entry, a token shorter than 16 characters or with spaces, or a token given twice.
+            Messages name the entry's position and label, never a token.
+    """
+    out: dict[bytes, tuple[str, str]] = {}
+    entries = [e.strip() for line in text.splitlines() if not line.lstrip().startswith("#") for e in line.split(",")]
+    for n, entry in enumerate((e for e in entries if e), 1):
+        name, sep, token = entry.partition("=")
+        name, token = name.strip(), token.strip()
+        label = name_ok(name) if sep else ""
+        if not label:
+            raise ValueError(f"{source}: entry {n} is not {what}")
+        if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+            raise ValueError(f"{source}: the token of {label} must be at least {MIN_TOKEN_CHARS} characters without "
+                             "spaces")
+        d = _digest(token)
+        if d in out:
+            raise ValueError(f"{source}: the token of {label} is also the token of {out[d][1]}")
+        out[d] = (name, label)
+    return out
+
+
 def parse_caller_tokens(text: str, source: str) -> dict[bytes, str]:
-    """Parse ``caller_id=token`` entries (one per line or comma-separated; lines starting with ``#`` are comments).
+    """Parse ``caller_id=token`` entries (:func:`token_entries`).
 
     Returns:
         SHA-256 digest of each token -> caller id.
@@ -53,22 +88,12 @@ def parse_caller_tokens(text: str, source: str) -> dict[bytes, str]:
         ValueError: a malformed entry, a bad caller id, a token shorter than 16 characters or with spaces, or a
             token given twice. Messages name the entry's position, never a token.
     """
-    out: dict[bytes, str] = {}
-    entries = [e.strip() for line in text.splitlines() if not line.lstrip().startswith("#") for e in line.split(",")]
-    for n, entry in enumerate((e for e in entries if e), 1):
-        caller, sep, token = entry.partition("=")
-        caller, token = caller.strip(), token.strip()
-        if not sep or not CALLER_ID_RE.match(caller):
-            raise ValueError(f"{source}: entry {n} is not caller_id=token with a caller id of letters, digits and "
-                             "'_ . @ -' (at most 64)")
-        if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-            raise ValueError(f"{source}: the token of caller {caller!r} must be at least {MIN_TOKEN_CHARS} characters "
-                             "without spaces")
-        d = _digest(token)
-        if d in out:
-            raise ValueError(f"{source}: the token of caller {caller!r} is also the token of {out[d]!r}")
-        out[d] = caller
-    return out
+    def caller(name: str) -> str:
+        return f"caller {name!r}" if CALLER_ID_RE.match(name) else ""
+
+    entries = token_entries(text, source, "caller_id=token with a caller id of letters, digits and '_ . @ -' (at "
+                                          "most 64)", caller)
+    return {d: name for d, (name, _) in entries.items()}
 
 
 def bearer(context: Any) -> str | None:
