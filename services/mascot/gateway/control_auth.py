@@ -22,7 +22,6 @@ identity configured at all -> PERMISSION_DENIED naming the settings.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mascot.core.errors import PermissionDenied, Unauthenticated, Unavailable
-from mascot.gateway.security import bearer, token_entries
+from mascot.gateway.security import _digest, bearer, token_entries
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +71,6 @@ class Identity:
     def allows(self, role: str) -> bool:
         """True when this identity's role is ``role`` or above."""
         return _RANK[self.role] >= _RANK[role]
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def parse_control_tokens(text: str, source: str) -> dict[bytes, Identity]:
