@@ -89,7 +89,9 @@ def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.slow
 def test_learns_planted_cue_and_writes_metadata(trained):
     _, out, recs, m, seconds = trained
-    assert set(m["metrics"]) == {"rm_heldout_accuracy", "heldout_pairs", "train_pairs", "train_loss", "mu", "sigma"}
+    assert set(m["metrics"]) == {"rm_heldout_accuracy", "heldout_pairs", "train_pairs", "train_loss", "mu", "sigma",
+                                 "heldout_interval", "heldout_by_kind"}
+    assert m["rm_used_by_grpo"] and m["metrics"]["heldout_by_kind"]["within"]["pairs"] == m["metrics"]["heldout_pairs"]
     assert m["metrics"]["rm_heldout_accuracy"] >= 0.9, m["metrics"]
     assert m["rm_heldout_accuracy"] == m["metrics"]["rm_heldout_accuracy"]
     assert m["metrics"]["train_pairs"] == 64 and m["metrics"]["heldout_pairs"] == 16

@@ -31,12 +31,31 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     p = subprocess.run([sys.executable, "-m", "mascot.cli", "train", "persona-alignment", "--config", str(conf),
                         "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert set(json.loads(p.stdout)) == {"sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish"}
-    for stage in ("sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish"):
+    stages = ("sft_data", "sft", "sample", "judge", "pairs", "persona_rm", "persona_grpo", "publish")
+    assert set(json.loads(p.stdout)) == set(stages)
+    for stage in stages:
         m = json.loads((out / stage / "manifest.json").read_text())
         assert m["stage"] == stage and m["versions"]["trl"] == "1.16.0" and "seconds" in m["timings"]
     rm = json.loads((out / "persona_rm" / "manifest.json").read_text())
-    assert "rm_heldout_accuracy" in rm
+    assert "rm_heldout_accuracy" in rm and set(rm["metrics"]["heldout_by_kind"]) <= {"within", "cross"}
+    # the SFT data: sampled contexts (first replies and mid-dialogue ones), rows rendered with the plain serving prompt
+    sd = json.loads((out / "sft_data" / "manifest.json").read_text())
+    assert sd["metrics"]["contexts_mid_dialogue"] > 0 and sd["metrics"]["rows"] > 0
+    sft_rows = [json.loads(x) for x in (out / "sft_data" / "rows.jsonl").read_text().splitlines()]
+    from mascot_training.persona.sft_data import load_hints
+
+    hints = load_hints()
+    for r in sft_rows:
+        system = r["messages"][0]["content"]
+        assert "Your task now:" in system and hints[r["persona_id"]].hint not in system
+        assert r["messages"][-1]["role"] == "assistant" and r["messages"][1]["role"] == "user"
+    assert any(len(r["messages"]) == 4 for r in sft_rows)  # mid-dialogue: user, another persona, the reply
+    sft_m = json.loads((out / "sft" / "manifest.json").read_text())
+    assert sft_m["data_ids"] == sd["data_ids"] and sft_m["metrics"]["rows"] == len(sft_rows)
+    # cross-persona pairs beside the within-persona ones
+    pairs = [json.loads(x) for x in (out / "pairs" / "pairs.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in pairs} == {"within", "cross"}
+    assert all(r["rejected_persona"] != r["persona_id"] for r in pairs if r["kind"] == "cross")
     # Progress a person can follow in a Job log: one unwrapped line per step with its ETA, stage times, curves.
     lines = p.stderr.splitlines()
     grpo = [x for x in lines if x.startswith(f"persona_grpo {cfg['personas'][0]}: step ")]
@@ -44,7 +63,7 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert any(x.startswith("sample: group 8/8 (100%)") for x in lines), lines
     assert any(x.startswith("judge: group 8/8 (100%)") for x in lines), lines
     assert any(x.startswith("persona_rm: step 1/") for x in lines), lines
-    assert sum(x.startswith("stage ") and " starting at " in x for x in lines) == 7
+    assert sum(x.startswith("stage ") and " starting at " in x for x in lines) == 8
     for png in ("sft/curves.png", "persona_rm/curves.png", *(f"persona_grpo/curves_{p}.png" for p in cfg["personas"])):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     grpo_log = [json.loads(x) for x in (out / "persona_grpo" / f"curves_{cfg['personas'][0]}.jsonl").read_text()
@@ -52,6 +71,9 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert [e["step"] for e in grpo_log if "reward" in e] == [1, 2]
     man = json.loads((out / "persona_grpo" / "manifest.json").read_text())
     assert man["timings"]["started"] <= man["timings"]["finished"]
+    assert man["reward_terms"] == {"rm": True, "format": True, "move": True, "budget_penalty": True}
+    assert all("move_first" in man["metrics"][p] and "stopped_on_collapse" in man["metrics"][p]
+               for p in cfg["personas"])
     # the groups held out for the reward model are held out of GRPO too and measured before and after on them
     from mascot_training.persona.config import GrpoConfig
     from mascot_training.common.data import in_heldout_split

@@ -15,7 +15,7 @@ from rich.console import Console
 console = Console(stderr=True)
 train_app = typer.Typer(help="Training phases (run locally or as Kubernetes Jobs).", no_args_is_help=True,
                         add_completion=False)
-STAGE_NAMES = ("sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", "publish")
+STAGE_NAMES = ("sft-data", "sft", "sample", "judge", "pairs", "persona-rm", "persona-grpo", "publish")
 
 
 def _load(config: Path, phase: int = 1):
@@ -89,7 +89,7 @@ def persona_alignment(
     config: Path = typer.Option(..., "--config", help="Phase 1 YAML (training-jobs/configs/*.yaml)."),
     out: Path = typer.Option(..., "--out", help="Run directory (resumable; DIR/adapters is the store)."),
 ) -> None:
-    """Run phase 1 end to end: \\[sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
+    """Run phase 1 end to end: \\[sft-data → sft] → sample → judge → pairs → persona_rm → persona_grpo → publish."""
     from mascot_training.persona.config import STAGES
 
     _run(config, out, STAGES)

@@ -2,6 +2,7 @@
 
 - :func:`format_reward`: R_format = −1 unless the output starts with exactly one non-empty ``<think>…</think>``
   block followed by a non-empty answer; otherwise max(−1, 1 − λ·max(0, w − L_max)/L_max), w = answer words.
+- :func:`move_reward`: R_move = +1 for a required move of the card, −1 for a forbidden one (weights in config);
 - :func:`composite_reward`: r = w_rm·ẑ + w_fmt·R_format; a missing or non-finite part makes the whole reward None
   (the sample is masked and counted, never a NaN advantage).
 - :func:`i_div`, :func:`rollout_reward`: R = R_group + η·I_div of a director rollout, −2 when it ended at an invalid
@@ -54,6 +55,24 @@ def format_reward(text: str, l_max: int = 80, lam: float = 0.5, think: bool = Tr
     if words == 0:
         return -1.0
     return max(-1.0, 1.0 - lam * max(0, words - l_max) / l_max)
+
+
+def move_reward(moves, reply: str, user: str, required: float = 1.0, forbidden: float = 1.0) -> float:
+    """R_move of a persona reply (our addition to the paper's rule-based reward, docs/method.md): ``+required`` when
+    it shows one of its card's required moves, ``-forbidden`` when it shows a forbidden one (both can apply), 0 for a
+    card without moves. Range [-forbidden, +required].
+
+    Args:
+        moves: The speaking card's :class:`mascot.core.moves.CardMoves`, or None.
+        reply: The delivered reply text.
+        user: The user's latest message (what detectors compare the reply with).
+    """
+    if moves is None or not reply.strip():
+        return 0.0
+    from mascot.core.moves import assess
+
+    v = assess(moves, reply, user)
+    return (required if v.required else 0.0) - (forbidden if v.forbidden else 0.0)
 
 
 def composite_reward(z_rm: float | None, r_format: float | None, w_rm: float = 1.0, w_fmt: float = 1.0) -> float | None:

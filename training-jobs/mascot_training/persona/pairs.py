@@ -8,16 +8,96 @@ scores every candidate alike) a tie is kept once, in index order, and its direct
 preference. Whole situations (all their personas' groups) go to the held-out split by hash of the situation id
 (fraction ``heldout_fraction``), used to measure the reward model and its μ, σ on user messages it never trained
 on. Counts of everything dropped are reported.
+
+With ``pairs.cross_per_group`` > 0 the stage adds **cross-persona pairs** (:func:`cross_pairs`): for a context and
+persona P, P's reply is chosen over another persona's reply to the same context, both scored under P's card. The
+within-persona pairs compare two replies of one card and can only teach generic reply quality; the cross pairs
+carry what makes a reply P's. Every row says which it is (``kind``: ``within`` / ``cross``).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from mascot.core.files import read_jsonl, write_jsonl
 from mascot_training.common.data import in_heldout_split
 from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.preference_pairs import build_pairs
+
+
+def _move_ok(card, text: str, user: str) -> tuple[bool, bool]:
+    """``(required move present, forbidden move present)`` of ``text`` under ``card``'s moves (False, False
+    without moves)."""
+    if card.moves is None:
+        return False, False
+    from mascot.core.moves import assess
+
+    v = assess(card.moves, text, user)
+    return v.required_present, v.forbidden_present
+
+
+def cross_pairs(groups: list[dict], judged: dict[str, dict], per_group: int, heldout_fraction: float) -> list[dict]:
+    """Cross-persona pairs: for each group (context, persona P), P's replies chosen over other personas' replies to
+    the same context (same history and seed context), both to be scored with P's card.
+
+    P's side, best first: a reply that complies with P's card's moves, then the judge's higher mean. The other side,
+    most useful first: a reply without P's required move, then one with a move P's card forbids. ``per_group`` pairs
+    a group at most, each with a different rejected reply; refused and empty candidates are never used. Rows carry
+    ``kind: "cross"``, ``margin: null`` and the group's held-out split.
+    """
+    from mascot.core.personas import PersonaCatalog
+
+    if per_group <= 0:
+        return []
+    catalog = PersonaCatalog.load()
+    by_ctx: dict[str, list[dict]] = {}
+    for g in groups:
+        key = json.dumps([g["situation_id"], g["history"], g["context"]], sort_keys=True)
+        by_ctx.setdefault(key, []).append(g)
+    rows = []
+    for members in by_ctx.values():
+        for g in members:
+            card = catalog.get(g["persona_id"])
+            user = next((h["text"] for h in reversed(g["history"]) if h["role"] == "user"), "")
+            means = judged.get(g["group_id"], {}).get("means") or [None] * len(g["candidates"])
+
+            def usable(grp: dict) -> list[int]:
+                ref = grp.get("refused") or [""] * len(grp["candidates"])
+                return [i for i, c in enumerate(grp["candidates"]) if c.strip() and not ref[i]]
+
+            mine = []
+            for i in usable(g):
+                req, forb = _move_ok(card, g["candidates"][i], user)
+                mine.append((not (req and not forb), -(means[i] if means[i] is not None else 0.0), i))
+            mine.sort()
+            if mine and not mine[0][0]:  # only P's replies that do its moves, when it has any
+                mine = [m for m in mine if not m[0]]
+            theirs = []
+            for o in members:
+                if o["persona_id"] == g["persona_id"]:
+                    continue
+                for i in usable(o):
+                    text = o["candidates"][i]
+                    req, forb = _move_ok(card, text, user)
+                    theirs.append((req and not forb, not forb, o["persona_id"], i, text))
+            theirs.sort(key=lambda t: (t[0], t[1], t[2], t[3]))
+            if not mine or not theirs:
+                continue
+            split = "heldout" if in_heldout_split(g["group_id"], heldout_fraction) else "train"
+            seen: set[str] = set()
+            for t in theirs:
+                if len(seen) >= per_group:
+                    break
+                chosen = g["candidates"][mine[len(seen) % len(mine)][2]]
+                if t[4].strip() == chosen.strip() or t[4] in seen:
+                    continue
+                seen.add(t[4])
+                rows.append({"group_id": g["group_id"], "situation_id": g["situation_id"],
+                             "persona_id": g["persona_id"], "history": g["history"], "context": g["context"],
+                             "chosen": chosen, "rejected": t[4], "margin": None, "split": split, "kind": "cross",
+                             "rejected_persona": t[2]})
+    return rows
 
 
 def run(cfg, out: Path) -> dict:
@@ -51,13 +131,16 @@ def run(cfg, out: Path) -> dict:
         for w, lo, margin in pairs:
             rows.append({"group_id": g["group_id"], "situation_id": g["situation_id"], "persona_id": g["persona_id"],
                          "history": g["history"], "context": g["context"], "chosen": g["candidates"][w],
-                         "rejected": g["candidates"][lo], "margin": margin, "split": split})
+                         "rejected": g["candidates"][lo], "margin": margin, "split": split, "kind": "within"})
+    cross = cross_pairs(read_jsonl(cand_p), judged, cfg.pairs.cross_per_group, cfg.pairs.heldout_fraction)
+    rows += cross
     if not rows:
         raise ValueError("no pair reaches the margin delta; lower pairs.delta, raise sample.k, or use a judge that "
                          "discriminates (the tiny random judge often scores every candidate alike)")
     with stage_dir(out, "pairs", conf, inputs) as (part, manifest):
         write_jsonl(part / "pairs.jsonl", rows)
         manifest["data_ids"] = sorted({r["situation_id"] for r in rows})
-        manifest["metrics"] = {"pairs": len(rows), "train": sum(r["split"] == "train" for r in rows),
+        manifest["metrics"] = {"pairs": len(rows), "within": len(rows) - len(cross), "cross": len(cross),
+                               "train": sum(r["split"] == "train" for r in rows),
                                "heldout": sum(r["split"] == "heldout" for r in rows), "dropped": totals}
     return read_manifest(out / "pairs")

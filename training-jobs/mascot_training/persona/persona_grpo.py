@@ -11,7 +11,8 @@ Prompt dataset rows (``prompts[persona_id]``; build them with :func:`prompt_row`
      "persona_id": str,                                                           # the speaking persona
      "history": [{"role": "user" | "agent", "text": str, "persona_id": str}],     # visible turns, oldest first
      "context": [[speaker, content], ...],                                        # seed context ([] for ED)
-     "group_id": str}                                                             # optional; manifest data id
+     "group_id": str,                                                             # optional; manifest data id
+     "action": str, "tone": str}                                                  # optional; the directive
 
 TRL passes every column but ``prompt`` to the reward function as a keyword list (one entry per completion).
 
@@ -34,12 +35,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from mascot.core import formatting
 from mascot.core.dialogue import FALLBACK_ACTION, HistoryTurn, history_from_dicts
 from mascot.core.files import atomic_write_text
 from mascot.core.guard import GuardSettings
+from mascot.core.moves import opener
 from mascot.core.personas import PersonaCard, PersonaCatalog
 from mascot.speaker.prompts import build_persona_messages
 from mascot.speaker.reply import served_persona_text
@@ -48,7 +50,7 @@ from mascot_training.common.config import LoraConfig
 from mascot_training.common.grpo import call_with_timeout, check_generation, finite_guard, trl_generation_args
 from mascot_training.common.lora import peft_lora, save_adapter
 from mascot_training.common.progress import fmt_value, report, trainer_progress, write_curves
-from mascot_training.common.rewards import composite_reward, format_reward, split_think
+from mascot_training.common.rewards import composite_reward, format_reward, move_reward, split_think
 from mascot_training.persona.config import GrpoConfig, PersonaAlignmentConfig
 
 log = logging.getLogger(__name__)
@@ -60,13 +62,14 @@ RmFn = Callable[[Sequence[str]], Sequence[float | None]]
 
 
 def prompt_row(card: PersonaCard, history: Sequence[HistoryTurn], context: Sequence[tuple[str, str]],
-               names: dict[str, str], group_id: str = "") -> dict:
-    """One prompt-dataset row: the serving speaker prompt with the fallback directive and the card's default tone."""
-    msgs = build_persona_messages(card, history, context, FALLBACK_ACTION, card.default_tone,
-                                  {**names, card.id: card.name})
+               names: dict[str, str], group_id: str = "", action: str = "", tone: str = "") -> dict:
+    """One prompt-dataset row: the serving speaker prompt under the directive ``action`` / ``tone`` (empty: the
+    fallback directive and the card's default tone)."""
+    action, tone = action or FALLBACK_ACTION, tone or card.default_tone
+    msgs = build_persona_messages(card, history, context, action, tone, {**names, card.id: card.name})
     return {"prompt": msgs, "persona_id": card.id,
             "history": [{"role": t.role, "text": t.text, "persona_id": t.persona_id} for t in history],
-            "context": [[s, c] for s, c in context], "group_id": group_id}
+            "context": [[s, c] for s, c in context], "group_id": group_id, "action": action, "tone": tone}
 
 
 def completion_text(completion: str | list[dict]) -> str:
@@ -107,13 +110,18 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         def rm_fn(texts: Sequence[str]) -> list[float]:
             return [scorer.standardize(r) for r in scorer.score_texts(texts)]
     failures: collections.Counter = collections.Counter()
+    stats: dict[str, list] = {"move": [], "cut": []}
+    state: dict = {}
+    collapse = cfg.collapse_stop if cfg.collapse_stop.enabled else None
+    recent: collections.deque = collections.deque(maxlen=collapse.window if collapse else 1)
 
     def fail(reason: str) -> None:
         failures[reason] += 1
         if metrics is not None:
             metrics.reward_failures.labels(reason).inc()
 
-    def served(prompt: list | str, t: str, pid: str, hist: list, ids: Sequence[int] | None) -> str | None:
+    def served(prompt: list | str, t: str, pid: str, hist: list, ids: Sequence[int] | None, action: str,
+               tone: str) -> str | None:
         """The delivered text of completion ``t`` (None: refused), or ``t`` itself without checks."""
         if checks is None:
             return t
@@ -126,27 +134,48 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
         else:
             prefix = ""
         text, why = served_persona_text(card, names, system, history_from_dicts(hist or []), t, finish, checks,
-                                        FALLBACK_ACTION, card.default_tone)
+                                        action or FALLBACK_ACTION, tone or card.default_tone)
         if not text:
             refusals[why] += 1
             return None
         return prefix + text
 
     def persona_reward(prompts: list, completions: list, persona_id: list[str], history: list, context: list,
-                       completion_ids: list | None = None, **_: object) -> list[float | None]:
-        ids = completion_ids if completion_ids is not None else [None] * len(completions)
+                       completion_ids: list | None = None, action: list | None = None, tone: list | None = None,
+                       **_: object) -> list[float | None]:
+        n = len(completions)
+        ids = completion_ids if completion_ids is not None else [None] * n
+        actions, tones = action or [""] * n, tone or [""] * n
         raw = [completion_text(c) for c in completions]
-        shown = [served(p, t, pid, h, i) for p, t, pid, h, i in zip(prompts, raw, persona_id, history, ids)]
+        shown = [served(p, t, pid, h, i, a, tn)
+                 for p, t, pid, h, i, a, tn in zip(prompts, raw, persona_id, history, ids, actions, tones)]
         keep = [k for k, t in enumerate(shown) if t is not None]
         out: list[float | None] = [cfg.refused_reward] * len(shown)
         texts = [shown[k] for k in keep]
+        cards = [catalog.get(persona_id[k]) for k in keep]
+        answers = [split_think(t)[1].strip() if cfg.format.think else t.strip() for t in texts]
         # a think tag from a model without a thinking mode stays a format error though serving hides it
         r_fmt = [-1.0 if not cfg.format.think and ("<think>" in raw[k] or "</think>" in raw[k]) else
-                 format_reward(t, l_max=cfg.format.l_max, lam=cfg.format.lam, think=cfg.format.think)
-                 for k, t in zip(keep, texts)]
+                 format_reward(t, l_max=c.max_answer_words if cfg.format.l_max_from_card else cfg.format.l_max,
+                               lam=cfg.format.lam, think=cfg.format.think)
+                 for k, t, c in zip(keep, texts, cards)]
+        # R_move and the budget penalty are rule-based like R_format: added to the composite reward
+        users = [next((h["text"] for h in reversed(history[k] or []) if h["role"] == "user"), "") for k in keep]
+        r_move = [move_reward(c.moves, a, u, cfg.move.required, cfg.move.forbidden) if cfg.w_move else 0.0
+                  for c, a, u in zip(cards, answers, users)]
+        cut = [ids[k] is not None and len(ids[k]) >= cfg.max_completion_length for k in keep]
+        extra = [cfg.w_move * m - (cfg.budget_penalty if c else 0.0) for m, c in zip(r_move, cut)]
+        stats["move"].append(sum(r_move) / len(r_move) if r_move else None)
+        stats["cut"].append(sum(cut) / n if n else None)
+        for a in answers:
+            recent.append(opener(a))
+        if collapse is not None and len(recent) >= collapse.window and not state.get("collapse"):
+            top, count = collections.Counter(recent).most_common(1)[0]
+            if count / len(recent) >= collapse.max_opener_share:
+                state["collapse"] = {"opener": top, "share": round(count / len(recent), 3)}
         if rm_fn is None:
-            for k, f in zip(keep, r_fmt):
-                out[k] = cfg.w_format * f
+            for k, f, e in zip(keep, r_fmt, extra):
+                out[k] = cfg.w_format * f + e
             return out
         if not keep:
             return out
@@ -170,7 +199,7 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
             return out
         if len(z) != len(texts):
             raise ValueError(f"reward model returned {len(z)} scores for {len(texts)} completions")
-        for k, zi, fi in zip(keep, z, r_fmt):
+        for k, zi, fi, e in zip(keep, z, r_fmt, extra):
             if zi is None:
                 fail("none")
                 out[k] = None
@@ -178,10 +207,12 @@ def make_reward_func(scorer, catalog: PersonaCatalog, cfg: GrpoConfig, metrics=N
                 fail("nan")
                 out[k] = None
             else:
-                out[k] = composite_reward(float(zi), fi, cfg.w_rm, cfg.w_format)
+                out[k] = composite_reward(float(zi), fi, cfg.w_rm, cfg.w_format) + e
         return out
 
     persona_reward.failures = failures  # type: ignore[attr-defined]
+    persona_reward.stats = stats  # type: ignore[attr-defined]
+    persona_reward.state = state  # type: ignore[attr-defined]
     persona_reward.refusals = refusals  # type: ignore[attr-defined]
     persona_reward.checks = checks is not None  # type: ignore[attr-defined]
     return persona_reward
@@ -203,6 +234,7 @@ def grpo_args(g: GrpoConfig, output_dir: str | Path, max_model_len: int | None =
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=g.max_completion_length, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, temperature=g.temperature,
+                      top_p=g.top_p, repetition_penalty=g.repetition_penalty,
                       seed=g.seed, bf16=False, gradient_checkpointing=g.gradient_checkpointing,
                       use_cpu=not torch.cuda.is_available(),
                       report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
@@ -231,7 +263,8 @@ def sample_completions(model, tok, rows: Sequence[dict], g: GrpoConfig, samples:
                 enc = tok(text, return_tensors="pt", add_special_tokens=False).to(model.device)
                 torch.manual_seed(seed + i)
                 with torch.inference_mode():
-                    gen = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=1.0, top_k=0,
+                    gen = model.generate(**enc, do_sample=True, temperature=g.temperature, top_p=g.top_p, top_k=0,
+                                     repetition_penalty=g.repetition_penalty,
                                          max_new_tokens=g.max_completion_length, num_return_sequences=samples,
                                          pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
                                          else tok.eos_token_id)
@@ -335,7 +368,7 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
         model, peft_config = PeftModel.from_pretrained(model, init_adapter, is_trainable=True), None
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_func], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=peft_config,
-                          callbacks=[finite_guard(), *callbacks])
+                          callbacks=[finite_guard(), collapse_stop(reward_func), *callbacks])
     if callbacks:  # a progress callback reports each step; the printer's dict per step would repeat it
         trainer.remove_callback(PrinterCallback)
 
@@ -350,10 +383,34 @@ def train_persona(base_model: str, rows: list[dict], reward_func: Callable, g: G
                if isinstance(e.get("reward"), (int, float)) and math.isfinite(e["reward"])]  # NaN logs as None
     m = {"steps": trainer.state.global_step, "reward_first": rewards[0] if rewards else None,
          "reward_last": rewards[-1] if rewards else None}
+    stats = getattr(reward_func, "stats", None)
+    if stats:  # mean R_move of the delivered completions and share cut at the token budget, first and last step
+        for key in ("move", "cut"):
+            vals = [v for v in stats[key] if v is not None]
+            m[f"{key}_first"] = round(vals[0], 4) if vals else None
+            m[f"{key}_last"] = round(vals[-1], 4) if vals else None
+    m["stopped_on_collapse"] = (getattr(reward_func, "state", None) or {}).get("collapse")
     if heldout:
         m.update(heldout_prompts=len(heldout), heldout_before=before, heldout_after=after)
     m["seconds"] = round(time.perf_counter() - t0, 3)
     return trainer, m
+
+
+def collapse_stop(reward_func: Callable) -> Any:
+    """A ``transformers.TrainerCallback`` ending training after the step where ``reward_func`` (made by
+    :func:`make_reward_func`) found one opener taking over the recent completions (``state["collapse"]``)."""
+    from transformers import TrainerCallback
+
+    class _CollapseStop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            found = (getattr(reward_func, "state", None) or {}).get("collapse")
+            if found:
+                log.warning("template collapse at step %d: %d%% of recent completions open with %r; stopping",
+                            state.global_step, round(100 * found["share"]), found["opener"])
+                control.should_training_stop = True
+            return control
+
+    return _CollapseStop()
 
 
 def release_trainer(trainer) -> None:
@@ -440,6 +497,9 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     catalog = PersonaCatalog.load()
     scorer = RewardScorer(rm_dir) if rm_dir else None
     with mf.stage_dir(out, STAGE, config, inputs) as (partial, man):
+        # which terms the reward had: the reward model's, or the rule-based ones alone (no RM, or one below its bar)
+        man["reward_terms"] = {"rm": bool(rm_dir) and g.w_rm != 0, "format": g.w_format != 0,
+                               "move": g.w_move != 0, "budget_penalty": g.budget_penalty != 0}
         for pid in personas:
             pdir = partial / pid
             marker = pdir / DONE_MARKER

@@ -62,6 +62,7 @@ class Pair:
     chosen: str
     rejected: str
     split: str
+    kind: str = "within"
 
 
 def load_pairs(path: Path, catalog: PersonaCatalog) -> list[Pair]:
@@ -86,7 +87,7 @@ def load_pairs(path: Path, catalog: PersonaCatalog) -> list[Pair]:
         history = tuple(history_from_dicts(rec["history"]))
         context = tuple((str(s), str(c)) for s, c in rec["context"])
         out.append(Pair(str(rec["situation_id"]), rec["persona_id"], history, context, rec["chosen"],
-                        rec["rejected"], rec["split"]))
+                        rec["rejected"], rec["split"], rec.get("kind") or "within"))
     return out
 
 
@@ -139,7 +140,7 @@ def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCata
 
     scorer = RewardScorer(model_dir, max_length=max_length, batch_size=batch_size)
     names = {pid: c.name for pid, c in catalog.cards.items()}
-    texts, skipped = [], 0
+    texts, skipped, kinds = [], 0, []
     for p in pairs:
         try:
             built = scorer.build_inputs(catalog.get(p.persona_id), p.history, [p.chosen, p.rejected],
@@ -148,14 +149,30 @@ def heldout_metrics(model_dir: Path, pairs: Sequence[Pair], catalog: PersonaCata
             skipped += 1
             continue
         texts += [t for t, _ in built]
+        kinds.append(p.kind)
     raw = scorer.score_texts(texts)
     n = len(raw) // 2
     if n == 0:
-        return {"accuracy": None, "pairs": 0, "mu": 0.0, "sigma": 1.0, "skipped": skipped}
-    wins = sum(1 for i in range(n) if raw[2 * i] > raw[2 * i + 1])
+        return {"accuracy": None, "pairs": 0, "mu": 0.0, "sigma": 1.0, "skipped": skipped, "by_kind": {}}
+    won = [raw[2 * i] > raw[2 * i + 1] for i in range(n)]
     sigma = statistics.pstdev(raw)
-    return {"accuracy": wins / n, "pairs": n, "mu": statistics.fmean(raw),
-            "sigma": sigma if sigma > SIGMA_FLOOR else 1.0, "skipped": skipped}
+    by_kind = {k: accuracy_interval(sum(w for w, kk in zip(won, kinds) if kk == k), kinds.count(k))
+               for k in sorted(set(kinds))}
+    return {"accuracy": sum(won) / n, "pairs": n, "mu": statistics.fmean(raw),
+            "sigma": sigma if sigma > SIGMA_FLOOR else 1.0, "skipped": skipped,
+            "interval": accuracy_interval(sum(won), n)["interval"], "by_kind": by_kind}
+
+
+def accuracy_interval(wins: int, n: int) -> dict:
+    """Pairwise accuracy ``wins / n`` with its 95% Wilson score interval (scipy ``binomtest(...).proportion_ci(
+    method="wilson")``): ``{"accuracy", "pairs", "interval": [low, high]}``, rounded to 3 places; accuracy and
+    interval None when ``n`` is 0."""
+    if n == 0:
+        return {"accuracy": None, "pairs": 0, "interval": None}
+    from scipy.stats import binomtest
+
+    ci = binomtest(wins, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return {"accuracy": round(wins / n, 3), "pairs": n, "interval": [round(ci.low, 3), round(ci.high, 3)]}
 
 
 def _base_digest(name: str) -> str:
@@ -231,8 +248,18 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict:
         write_metadata(model_dir, RewardMetadata(name=f"persona-rm-{cfg.run_id}", mu=ho["mu"], sigma=ho["sigma"],
                                                  trained=True))
         manifest["metrics"] = {"rm_heldout_accuracy": ho["accuracy"], "heldout_pairs": ho["pairs"],
+                               "heldout_interval": ho.get("interval"), "heldout_by_kind": ho.get("by_kind", {}),
                                "train_pairs": train_pairs, "train_loss": loss,
                                "mu": ho["mu"], "sigma": ho["sigma"]}
+        low = (ho.get("interval") or [None])[0]
+        better = low is not None and low > 0.5
+        # the bar: GRPO uses the reward model only when it beats chance on held-out situations (when asked to)
+        manifest["rm_better_than_chance"] = better
+        manifest["rm_used_by_grpo"] = better or not rm_cfg.require_better_than_chance
+        if not manifest["rm_used_by_grpo"]:
+            log.warning("persona_rm: held-out accuracy %s %s is not better than chance; GRPO will use the "
+                        "rule-based reward alone (persona_rm.require_better_than_chance)", ho["accuracy"],
+                        ho.get("interval"))
         manifest["data_ids"] = sorted({p.situation_id for p in pairs})
         manifest["rm_heldout_accuracy"] = ho["accuracy"]
         manifest["skipped_too_long"] = {"train": skipped, "heldout": ho["skipped"]}

@@ -1,6 +1,6 @@
 """Run phase 1 locally or in a Kubernetes Job: the whole chain or one stage (``mascot train``).
 
-Chain: [sft] → sample → judge → pairs → persona_rm → persona_grpo → publish (:data:`STAGE_MODULES` names the
+Chain: [sft_data → sft] → sample → judge → pairs → persona_rm → persona_grpo → publish (:data:`STAGE_MODULES` names the
 module of each). Each stage skips itself when its manifest matches (resume); the same image and command run as a
 Job.
 """
@@ -20,6 +20,7 @@ from mascot_training.persona.config import STAGES, PersonaAlignmentConfig
 
 #: The module under ``mascot_training`` that runs each stage (its ``run``), in chain order.
 STAGE_MODULES = {
+    "sft_data": "persona.sft_data",
     "sft": "persona.sft",
     "sample": "persona.sample_candidates",
     "judge": "persona.score_candidates",
@@ -49,22 +50,41 @@ async def _engine(cfg: PersonaAlignmentConfig, base: str, sft_dir: Path | None) 
 
 
 def grpo_prompts(cfg: PersonaAlignmentConfig, out: Path, engine: Any) -> dict[str, list[dict]]:
-    """GRPO prompt rows per persona from the sampled groups (same serving prompt as the candidates)."""
+    """GRPO prompt rows per persona from the sampled groups, in serving's prompt mix (``persona_grpo``'s
+    ``fallback_share`` and ``mid_dialogue_share``): each group's directive is the fallback one or an Action and Tone
+    of the director's vocabulary (:func:`mascot_training.persona.sft_data.choose_directive`), and in a share of the
+    situations the persona answers after another persona's sampled candidate, as the second agent. A row keeps its
+    group's id, so the held-out split is unchanged."""
     from mascot.core.dialogue import history_from_dicts
     from mascot.core.personas import PersonaCatalog
     from mascot_training.persona.sample_candidates import group_prompt
+    from mascot_training.persona.sft_data import _unit, choose_directive
 
+    g_cfg = cfg.persona_grpo
     catalog = PersonaCatalog.load()
     roster = [catalog.get(p) for p in active_personas(cfg)]
     rows: dict[str, list[dict]] = {p: [] for p in active_personas(cfg)}
-    for g in read_jsonl(out / "sample" / "candidates.jsonl"):
-        history = history_from_dicts(g["history"])
-        msgs = group_prompt(engine, catalog.get(g["persona_id"]), roster, history, [tuple(c) for c in g["context"]],
-                            cfg.persona_grpo.max_completion_length)
+    groups = read_jsonl(out / "sample" / "candidates.jsonl")
+    by_sit: dict[str, list[dict]] = {}
+    for g in groups:
+        by_sit.setdefault(g["situation_id"], []).append(g)
+    for g in groups:
+        card = catalog.get(g["persona_id"])
+        action, tone = choose_directive(card, g["group_id"], g_cfg.fallback_share)
+        hist = list(g["history"])
+        if _unit(g["situation_id"], "grpo-mid") < g_cfg.mid_dialogue_share:
+            others = [(o["persona_id"], c) for o in by_sit[g["situation_id"]] if o["persona_id"] != g["persona_id"]
+                      for c in o["candidates"][:1] if c]
+            if others:
+                pid, text = others[int(_unit(g["group_id"], "grpo-prev") * len(others))]
+                hist.append({"role": "agent", "text": text, "persona_id": pid})
+        history = history_from_dicts(hist)
+        msgs = group_prompt(engine, card, roster, history, [tuple(c) for c in g["context"]],
+                            g_cfg.max_completion_length, action, tone)
         rows[g["persona_id"]].append({"prompt": msgs, "persona_id": g["persona_id"], "group_id": g["group_id"],
                                       "history": [{"role": h["role"], "text": h["text"],
-                                                   "persona_id": h["persona_id"] or ""} for h in g["history"]],
-                                      "context": g["context"]})
+                                                   "persona_id": h.get("persona_id") or ""} for h in hist],
+                                      "context": g["context"], "action": action, "tone": tone})
     return rows
 
 
@@ -90,6 +110,15 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
             engine = await _engine(cfg, base, out / "sft" / "adapter" if sft_m else None)
         return engine
 
+    def nonlocal_reset() -> None:
+        """After SFT the engine must be rebuilt with the new adapter (the next get_engine loads it)."""
+        nonlocal engine
+        if engine is not None:
+            pending.append(engine)
+            engine = None
+
+    pending: list[Any] = []
+
     async def main() -> None:
         try:
             for stage in STAGES:
@@ -98,8 +127,12 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                 before = (read_manifest(out / stage) or {}).get("timings")
                 log(stage_started(stage))
                 mod = importlib.import_module(f"mascot_training.{STAGE_MODULES[stage]}")
-                if stage == "sft":
+                if stage == "sft_data":  # sampled from the base model, before any adapter exists
+                    results[stage] = await mod.run(cfg, out, engine=await get_engine()) if cfg.sft_data.enabled \
+                        else None
+                elif stage == "sft":
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base)
+                    nonlocal_reset()
                 elif stage == "sample":
                     eng = await get_engine()
                     sft_on = read_manifest(out / "sft") is not None and cfg.sft.enabled
@@ -110,19 +143,30 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     results[stage] = mod.run(cfg, out)
                 elif stage == "persona_rm":
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base)
+                elif stage == "persona_grpo" and not cfg.persona_grpo.enabled:
+                    results[stage] = None
                 elif stage == "persona_grpo":
                     prompts = grpo_prompts(cfg, out, await get_engine())
+                    rm_m = read_manifest(out / "persona_rm") or {}
+                    rm_dir = str(out / "persona_rm" / "model") if rm_m.get("rm_used_by_grpo", True) else None
                     results[stage] = await asyncio.to_thread(
-                        mod.run, cfg, out, base_model=base, rm_dir=str(out / "persona_rm" / "model"),
+                        mod.run, cfg, out, base_model=base, rm_dir=rm_dir,
                         personas=active_personas(cfg), prompts=prompts,
                         init_adapter=str(out / "sft" / "adapter") if cfg.sft.enabled and read_manifest(out / "sft")
                         else None)
                 elif stage == "publish":
-                    adapters = {p: out / "persona_grpo" / p for p in active_personas(cfg)}
+                    if cfg.persona_grpo.enabled:
+                        adapters = {p: out / "persona_grpo" / p for p in active_personas(cfg)}
+                        sources = ("sft_data", "sft", "sample", "pairs")
+                    else:  # the SFT policy is every persona's adapter
+                        adapters = {p: out / "sft" / "adapter" for p in active_personas(cfg)}
+                        sources = ("sft_data", "sft")
                     ids = sorted(set().union(*[set((read_manifest(out / s) or {}).get("data_ids", []))
-                                               for s in ("sample", "pairs")]))
+                                               for s in sources]))
                     results[stage] = await asyncio.to_thread(mod.run, cfg, out, base_model=base,
                                                              adapters=adapters, data_ids=ids)
+                while pending:
+                    await pending.pop().close()
                 log(stage_finished(stage, before, results.get(stage)))
                 log(after_stage(stage))  # otherwise glibc's arenas keep what a trainer freed
         finally:

@@ -34,12 +34,13 @@ from mascot_training.common.progress import StepProgress
 
 
 def group_prompt(engine: Any, card, roster, history: list[HistoryTurn], context,
-                 max_tokens: int) -> list[dict]:
-    """The serving speaker prompt for ``card`` (chat messages), fitted to the engine's window."""
+                 max_tokens: int, action: str = "", tone: str = "") -> list[dict]:
+    """The serving speaker prompt for ``card`` (chat messages) under the directive ``action`` / ``tone`` (empty:
+    the fallback directive and the card's default tone), fitted to the engine's window."""
     names = {c.id: c.name for c in roster}
 
     def build(h: list, c: list) -> list[dict]:
-        return build_persona_messages(card, h, c, FALLBACK_ACTION, card.default_tone, names)
+        return build_persona_messages(card, h, c, action or FALLBACK_ACTION, tone or card.default_tone, names)
 
     return fit_history(build, history, context, engine.render_chat, engine.count_tokens,
                        engine.max_context_tokens - max_tokens)

@@ -1,6 +1,8 @@
 """Stage ``sft`` of phase 1: optional SFT of the speaker (candidate) policy, one LoRA on the base model.
 
-Off by default: the paper gives no SFT data and its SFT baseline scores below zero-shot prompting. When enabled,
+Off by default. The paper starts GRPO from an SFT policy but gives no SFT data; with ``sft_data`` enabled the data
+are the move-compliant replies the ``sft_data`` stage sampled and kept (:mod:`mascot_training.persona.sft_data`),
+rendered under the exact serving prompt. When enabled,
 TRL ``SFTTrainer`` trains a LoRA (``cfg.lora``, PEFT ``task_type="CAUSAL_LM"``) on a conversational dataset and
 the stage writes ``OUT/sft/adapter/`` (a PEFT directory) and ``OUT/sft/manifest.json``.
 
@@ -116,6 +118,12 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
     personas = active_personas(cfg)
     config = cfg.sft.model_dump(mode="json") | {"lora": cfg.lora.model_dump(), "max_model_len": cfg.max_model_len}
     data = cfg.sft.data
+    if data is None and cfg.sft_data.enabled:  # the rows the sft_data stage built
+        built = read_manifest(out / "sft_data")
+        if built is None:
+            raise ValueError("sft_data is enabled but its stage has not run in this run directory; run the "
+                             "sft-data stage first (mascot train sft-data, or the whole chain)")
+        data = out / "sft_data" / built["rows"]
     inputs = {"data": (digest_path(data) if data else "") or "smoke", "base_model": str(base_model)}
     if data is None:
         inputs["personas"] = ",".join(personas)
@@ -127,6 +135,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
 
         rows = load_sft_rows(data, set(PersonaCatalog.load().cards))
         data_ids = [f"{Path(data).name}:{r['line']}" for r in rows]
+        if cfg.sft.data is None:  # built from training situations: those are the ids eval must refuse
+            data_ids = read_manifest(out / "sft_data")["data_ids"]
     else:
         rows = smoke_rows(personas)
         data_ids = [f"smoke:{r['persona_id']}:{r['line']}" for r in rows]
