@@ -47,7 +47,13 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     p1 = load(P1)
     assert p1.model == "" and p1.data.situations == Path("runs/splits/train.jsonl") and p1.data.train_fraction == 1.0
     assert [j["kind"] for j in p1.judge.judges] == ["metrics"] and p1.persona_grpo.format.think is False
-    assert p1.persona_grpo.max_steps * 5 >= 30 and not p1.personas  # every support persona, 30 steps in all
+    assert p1.persona_grpo.max_steps * 5 >= 80 and not p1.personas  # every support persona, 80 steps in all
+    # the SFT base policy from move-compliant replies, cross-persona pairs, and a reward that carries the moves
+    assert p1.sft_data.enabled and p1.sft.enabled and p1.sft_data.require_moves and p1.sft_data.limit > p1.data.limit
+    assert p1.pairs.cross_per_group > 0 and p1.persona_rm.require_better_than_chance
+    g = p1.persona_grpo
+    assert g.w_move > 0 and g.budget_penalty > 0 and g.format.l_max_from_card and g.beta > 0
+    assert g.collapse_stop.enabled and g.fallback_share < 1 and g.mid_dialogue_share > 0
     # the phase 2 recipe reads phase 1's store, which must exist
     with pytest.raises(ConfigError, match="speakers.store runs/p1/adapters has no registry.json"):
         from mascot_training.collaborative.config import load as load2
@@ -98,6 +104,8 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     # candidates go through serving's reply checks (one with no finished sentence within its budget is refused), so
     # they get room for a sentence
     cfg1 = _set(yaml.safe_load(P1.read_text()), personas=personas, data__limit=1, sample__k=3,
+                sft_data__limit=1, sft_data__k_teacher=2, sft_data__k_plain=1, sft_data__max_tokens=32,
+                sft_data__mid_dialogue_share=1.0, sft__max_steps=2,
                 sample__max_tokens=32, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
                 persona_grpo__max_steps=1,
@@ -110,6 +118,20 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     lines = p.stderr.splitlines()
     assert any(x.startswith("persona_grpo anchor: step 1/1 (100%)") and "reward " in x for x in lines), lines
     assert not any(x.startswith("{'loss'") for x in lines)  # the trainer's own dict lines are gone
+    # the SFT data on the real model: teacher and plain candidates, kept only when they do the card's moves
+    sd = json.loads((out1 / "sft_data" / "manifest.json").read_text())
+    assert sd["metrics"]["candidates"] == 3 * sd["metrics"]["contexts"] and set(sd["data_ids"]) <= train_ids
+    pool = [json.loads(x) for x in (out1 / "sft_data" / "pool.jsonl").read_text().splitlines()]
+    from mascot.core.moves import assess
+    from mascot.core.personas import PersonaCatalog
+
+    cards = PersonaCatalog.load()
+    for g in pool:
+        assert [c["prompt"] for c in g["candidates"]] == ["teacher", "teacher", "plain"]
+        for c in g["candidates"]:
+            if c["eligible"]:
+                assert assess(cards.get(g["persona_id"]).moves, c["text"], g["user"]).compliant, c
+    assert sd["metrics"]["rows"] == sum(sd["metrics"]["rows_by_persona"].values()) >= 1
     sample = json.loads((out1 / "sample" / "manifest.json").read_text())
     assert set(sample["data_ids"]) <= train_ids and len(sample["data_ids"]) == 1
     assert sample["config"]["guard"]["enabled"] and sample["metrics"]["attempts_per_candidate"] >= 1.0

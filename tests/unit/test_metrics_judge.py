@@ -87,7 +87,8 @@ def test_a_reply_that_is_its_own_card_is_near_it_and_not_anothers_but_a_copy_ear
     for card in roster:
         own = judge(backend, rb.AGENT, agent_item(backend, card, roster, history, identity_text(card)))
         assert own.status == "ok" and _margin(own.rationale) >= MARGIN_STEPS[0], (card.id, own.rationale)
-        assert own.scores["persona_consistency"] == 3 and "card echo" in own.rationale, (card.id, own.rationale)
+        # a copy of the card is capped at 3 whatever its moves and margin
+        assert own.scores["persona_consistency"] <= 3 and "card echo" in own.rationale, (card.id, own.rationale)
         other = next(c for c in roster if c.id != card.id)
         wrong = judge(backend, rb.AGENT, agent_item(backend, other, roster, history, identity_text(card)))
         assert wrong.scores["persona_consistency"] <= 2, (card.id, other.id, wrong.rationale)
@@ -104,10 +105,15 @@ def test_a_copy_of_the_users_message_answers_nothing(backend, catalog):
     assert on.scores["response_relevance"] >= 4 and "echo" not in on.rationale, on.rationale
 
 
-def test_a_first_reply_has_no_earlier_turn_to_repeat(backend, catalog):
+def test_a_first_reply_contributes_by_what_it_adds_to_the_users_message(backend, catalog):
     roster = catalog.in_set("support")
-    v = judge(backend, rb.AGENT, agent_item(backend, roster[0], roster, [HistoryTurn("user", USER)], ON_TOPIC))
-    assert v.scores["social_contribution"] == 3 and "overlap with earlier turns n/a" in v.rationale, v.rationale
+    history = [HistoryTurn("user", USER)]
+    v = judge(backend, rb.AGENT, agent_item(backend, roster[0], roster, history, ON_TOPIC))
+    assert v.scores["social_contribution"] >= 3 and "overlap with earlier turns n/a" in v.rationale, v.rationale
+    # restating the user's own words adds nothing: no earlier agent turn to repeat, yet a low contribution
+    same = judge(backend, rb.AGENT, agent_item(backend, roster[0], roster, history,
+                                               "Driving test failed again, feeling stupid about the driving test."))
+    assert same.scores["social_contribution"] <= 2, same.rationale
 
 
 def test_relevance_follows_the_users_message(backend, catalog):
@@ -134,13 +140,20 @@ def test_collective_block_scores_fidelity_and_originality(backend, catalog):
     history = [HistoryTurn("user", USER)]
     distinct = [HistoryTurn("agent", identity_text(c), c.id) for c in roster[:3]]
     repeated = [HistoryTurn("agent", ON_TOPIC, roster[0].id), HistoryTurn("agent", ON_TOPIC, roster[1].id)]
-    swapped = [HistoryTurn("agent", identity_text(c), d.id) for c, d in zip(roster[:3], roster[1:4])]
     good = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, distinct))
     bad = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, repeated))
-    wrong = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, swapped))
-    assert good.scores["fidelity"] == 3 and set(good.scores) == set(rb.COLLECTIVE_CRITERIA)  # copied cards: capped
+    assert good.scores["fidelity"] <= 3 and set(good.scores) == set(rb.COLLECTIVE_CRITERIA)  # copied cards: capped
     assert bad.scores["originality_specificity"] < good.scores["originality_specificity"]
-    assert wrong.scores["fidelity"] < good.scores["fidelity"], wrong.rationale
+    # fidelity reads each card's moves: the same three replies score lower said by the wrong personas
+    replies = {"anchor": "That is so hard, and anyone would feel low after that. I'm here with you.",
+               "catalyst": "What felt different this time, and what might you try next time?",
+               "action_guide": "Book two more lessons this week and practise the manoeuvre you missed."}
+    own = [HistoryTurn("agent", t, pid) for pid, t in replies.items()]
+    order = list(replies)
+    swapped = [HistoryTurn("agent", replies[pid], order[(i + 1) % 3]) for i, pid in enumerate(order)]
+    right = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, own))
+    wrong = judge(backend, rb.COLLECTIVE, collective_item(backend, roster, history, swapped))
+    assert right.scores["fidelity"] >= 4 and wrong.scores["fidelity"] <= 2, (right.rationale, wrong.rationale)
 
 
 def test_deterministic_and_complete(backend, catalog):
@@ -159,11 +172,16 @@ def test_a_bare_prompt_is_refused(backend):
 def test_a_roster_of_one_gives_no_persona_signal(backend, catalog):
     card = catalog.get("anchor")
     history = [HistoryTurn("user", USER)]
-    for reply in (identity_text(card), OFF_TOPIC):  # its own card text or not: nothing to tell it from
-        v = judge(backend, rb.AGENT, agent_item(backend, card, [card], history, reply))
-        assert v.scores["persona_consistency"] == 3, v.rationale
+    # no margin (nothing to tell it from): the card's moves alone, without the margin's point
+    v = judge(backend, rb.AGENT, agent_item(backend, card, [card], history, identity_text(card)))
+    assert v.scores["persona_consistency"] <= 3 and "persona margin n/a" in v.rationale, v.rationale
+    v = judge(backend, rb.AGENT, agent_item(backend, card, [card], history, OFF_TOPIC))
+    assert v.scores["persona_consistency"] == 2 and "moves no move" in v.rationale, v.rationale
+    kind = "That is so hard, and anyone would feel low after that. I'm here with you."
+    v = judge(backend, rb.AGENT, agent_item(backend, card, [card], history, kind))
+    assert v.scores["persona_consistency"] == 4 and "moves compliant" in v.rationale, v.rationale
     block = [HistoryTurn("agent", identity_text(card), card.id)]
-    assert judge(backend, rb.COLLECTIVE, collective_item(backend, [card], history, block)).scores["fidelity"] == 3
+    assert judge(backend, rb.COLLECTIVE, collective_item(backend, [card], history, block)).scores["fidelity"] <= 3
 
 
 def test_the_cache_key_follows_the_roster_and_the_mapping_version(backend, catalog, tmp_path, monkeypatch):

@@ -27,14 +27,22 @@ user message, or whose cosine to it reaches :data:`ECHO_COSINE`, scores relevanc
 that repeats :data:`ECHO_WORDS` consecutive words of a roster card's identity text has the form fault ``card echo``
 and its persona score is capped at 3 (the margin then measures the card's wording, not the persona's voice).
 
-Agent rubric: ``persona_consistency`` <- margin, ``response_relevance`` <- relevance, ``social_contribution`` <-
-overlap (less is better), ``emotional_expressiveness`` <- form, ``empathetic_support_quality`` <- the mean of the
+- **moves**: the card's moves (:mod:`mascot.core.moves`): a required move without a forbidden one, or not
+  (:func:`persona_moves_score`).
+- **novelty**: the share of the reply's content words that no earlier turn (the user's included) holds
+  (:func:`novelty_share`): a reply that only restates what was said contributes little, a first reply included.
+
+Agent rubric: ``persona_consistency`` <- moves and margin (the margin alone for a card without moves; the margin
+alone is at chance on the default model's replies, the moves are what the card asks), ``response_relevance`` <-
+relevance, ``social_contribution`` <- the lower of the overlap and novelty scores (less overlap and more novelty
+are better), ``emotional_expressiveness`` <- form, ``empathetic_support_quality`` <- the mean of the
 relevance and form scores (rounded half up). The last two carry no measurement of emotion or support: they keep
 the rubric's keys and reward well-formed, on-topic replies.
 
-Collective rubric (over the block's agent turns): ``fidelity`` <- the mean margin score, ``originality_specificity``
-<- the mean overlap score (each turn against every earlier turn, the block's included), ``relevance_coherence`` <- the
-mean relevance score, ``engagement_contribution`` <- the mean form score (rounded half up).
+Collective rubric (over the block's agent turns): ``fidelity`` <- the mean persona score (moves and margin),
+``originality_specificity`` <- the mean overlap score (each turn against every earlier turn, the block's included),
+``relevance_coherence`` <- the mean relevance score, ``engagement_contribution`` <- the mean form score (rounded half
+up).
 
 The thresholds (:data:`MARGIN_STEPS`, :data:`RELEVANCE_STEPS`, :data:`OVERLAP_STEPS`) were set on MiniLM's cosine
 scale: unrelated English sentences sit near 0.0-0.2, paraphrases above 0.7.
@@ -49,6 +57,7 @@ from typing import Any, Sequence
 from mascot.core.embedding import SentenceEncoder, identity_text
 from mascot.core.errors import InvalidArgument
 from mascot.core.guard import shares_ngram, words
+from mascot.core.moves import assess, content_words
 from mascot.judge import rubric as rb
 
 #: Score 5, 4, 3, 2 from these lower bounds of the margin; below the last, 1.
@@ -57,11 +66,14 @@ MARGIN_STEPS = (0.10, 0.05, 0.0, -0.05)
 RELEVANCE_STEPS = (0.50, 0.40, 0.30, 0.20)
 #: Score 5, 4, 3, 2 up to these upper bounds of the overlap cosine; above the last, 1.
 OVERLAP_STEPS = (0.50, 0.60, 0.70, 0.85)
+#: Score 5, 4, 3, 2 from these lower bounds of the novelty (share of the reply's content words found in no earlier
+#: turn); below the last, 1.
+NOVELTY_STEPS = (0.70, 0.50, 0.30, 0.15)
 #: Fewer words than this cost a form point.
 MIN_WORDS = 5
 #: Part of the cache key of every verdict: raise it when a threshold or a signal changes, so cached verdicts of
 #: the old mapping are not reused.
-VERSION = "metrics-3"
+VERSION = "metrics-4"
 #: A run of this many consecutive words shared with a text (case and punctuation ignored) is a copy of it.
 ECHO_WORDS = 6
 #: A reply this close to the user's message (MiniLM cosine) repeats it rather than answering it.
@@ -117,6 +129,36 @@ def form_score(reply: str, max_words: int, names: Sequence[str] = (),
         ("card echo", shares_ngram(reply, cards, ECHO_WORDS)),
     ) if bad]
     return max(1, 5 - len(faults)), faults
+
+
+def persona_moves_score(card: Any, reply: str, user: str, margin_score: int) -> tuple[int, str] | None:
+    """The persona criterion from the card's moves (:func:`mascot.core.moves.assess`) and the margin's score:
+    4 for a reply with a required move and no forbidden one, 2 for one with neither or with both, 1 for a forbidden
+    move alone; one more (at most 5) when the margin scores 4 or 5. Returns ``(score, verdict)`` (verdict
+    ``compliant``, ``required+forbidden``, ``no move`` or ``forbidden``), or None for a card without moves (the
+    margin's score is then the criterion)."""
+    if getattr(card, "moves", None) is None:
+        return None
+    v = assess(card.moves, reply, user)
+    if v.compliant:
+        base, verdict = 4, "compliant"
+    elif v.required_present:
+        base, verdict = 2, "required+forbidden"
+    elif v.forbidden_present:
+        base, verdict = 1, "forbidden"
+    else:
+        base, verdict = 2, "no move"
+    return min(5, base + (margin_score >= 4)), verdict
+
+
+def novelty_share(reply: str, earlier: Sequence[str]) -> float | None:
+    """Share of the reply's content words (:func:`mascot.core.moves.content_words`, stemmed, stop words out) that no
+    earlier turn (the user's included) holds, in [0, 1]; None when the reply has no content word."""
+    mine = content_words(reply)
+    if not mine:
+        return None
+    seen = set().union(*(content_words(t) for t in earlier)) if earlier else set()
+    return len(mine - seen) / len(mine)
 
 
 def _half_up(x: float) -> int:
@@ -202,13 +244,20 @@ class MetricsJudgeBackend:
         if echo:
             faults = [*faults, "echo of the user"]
         margin_score = 3 if margin is None else step_score(margin, MARGIN_STEPS)
+        moves = persona_moves_score(card, reply, user, margin_score)
+        persona_score = margin_score if moves is None else moves[0]
         if "card echo" in faults:
             margin_score = min(margin_score, 3)
+            persona_score = min(persona_score, 3)
+        novelty = novelty_share(reply, [t.text for t in before if t.text.strip()])
+        overlap_score = 3 if overlap is None else step_score(overlap, OVERLAP_STEPS, higher_is_better=False)
+        novelty_score = 3 if novelty is None else step_score(novelty, NOVELTY_STEPS)
         return {"margin": margin, "own": own, "best_other": max(others) if others else None,
                 "relevance": relevance, "overlap": overlap, "form": form, "faults": faults,
-                "margin_score": margin_score,
+                "margin_score": margin_score, "persona_score": persona_score,
+                "moves": None if moves is None else moves[1], "novelty": novelty,
                 "relevance_score": 3 if relevance is None else 1 if echo else step_score(relevance, RELEVANCE_STEPS),
-                "overlap_score": 3 if overlap is None else step_score(overlap, OVERLAP_STEPS, higher_is_better=False)}
+                "overlap_score": overlap_score, "contribution_score": min(overlap_score, novelty_score)}
 
     def _embed_all(self, texts: Sequence[str]) -> dict[str, Any]:
         unique = list(dict.fromkeys(t for t in texts if t.strip()))
@@ -224,8 +273,8 @@ class MetricsJudgeBackend:
             s = self._signals(item.card, item.reply, cards, history, item.context, emb)
             scores = {"emotional_expressiveness": s["form"],
                       "empathetic_support_quality": _half_up((s["relevance_score"] + s["form"]) / 2),
-                      "persona_consistency": s["margin_score"], "response_relevance": s["relevance_score"],
-                      "social_contribution": s["overlap_score"]}
+                      "persona_consistency": s["persona_score"], "response_relevance": s["relevance_score"],
+                      "social_contribution": s["contribution_score"]}
             return scores, _rationale([s])
         by_id = {c.id: c for c in cards}
         block = list(item.block)
@@ -240,7 +289,7 @@ class MetricsJudgeBackend:
         def mean(key: str) -> int:
             return _half_up(sum(m[key] for m in measured) / len(measured))
 
-        scores = {"fidelity": mean("margin_score"), "originality_specificity": mean("overlap_score"),
+        scores = {"fidelity": mean("persona_score"), "originality_specificity": mean("overlap_score"),
                   "relevance_coherence": mean("relevance_score"), "engagement_contribution": mean("form")}
         return scores, _rationale(measured)
 
@@ -252,6 +301,8 @@ def _rationale(measured: Sequence[dict[str, Any]]) -> str:
         return f"{sum(vals) / len(vals):.2f}" if vals else "n/a"
 
     faults = sorted({f for m in measured for f in m["faults"]})
-    text = (f"metrics over {len(measured)} turn(s): persona margin {avg('margin')}, relevance {avg('relevance')}, "
-            f"overlap with earlier turns {avg('overlap')}, faults: {', '.join(faults) or 'none'}")
+    moves = sorted({m["moves"] for m in measured if m.get("moves")})
+    text = (f"metrics over {len(measured)} turn(s): moves {', '.join(moves) or 'n/a'}, persona margin "
+            f"{avg('margin')}, relevance {avg('relevance')}, overlap with earlier turns {avg('overlap')}, novelty "
+            f"{avg('novelty')}, faults: {', '.join(faults) or 'none'}")
     return text[:300]

@@ -33,8 +33,8 @@ def in_heldout_split(item_id: str, fraction: float) -> bool:
     return not in_train_split(heldout_unit(item_id), 1 - fraction, "heldout")
 
 
-def training_situations(cfg) -> list[Situation]:
-    """The first ``data.limit`` records of the training split (file order).
+def training_situations(cfg, limit: int | None = None) -> list[Situation]:
+    """The first ``limit`` (default ``data.limit``) records of the training split (file order).
 
     Raises:
         ValueError: no record falls in the training split.
@@ -42,8 +42,9 @@ def training_situations(cfg) -> list[Situation]:
     d = cfg.data
     every = load_situations(d.situations, cfg.mode, None)
     train = [s for s in every if in_train_split(s.id, d.train_fraction, d.salt)]
-    if d.limit is not None:
-        train = train[: d.limit]
+    n = limit if limit is not None else d.limit
+    if n is not None:
+        train = train[:n]
     if not train:
         raise ValueError(f"no record of {d.situations} falls in the training split (train_fraction "
                          f"{d.train_fraction}); raise it or add records")

@@ -35,6 +35,9 @@ class SftDataConfig(_S):
     under a teacher prompt and the plain serving prompt, kept when they do the card's moves."""
 
     enabled: bool = False
+    #: Training situations sampled: the first N of the training split (None: the same ``data.limit`` as the
+    #: ``sample`` stage). SFT wants more situations than GRPO's groups, and costs less per situation.
+    limit: int | None = Field(None, ge=1)
     #: Candidates per context under the teacher prompt (serving prompt + move hint + two examples).
     k_teacher: int = Field(3, ge=0, le=32)
     #: Candidates per context under the plain serving prompt (all of them for a persona without a teacher hint).

@@ -343,7 +343,7 @@ async def run(cfg, out: Path, *, engine: Any) -> dict | None:
         return read_manifest(out / STAGE)
     catalog = PersonaCatalog.load()
     names = {p: catalog.get(p).name for p in personas}
-    situations = training_situations(cfg)
+    situations = training_situations(cfg, s.limit) if s.limit else training_situations(cfg)
     with stage_dir(out, STAGE, conf, inputs) as (part, manifest):
         pool = part / "pool.jsonl"
         first = await _sample_all(engine, _contexts_first(cfg, situations, personas), pool, cfg, hints, "first")
