@@ -401,7 +401,8 @@ def _promote_gate(cfg: MascotConfig, stack: Stack, catalog: Any, speaker: Any) -
     async def gate(persona_id: str, candidate: str, baseline: str) -> Any:
         return await evaluate_promotion(speaker, judge, catalog, persona_id, candidate, baseline, situations,
                                         max_drop=pg.max_drop, judge_name=pg.judge, max_tokens=pg.max_tokens,
-                                        timeout_s=pg.timeout_s)
+                                        timeout_s=pg.timeout_s, seeds=pg.seeds,
+                                        max_compliance_drop=pg.max_compliance_drop)
 
     return gate
 

@@ -114,8 +114,10 @@ def promote(persona: str = typer.Argument(...), version: int = typer.Argument(..
                       "mascot adapters list, then raise --timeout (or lower adapters.promote_gate.limit)")
     g = r.eval_gate
     if g.ran:
+        moves = (f"; move compliance {g.candidate_compliance:.3f} vs {g.baseline_compliance:.3f}"
+                 if g.HasField("candidate_compliance") else "")
         console.print(f"evaluation gate passed: {g.candidate} {g.candidate_score:.3f} vs {g.baseline} "
-                      f"{g.baseline_score:.3f} on {g.situations} situations")
+                      f"{g.baseline_score:.3f} on {g.situations} replies{moves}")
     _show([r.persona])
 
 

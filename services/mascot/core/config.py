@@ -454,6 +454,11 @@ class PromoteGateConfig(_Section):
     limit: int = Field(16, ge=1, le=1000)
     #: How far the candidate's mean judge score (1-5) may fall below the baseline's.
     max_drop: float = Field(0.0, ge=0.0, le=4.0)
+    #: Replies per situation and version, each with its own seed (the same seeds for both versions).
+    seeds: int = Field(1, ge=1, le=16)
+    #: How far the candidate's move compliance (share of replies doing the card's moves, 0-1) may fall below the
+    #: baseline's; a persona card without moves is judged on the judge score alone.
+    max_compliance_drop: float = Field(0.0, ge=0.0, le=1.0)
     #: Judge name in the JudgeService (empty: its default).
     judge: str = ""
     #: ``host:port`` of the JudgeService; empty = the judge running in the gateway's process.

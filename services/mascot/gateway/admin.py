@@ -238,13 +238,22 @@ class AdapterServicer(pb_grpc.AdapterServiceServicer):
         r = await self.gate(pid, rg.version_name(pid, version), baseline)
         result = pb.EvalGateResult(ran=True, candidate=r.candidate, baseline=r.baseline,
                                    candidate_score=r.candidate_score, baseline_score=r.baseline_score,
-                                   situations=r.situations, passed=r.passed)
+                                   situations=r.situations, passed=r.passed, replies=r.replies)
+        if r.candidate_compliance is not None:
+            result.candidate_compliance = r.candidate_compliance
+            result.baseline_compliance = r.baseline_compliance
         if not r.passed:
-            raise FailedPrecondition(
-                f"evaluation gate refused {r.candidate}: mean judge score {r.candidate_score:.3f} vs "
-                f"{r.baseline_score:.3f} for {r.baseline} on {r.situations} held-out situations (allowed drop "
-                f"adapters.promote_gate.max_drop = {r.max_drop}); retrain, or promote with skip_eval_gate "
-                "(--skip-eval-gate)")
+            why = []
+            if not r.score_passed:
+                why.append(f"mean judge score {r.candidate_score:.3f} vs {r.baseline_score:.3f} for {r.baseline} on "
+                           f"{r.situations} held-out replies (allowed drop adapters.promote_gate.max_drop = "
+                           f"{r.max_drop})")
+            if not r.compliance_passed:
+                why.append(f"move compliance {r.candidate_compliance:.3f} vs {r.baseline_compliance:.3f} for "
+                           f"{r.baseline} over {r.replies} replies (allowed drop "
+                           f"adapters.promote_gate.max_compliance_drop = {r.max_compliance_drop})")
+            raise FailedPrecondition(f"evaluation gate refused {r.candidate}: {'; '.join(why)}; retrain, or promote "
+                                     "with skip_eval_gate (--skip-eval-gate)")
         return result
 
     async def RollbackAdapter(self, request: pb.RollbackAdapterRequest, context: Any) -> pb.RollbackAdapterResponse:

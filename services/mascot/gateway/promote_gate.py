@@ -2,11 +2,19 @@
 persona's stable version (or the base model when there is none) with the judge on held-out situations, and promoted
 only when it is not worse by more than a set margin.
 
-Per situation, both versions answer the same opening (the situation's first utterance) with the persona's fallback
-directive and the same seed, through the SpeakerService with ``adapter_version`` pinned; the JudgeService scores
-each reply with the agent rubric (the docs: five criteria, 1-5, mean ``s(y)``). The gate compares
-the mean of the per-situation means over the situations where both judgements parsed (paired comparison). An empty
-reply is not sent to the judge: it scores the rubric's minimum, 1.0.
+Per situation and seed (``seeds`` per situation), both versions answer the same opening (the situation's first
+utterance) with the persona's fallback directive and the same seed, through the SpeakerService with
+``adapter_version`` pinned; the JudgeService scores each reply with the agent rubric (the docs: five criteria, 1-5,
+mean ``s(y)``). Two rules, both must pass:
+
+* **judge score**: the mean of the paired per-reply means over the replies where both judgements parsed must not
+  fall more than ``max_drop`` below the baseline's;
+* **move compliance** (a persona card with moves): the share of replies that do the card's moves (a required move,
+  no forbidden one: :func:`mascot.core.moves.assess`) must not fall more than ``max_compliance_drop`` below the
+  baseline's. The judge alone cannot tell an adapter that does its moves from the base model when its persona
+  criterion is weak; the moves are what the card asks.
+
+An empty reply is not sent to the judge: it scores the rubric's minimum, 1.0, and does no move.
 """
 
 from __future__ import annotations
@@ -34,9 +42,14 @@ class GateResult:
         baseline: The version it is compared with (the stable one, or ``"base"``).
         candidate_score: Mean judge score of the candidate, 1.0-5.0, over ``situations`` paired situations.
         baseline_score: Same for the baseline.
-        situations: Situations where both judgements parsed (the others are left out of both means).
-        passed: ``candidate_score >= baseline_score - max_drop``.
+        situations: Replies (situation x seed) where both judgements parsed (the others are left out of both
+            means).
+        passed: Both rules passed (module docstring).
         max_drop: The allowed drop the decision used.
+        candidate_compliance: Share of the candidate's replies doing the card's moves (None: a card without moves).
+        baseline_compliance: The same for the baseline.
+        replies: Replies each version gave.
+        max_compliance_drop: The allowed compliance drop.
     """
 
     candidate: str
@@ -46,6 +59,22 @@ class GateResult:
     situations: int
     passed: bool
     max_drop: float = 0.0
+    candidate_compliance: float | None = None
+    baseline_compliance: float | None = None
+    replies: int = 0
+    max_compliance_drop: float = 0.0
+
+    @property
+    def score_passed(self) -> bool:
+        """The judge-score rule alone."""
+        return self.candidate_score >= self.baseline_score - self.max_drop
+
+    @property
+    def compliance_passed(self) -> bool:
+        """The move-compliance rule alone (True for a card without moves)."""
+        if self.candidate_compliance is None or self.baseline_compliance is None:
+            return True
+        return self.candidate_compliance >= self.baseline_compliance - self.max_compliance_drop - 1e-9
 
 
 def read_gate_situations(path: str | Path, limit: int) -> list[Situation]:
@@ -78,12 +107,16 @@ async def _reply(speaker: Any, persona: Any, roster: list[str], opening: str, ve
 
 async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id: str, candidate: str,
                              baseline: str, situations: list[Situation], *, max_drop: float, judge_name: str = "",
-                             max_tokens: int = 96, timeout_s: float = 120.0) -> GateResult:
+                             max_tokens: int = 96, timeout_s: float = 120.0, seeds: int = 1,
+                             max_compliance_drop: float = 0.0) -> GateResult:
     """Score ``candidate`` against ``baseline`` on ``situations`` (see the module docstring).
 
     Args:
         speaker: A ``SpeakerServiceStub``; judge: a ``JudgeServiceStub``; catalog: the persona catalog.
         max_drop: How far (on the 1-5 scale) the candidate's mean may fall below the baseline's, >= 0.
+        seeds: Replies per situation and version (seed ``1000 + i + 1009·k`` for situation i, reply k; the same
+            for both versions).
+        max_compliance_drop: How far the candidate's move compliance (0-1) may fall below the baseline's.
 
     Raises:
         FailedPrecondition: no situation gave two parsable judgements (the gate cannot decide).
@@ -94,18 +127,27 @@ async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id:
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
     from mascot.api.judge.v1 import judge_pb2 as jpb
 
+    from mascot.core.moves import assess
+
     persona = catalog.get(persona_id)
     roster = [c.id for c in catalog.in_set(persona.persona_set)]
     cand, base = [], []
-    for i, sit in enumerate(situations):
+    complied = {"candidate": 0, "baseline": 0}
+    replies = 0
+    runs = [(sit, 1000 + i + 1009 * k) for i, sit in enumerate(situations) for k in range(seeds)]
+    for sit, seed in runs:
         opening = sit.opening
         try:
             a, b = await asyncio.wait_for(asyncio.gather(
-                _reply(speaker, persona, roster, opening, candidate, 1000 + i, max_tokens),
-                _reply(speaker, persona, roster, opening, baseline, 1000 + i, max_tokens)), timeout_s)
+                _reply(speaker, persona, roster, opening, candidate, seed, max_tokens),
+                _reply(speaker, persona, roster, opening, baseline, seed, max_tokens)), timeout_s)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as e:
             raise Unavailable(f"evaluation gate: the speaker service failed ({_why(e)}); retry the promote") from None
         texts = {"candidate": a, "baseline": b}
+        replies += 1
+        if persona.moves is not None:
+            for k, t in texts.items():
+                complied[k] += bool(t.strip()) and assess(persona.moves, t, opening).compliant
         scores = {k: EMPTY_REPLY_SCORE for k, t in texts.items() if not t.strip()}
         todo = [k for k in texts if k not in scores]
         if todo:
@@ -122,8 +164,12 @@ async def evaluate_promotion(speaker: Any, judge: Any, catalog: Any, persona_id:
         if len(scores) == 2:  # paired: a situation counts only when both sides have a score
             cand.append(scores["candidate"])
             base.append(scores["baseline"])
-    c, b, passed = decide(cand, base, max_drop, what=f"{candidate} and {baseline}", asked=len(situations))
-    return GateResult(candidate, baseline, round(c, 4), round(b, 4), len(cand), passed, max_drop)
+    c, b, _ = decide(cand, base, max_drop, what=f"{candidate} and {baseline}", asked=len(runs))
+    cc = round(complied["candidate"] / replies, 4) if persona.moves is not None and replies else None
+    bc = round(complied["baseline"] / replies, 4) if persona.moves is not None and replies else None
+    r = GateResult(candidate, baseline, round(c, 4), round(b, 4), len(cand), False, max_drop, cc, bc, replies,
+                   max_compliance_drop)
+    return GateResult(**{**r.__dict__, "passed": r.score_passed and r.compliance_passed})
 
 
 def decide(candidate: list[float], baseline: list[float], max_drop: float, *, what: str = "the two versions",

@@ -101,7 +101,7 @@ class PromoteAdapterRequest(_message.Message):
     def __init__(self, persona_id: _Optional[str] = ..., version: _Optional[int] = ..., canary_weight: _Optional[float] = ..., skip_eval_gate: _Optional[bool] = ...) -> None: ...
 
 class EvalGateResult(_message.Message):
-    __slots__ = ("ran", "candidate", "baseline", "candidate_score", "baseline_score", "situations", "passed")
+    __slots__ = ("ran", "candidate", "baseline", "candidate_score", "baseline_score", "situations", "passed", "candidate_compliance", "baseline_compliance", "replies")
     RAN_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     BASELINE_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,9 @@ class EvalGateResult(_message.Message):
     BASELINE_SCORE_FIELD_NUMBER: _ClassVar[int]
     SITUATIONS_FIELD_NUMBER: _ClassVar[int]
     PASSED_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_COMPLIANCE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_COMPLIANCE_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
     ran: bool
     candidate: str
     baseline: str
@@ -116,7 +119,10 @@ class EvalGateResult(_message.Message):
     baseline_score: float
     situations: int
     passed: bool
-    def __init__(self, ran: _Optional[bool] = ..., candidate: _Optional[str] = ..., baseline: _Optional[str] = ..., candidate_score: _Optional[float] = ..., baseline_score: _Optional[float] = ..., situations: _Optional[int] = ..., passed: _Optional[bool] = ...) -> None: ...
+    candidate_compliance: float
+    baseline_compliance: float
+    replies: int
+    def __init__(self, ran: _Optional[bool] = ..., candidate: _Optional[str] = ..., baseline: _Optional[str] = ..., candidate_score: _Optional[float] = ..., baseline_score: _Optional[float] = ..., situations: _Optional[int] = ..., passed: _Optional[bool] = ..., candidate_compliance: _Optional[float] = ..., baseline_compliance: _Optional[float] = ..., replies: _Optional[int] = ...) -> None: ...
 
 class PromoteAdapterResponse(_message.Message):
     __slots__ = ("persona", "revision", "eval_gate")
