@@ -124,6 +124,7 @@ VALID = {
     "emoji-repeated": "🎉🎉🎉",
     "emoji-zwj-flags-skin": "👩‍👩‍👧‍👦 🏳️‍🌈 🇯🇵 👍🏽",
     "emoji-newest": "🫠🫶🪿",
+    "emoji-crying": "😢😢",
     # right-to-left
     "rtl-arabic": "أشعر بالوحدة هذه الليلة",
     "rtl-hebrew": "אני מרגיש עייף מאוד היום",
@@ -278,6 +279,37 @@ async def test_bad_message_is_refused_and_nothing_is_stored(h, case):
     assert err.value.code() == case.code, err.value.details()
     if case.marker:
         assert case.marker not in err.value.details()  # messages never echo user text
+    assert await h.turns(conv.id) == []
+    assert (h.count(RoundRow), h.count(ConversationRow)) == (rounds, convs)
+    await assert_still_serves(h, conv.id)
+
+
+# A message with no visible character at all (only non-characters, private-use, format, control characters and
+# whitespace) is refused before any model work, with a message that says what to change; nothing is stored.
+NO_VISIBLE_TEXT = {
+    "noncharacters": "\uffff\ufdd0\ufdef\U0010ffff",
+    "private-use": "\ue000\uf8ff\U000f0000",
+    "format": "\u200b\u2060\u202e\u00ad",
+    "mixed-with-controls": " \uffff\x01\ue000\u200b\n\x1b\t",
+    "fillers": "\u3164\u2800\ufe0f",
+}
+
+
+@pytest.mark.parametrize("self_play", [False, True], ids=["send-message", "self-play-opening"])
+@pytest.mark.parametrize("text", list(NO_VISIBLE_TEXT.values()), ids=list(NO_VISIBLE_TEXT))
+async def test_a_message_with_nothing_visible_is_refused_before_any_model_work(h, text, self_play):
+    conv = await h.start()
+    seen, rounds, convs = len(h.eng.requests), h.count(RoundRow), h.count(ConversationRow)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        if self_play:
+            await collect(h.stub.RunSelfPlay(cpb.RunSelfPlayRequest(
+                conversation_id=conv.id, opening_text=text, user=dpb.UserSimulation(situation="A hard day."))))
+        else:
+            await h.send(conv.id, text)
+    assert err.value.code() == INVALID, err.value.details()
+    field = "opening_text" if self_play else "text"
+    assert err.value.details().startswith(f"the message has no visible text: {field} is empty or holds only")
+    assert len(h.eng.requests) == seen  # no model work
     assert await h.turns(conv.id) == []
     assert (h.count(RoundRow), h.count(ConversationRow)) == (rounds, convs)
     await assert_still_serves(h, conv.id)

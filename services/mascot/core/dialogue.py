@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -23,6 +24,40 @@ CONTROL_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 def strip_control_chars(text: str) -> str:
     """``text`` without :data:`CONTROL_CHARS` (model output: a random or confused model can emit NUL or ESC)."""
     return CONTROL_CHARS.sub("", text)
+
+
+#: Categories of characters that show nothing on their own: controls (Cc), format characters (Cf: zero-width space
+#: and joiners, BOM, bidi marks, tags), private use (Co: no glyph without a private font), surrogates (Cs) and
+#: separators (Zs, Zl, Zp). Unassigned code points (Cn) are not among them: emoji newer than this Python's Unicode
+#: tables are Cn here.
+INVISIBLE_CATEGORIES = frozenset(("Cc", "Cf", "Co", "Cs", "Zs", "Zl", "Zp"))
+#: Characters of other categories that show nothing: Unicode's default-ignorable code points outside Cf (combining
+#: grapheme joiner, Khmer inherent vowels, Mongolian and other variation selectors, the reserved default-ignorable
+#: ranges) and the blank fillers read as spaces by the safety rules (Hangul fillers, braille blank).
+INVISIBLE_CHARS = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u2065\u2800\u3164\uffa0"
+    + "".join(map(chr, range(0xFE00, 0xFE10))) + "".join(map(chr, range(0xFFF0, 0xFFF9))))
+
+
+def is_noncharacter(c: str) -> bool:
+    """True for one of Unicode's 66 non-characters: U+FDD0..U+FDEF and the last two code points of every plane
+    (U+FFFE, U+FFFF, U+1FFFE, ... U+10FFFF)."""
+    cp = ord(c)
+    return 0xFDD0 <= cp <= 0xFDEF or cp & 0xFFFE == 0xFFFE
+
+
+def is_invisible(c: str) -> bool:
+    """True for a character that shows nothing on its own (:data:`INVISIBLE_CATEGORIES`, :data:`INVISIBLE_CHARS`,
+    a non-character, or a code point of the default-ignorable plane-14 block U+E0000..U+E0FFF)."""
+    return (c in INVISIBLE_CHARS or unicodedata.category(c) in INVISIBLE_CATEGORIES or is_noncharacter(c)
+            or 0xE0000 <= ord(c) <= 0xE0FFF)
+
+
+def has_visible_text(text: str) -> bool:
+    """True when ``text`` holds at least one character that shows: a letter, digit, punctuation, symbol or emoji of
+    any script, or a combining mark. False for empty text and for text of only whitespace, control, format,
+    private-use and non-characters (:func:`is_invisible`)."""
+    return not all(is_invisible(c) for c in text)
 
 
 @dataclass(frozen=True)

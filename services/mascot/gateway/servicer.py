@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import unicodedata
 import uuid
 from contextlib import aclosing
 from typing import Any, AsyncIterator
@@ -14,7 +13,7 @@ from typing import Any, AsyncIterator
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.dialogue import CONTROL_CHARS, roster_from_ids
+from mascot.core.dialogue import CONTROL_CHARS, has_visible_text, roster_from_ids
 from mascot.core.enums import enum_name
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from mascot.core.personas import PersonaCatalog
@@ -66,17 +65,19 @@ def _no_controls(text: str, field: str) -> str:
     return text
 
 
-def _blank(text: str) -> bool:
-    """True for text with nothing visible: only whitespace (any Unicode space) and format characters (zero-width
-    space and joiners, byte-order mark, bidi marks)."""
-    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
-
-
 def _nonblank(text: str, field: str, limit: int) -> str:
-    """Validate user text: not blank, at most ``limit`` characters (code points), no control characters. Emoji,
-    right-to-left and combining text pass unchanged (it is stored verbatim, never normalised)."""
-    if _blank(text):
-        raise InvalidArgument(f"{field} is empty or has only whitespace or invisible characters; send some text")
+    """Validate user text before any model work or storage: at least one visible character
+    (:func:`~mascot.core.dialogue.has_visible_text`), at most ``limit`` characters (code points), no control
+    characters. Emoji, any script, right-to-left and combining text pass unchanged (stored verbatim, never
+    normalised).
+
+    Raises:
+        InvalidArgument: no visible text (empty, or only whitespace, control, format, private-use or
+            non-characters), over ``limit``, or a control character other than tab, newline and carriage return.
+    """
+    if not has_visible_text(text):
+        raise InvalidArgument(f"the message has no visible text: {field} is empty or holds only whitespace, control, "
+                              "format (zero-width), private-use or non-characters; send some words or emoji")
     if len(text) > limit:
         raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit} (dialogue.max_message_chars)")
     return _no_controls(text, field)
@@ -272,7 +273,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                           ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
         who = self._caller_key(self._gate(context, limited=True), context)
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
-        if not request.HasField("user") or not request.user.situation.strip():
+        if not request.HasField("user") or not has_visible_text(request.user.situation):
             raise InvalidArgument("user.situation is required for the simulated user")
         _check_user_simulation(request.user, self.cfg.dialogue.max_message_chars)
         n = request.agent_turns or self.cfg.selfplay.agent_turns
