@@ -1,7 +1,9 @@
 """Persona cards loaded from YAML.
 
 A persona file holds ``persona_set`` and a list ``personas`` of cards. Unknown keys are rejected, and
-a bad file raises :class:`PersonaFileError` naming the file, the line and the field. The support and
+a bad file raises :class:`PersonaFileError` naming the file, the line and the field. The text fields that prompts
+show on one line (``name``, ``role``, ``goal``, ``default_tone`` and each item of ``expertise``, ``allowed_moves``,
+``forbidden_moves``, ``style``) must be single lines. The support and
 meeting sets ship with the package; users add their own files (``personas.extra_files``).
 """
 
@@ -10,10 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mascot.core.moves import CardMoves
 
@@ -29,6 +31,25 @@ Level = Literal["low", "mid", "high"]
 #: A persona id: snake_case, 1-63 characters, starting with a letter (``\Z``: no trailing newline either).
 ID_PATTERN = "[a-z][a-z0-9_]{0,62}"
 ID_RE = re.compile(rf"^{ID_PATTERN}\Z")
+#: Line and paragraph separators (where :meth:`str.splitlines` splits): refused in the one-line card fields.
+LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+#: Deepest nesting of YAML mappings and lists a persona file may have (a card with moves needs about 8).
+MAX_YAML_DEPTH = 32
+
+
+def _single_line(v: str) -> str:
+    """``v`` unchanged; ValueError when it holds a line break (:data:`LINE_BREAKS`): a card field is shown on one line
+    of the director's and speakers' prompts, and a line break would carry extra lines into them."""
+    m = LINE_BREAKS.search(v)
+    if m:
+        raise ValueError(f"must be a single line but holds the line break U+{ord(m.group()):04X} (it would carry extra "
+                         "lines into the prompts); write it on one line (in YAML a plain or quoted scalar, or '>-' "
+                         "for a folded one)")
+    return v
+
+
+#: A card text shown on one line of a prompt.
+OneLine = Annotated[str, AfterValidator(_single_line)]
 
 
 class Disposition(BaseModel):
@@ -50,15 +71,15 @@ class PersonaCard(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str
-    name: str = Field(min_length=1, max_length=64)
-    role: str = Field(min_length=1, max_length=128)
-    goal: str = Field(min_length=1, max_length=1000)
+    name: OneLine = Field(min_length=1, max_length=64)
+    role: OneLine = Field(min_length=1, max_length=128)
+    goal: OneLine = Field(min_length=1, max_length=1000)
     disposition: Disposition
-    expertise: list[str] = Field(default_factory=list)
-    allowed_moves: list[str] = Field(min_length=1)
-    forbidden_moves: list[str] = Field(default_factory=list)
-    style: list[str] = Field(default_factory=list)
-    default_tone: str = Field(min_length=1, max_length=200)
+    expertise: list[OneLine] = Field(default_factory=list)
+    allowed_moves: list[OneLine] = Field(min_length=1)
+    forbidden_moves: list[OneLine] = Field(default_factory=list)
+    style: list[OneLine] = Field(default_factory=list)
+    default_tone: OneLine = Field(min_length=1, max_length=200)
     max_answer_words: int = Field(80, ge=5, le=2000)
     #: The card's moves as detectors (:mod:`mascot.core.moves`): what a reply must do and must not. Optional: a card
     #: without them has no move compliance in the evaluation.
@@ -74,8 +95,8 @@ class PersonaCard(BaseModel):
 
     @field_validator("name")
     @classmethod
-    def _one_line(cls, v: str) -> str:
-        if "\n" in v or ":" in v:
+    def _no_colon(cls, v: str) -> str:
+        if ":" in v:
             raise ValueError("must be one line without ':' (it is a speaker tag in prompts)")
         return v
 
@@ -113,6 +134,26 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int:
     return line
 
 
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse YAML nested deeper than :data:`MAX_YAML_DEPTH` before it is composed (composing and constructing
+    recurse once per level: thousands of nested lists would end in RecursionError). Reads the event stream, which
+    does not recurse, and stops at the first level too deep.
+
+    Raises:
+        PersonaFileError: too deep (``FILE:LINE: ...``).
+        yaml.YAMLError: the text does not parse.
+    """
+    depth = 0
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise PersonaFileError(f"{path}:{ev.start_mark.line + 1}: mappings and lists nested more than "
+                                       f"{MAX_YAML_DEPTH} levels deep; a persona file needs a few")
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def load_persona_file(path: str | Path) -> list[PersonaCard]:
     """Load and validate one persona file.
 
@@ -123,14 +164,29 @@ def load_persona_file(path: str | Path) -> list[PersonaCard]:
         The cards, each with ``persona_set`` filled in.
 
     Raises:
-        PersonaFileError: unreadable file, bad YAML, unknown key, missing or invalid field, duplicate id.
+        PersonaFileError: unreadable file, text that is not UTF-8, bad YAML, YAML nested more than
+            :data:`MAX_YAML_DEPTH` levels, unknown key, missing or invalid field (a line break in a one-line field
+            included), duplicate id. The message names the file.
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PersonaFileError(f"{path}: cannot read persona file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise PersonaFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the persona file as "
+                               "UTF-8") from None
     try:
+        return _load_cards(text, path)
+    except RecursionError:  # a backstop: _check_depth refuses deep nesting first (aliases can still build cycles)
+        raise PersonaFileError(f"{path}: the YAML is nested too deeply or refers to itself (aliases); write the "
+                               "cards out plainly") from None
+
+
+def _load_cards(text: str, path: Path) -> list[PersonaCard]:
+    """The cards of persona file ``path`` holding ``text`` (checks and errors: :func:`load_persona_file`)."""
+    try:
+        _check_depth(text, path)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
