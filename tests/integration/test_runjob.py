@@ -1,6 +1,7 @@
 """The main job over real situations (../shared/data): transcripts.jsonl and summary.json in their documented schema."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,3 +58,28 @@ def test_bad_situations_file_is_refused(tmp_path, tiny_model_dir):
                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 2 and "bad.jsonl:1" in out.stderr and "first_utterance" in out.stderr
     assert not (tmp_path / "o" / "transcripts.jsonl").exists()
+
+
+GOOD = {"id": "a", "emotion": "sad", "situation": "It rained.", "first_utterance": "My picnic was rained out."}
+#: (line 2 of the file, the message after "FILE:2: "): each is refused before any server starts (no model needed).
+UNUSABLE = {
+    "nested-100000-deep": ("[" * 100_000 + "]" * 100_000, "arrays and objects nested more than 64 levels deep"),
+    "not-an-object": ('["a", "sad", "It rained."]', "not a JSON object (a record is {...}), got an array"),
+    "wrong-type": (json.dumps({**GOOD, "situation": ["It rained."]}), "situation must be a string, got an array"),
+    "control-character": (json.dumps({**GOOD, "first_utterance": "hi\x1b[2J"}),
+                          "first_utterance contains the control character U+001B; only tab, newline and carriage "
+                          "return are allowed"),
+}
+
+
+@pytest.mark.parametrize("line, message", list(UNUSABLE.values()), ids=list(UNUSABLE))
+def test_an_unusable_situations_file_is_refused_on_one_line_before_any_server_starts(tmp_path, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(GOOD) + "\n" + line + "\n", encoding="utf-8")
+    env = {**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1", "HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("services", "training-jobs", "."))}
+    out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", "--situations", str(bad), "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.splitlines() == [f"cannot read --situations: {bad}:2: {message}"], out.stderr[-3000:]
+    assert out.stdout == "" and not (tmp_path / "o").exists()  # no config, store or stack

@@ -12,7 +12,8 @@ import pytest
 
 from mascot.app.runjob import selfplay_request, start_request
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
-from mascot.core.situations import MEETING_EXCERPT_TURNS, Situation, load_situations, meeting_situation
+from mascot.core.situations import (ED_HEADER, MEETING_EXCERPT_TURNS, Situation, load_situations,
+                                    meeting_situation)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "situations"
 ED_CSV = FIX / "empathetic_dialogues_sample.csv"
@@ -205,6 +206,119 @@ def test_jsonl_meeting_records(tmp_path):
     bad = write_jsonl(tmp_path / "b.jsonl", {"id": "m1", "domain": "Product", "turns": "Chair: hi", "query": "Why?"})
     with pytest.raises(ValueError, match=r"b\.jsonl:1: turns must be a list"):
         load_situations(bad, "meeting")
+
+
+GOOD = {"id": "a", "emotion": "sad", "situation": "It rained.", "first_utterance": "My picnic was rained out."}
+MEETING = {"id": "m", "domain": "Product", "turns": [{"speaker": "Chair", "content": "Welcome."}], "query": "Why?"}
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _bad_line(mode: str, **change: object) -> str:
+    rec = {**(GOOD if mode == "support" else MEETING), **change}
+    return json.dumps({k: v for k, v in rec.items() if v is not ...})
+
+
+#: (mode, the third line of the file, the message after "FILE:3: "): a good record on line 1, a blank line 2.
+BAD_LINES = {
+    # nested too deeply: never a RecursionError
+    "deep-array": ("support", DEEP, "arrays and objects nested more than 64 levels deep"),
+    "deep-inside-a-field": ("support", _bad_line("support")[:-1] + ', "extra": ' + DEEP + "}",
+                            "arrays and objects nested more than 64 levels deep"),
+    "deep-65-levels": ("meeting", _bad_line("meeting", query=json.loads("[" * 65 + "]" * 65)),
+                       "arrays and objects nested more than 64 levels deep"),
+    # not an object
+    "array": ("support", '["a", "sad", "It rained."]', "not a JSON object (a record is {...}), got an array"),
+    "string": ("support", '"It rained."', "not a JSON object (a record is {...}), got a string"),
+    "number": ("meeting", "42", "not a JSON object (a record is {...}), got a number"),
+    # a field of the wrong type
+    "id-boolean": ("support", _bad_line("support", id=True), "id must be a non-empty string or number, got a boolean"),
+    "id-object": ("meeting", _bad_line("meeting", id={"n": 1}),
+                  "id must be a non-empty string or number, got an object"),
+    "emotion-number": ("support", _bad_line("support", emotion=5), "emotion must be a string, got a number"),
+    "situation-array": ("support", _bad_line("support", situation=["It rained."]),
+                        "situation must be a string, got an array"),
+    "first-utterance-null": ("support", _bad_line("support", first_utterance=None),
+                             "first_utterance must be a string, got null"),
+    "domain-array": ("meeting", _bad_line("meeting", domain=["Product"]), "domain must be a string, got an array"),
+    "turns-string": ("meeting", _bad_line("meeting", turns="Chair: Welcome."),
+                     "turns must be a list of {speaker, content} objects, got a string"),
+    "turn-string": ("meeting", _bad_line("meeting", turns=[{"speaker": "A", "content": "x"}, "B: y"]),
+                    "turns[1] must be a {speaker, content} object, got a string"),
+    "turn-speaker-number": ("meeting", _bad_line("meeting", turns=[{"speaker": 7, "content": "x"}]),
+                            "turns[0].speaker must be a string, got a number"),
+    "turn-content-null": ("meeting", _bad_line("meeting", turns=[{"speaker": "A", "content": None}]),
+                          "turns[0].content must be a string, got null"),
+    "query-object": ("meeting", _bad_line("meeting", query={"text": "Why?"}), "query must be a string, got an object"),
+    # the first bad field in the documented order (support: id, emotion, situation, first_utterance)
+    "first-bad-field": ("support", _bad_line("support", first_utterance=3, situation="a\x00b", emotion=None),
+                        "situation contains the control character U+0000"),
+    # control characters (the gateway refuses them) and unpaired surrogates (not text)
+    "control-escape-in-opening": ("support", _bad_line("support", first_utterance="hi\x1b[2J"),
+                                  "first_utterance contains the control character U+001B; only tab, newline and "
+                                  "carriage return are allowed"),
+    "control-c1-in-emotion": ("support", _bad_line("support", emotion="sad\x85"),
+                              "emotion contains the control character U+0085"),
+    "control-in-id": ("support", _bad_line("support", id="a\x07"), "id contains the control character U+0007"),
+    "control-in-turn": ("meeting", _bad_line("meeting", turns=[{"speaker": "A", "content": "ok"},
+                                                               {"speaker": "B\x08", "content": "x"}]),
+                        "turns[1].speaker contains the control character U+0008"),
+    "control-del-in-query": ("meeting", _bad_line("meeting", query="Why?\x7f"),
+                             "query contains the control character U+007F"),
+    "surrogate": ("support", _bad_line("support", situation="x\ud800"),
+                  "situation contains the unpaired surrogate U+D800"),
+    # nothing visible where the gateway needs text
+    "invisible-opening": ("support", _bad_line("support", first_utterance="\u200b\uffff "),
+                          "the opening (first_utterance) is blank (no visible text)"),
+    "blank-situation": ("support", _bad_line("support", situation=" \n"), "the situation is blank (no visible text)"),
+    # a number Python does not convert
+    "huge-number": ("support", _bad_line("support", id=...)[:-1] + ', "id": ' + "9" * 5000 + "}",
+                    "not valid JSON (a number too long to read)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINES.values()), ids=list(BAD_LINES))
+@pytest.mark.parametrize("verbatim", [True, False], ids=["main-job", "evaluation"])
+def test_a_jsonl_record_that_cannot_be_used_names_file_line_and_first_bad_field(tmp_path, case, verbatim):
+    mode, line, message = case
+    p = tmp_path / "bad.jsonl"
+    p.write_text(_bad_line(mode) + "\n\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+        load_situations(p, mode, require_labels=False, verbatim=verbatim)
+    assert type(e.value) is ValueError
+    assert str(e.value).startswith(f"{p}:3: {message}"), str(e.value)
+
+
+def test_a_line_that_is_not_utf8_names_its_line(tmp_path):
+    p = tmp_path / "latin1.jsonl"
+    escaped = json.dumps({**GOOD, "id": "b", "situation": "caf\u00e9"})  # ASCII, the accent as a \u escape: fine
+    p.write_bytes(json.dumps(GOOD).encode() + b"\n" + escaped.encode() + b"\n"
+                  + b'{"id": "c", "situation": "caf\xe9", "first_utterance": "Hi."}\n')  # Latin-1
+    with pytest.raises(ValueError, match=rf"^{p}:3: not UTF-8 text \(invalid continuation byte at byte 29 of the "):
+        load_situations(p, "support", require_labels=False)
+
+
+def test_tab_newline_and_an_absent_or_null_label_are_accepted(tmp_path):
+    p = write_jsonl(tmp_path / "s.jsonl", {**GOOD, "first_utterance": "one\ttwo\r\nthree", "emotion": None})
+    (s,) = load_situations(p, "support", require_labels=False, verbatim=True)
+    assert (s.opening, s.emotion, s.split) == ("one\ttwo\r\nthree", "", "")
+    p = write_jsonl(tmp_path / "m.jsonl", {**MEETING, "domain": None, "turns": [{"speaker": "A", "content": "a\nb"},
+                                                                               {}]})
+    (m,) = load_situations(p, "meeting", require_labels=False)
+    assert m.split == "" and m.context == (("A", "a\nb"), ("Speaker", ""))
+
+
+def test_a_qmsum_file_nested_too_deeply_is_refused(tmp_path):
+    (tmp_path / "deep.json").write_text(DEEP, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'deep.json'}: arrays and objects nested more than 64 levels"):
+        load_situations(tmp_path / "deep.json", "meeting")
+
+
+def test_a_csv_field_over_the_csv_limit_names_its_line(tmp_path):
+    p = tmp_path / "big.csv"
+    p.write_text(",".join(ED_HEADER) + "\n" + "a,1,sad," + "x" * 200_000 + ",1,Hello.,,\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{p}:2: not a readable CSV row \(field larger than field limit"):
+        load_situations(p, "support")
+
 
 
 def test_main_job_requests_carry_the_situation():

@@ -260,8 +260,10 @@ def run(
 
     try:
         records = load_situations(situations, mode, limit, require_labels=False, verbatim=True)
-    except (OSError, ValueError) as e:
-        console.print(f"[red]cannot read --situations:[/red] {e}")
+    except (OSError, ValueError) as e:  # before any server starts; one line, the file's text never read as markup
+        from rich.markup import escape
+
+        console.print(f"[red]cannot read --situations:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     store_url = f"sqlite:///{(out / 'conversations.db').resolve()}"
     cfg = load_config_or_exit(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,

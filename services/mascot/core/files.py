@@ -38,27 +38,71 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None], mode: int 
     return path
 
 
+#: Deepest nesting of arrays and objects :func:`iter_jsonl_records` reads in one record (a record inside is 1).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth_over(value: object, limit: int) -> bool:
+    """True when arrays and objects nest more than ``limit`` levels deep in ``value`` (a top-level object or array is
+    level 1). Iterative: any depth is measured without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
 def iter_jsonl_records(path: str | Path, need: tuple[str, ...], why: str) -> Iterator[tuple[int, dict]]:
     """Yield ``(line number, record)`` for each non-blank JSONL line of ``path`` that holds every key in ``need``.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line is not a JSON object, or lacks a key (``"FILE:LINE: record lacks K needed by WHY"``).
+        ValueError: a line is not UTF-8 or not JSON, nests arrays and objects more than :data:`MAX_JSON_DEPTH`
+            levels deep, is not a JSON object, or lacks a key (``"FILE:LINE: record lacks K needed by WHY"``); the
+            message starts with ``FILE:LINE:`` (1-based), never a RecursionError.
     """
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    too_deep = f"arrays and objects nested more than {MAX_JSON_DEPTH} levels deep"
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            except RecursionError:  # the decoder recurses once per level
+                raise ValueError(f"{path}:{n}: {too_deep}") from None
+            except ValueError:  # an integer of more digits than Python converts (4300)
+                raise ValueError(f"{path}:{n}: not valid JSON (a number too long to read)") from None
+            if json_depth_over(rec, MAX_JSON_DEPTH):
+                raise ValueError(f"{path}:{n}: {too_deep}")
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{n}: not a JSON object")
+                raise ValueError(f"{path}:{n}: not a JSON object (a record is {{...}}), got {json_type(rec)}")
             missing = [k for k in need if k not in rec]
             if missing:
                 raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)} needed by {why}")
             yield n, rec
+
+
+def json_type(value: object) -> str:
+    """The JSON name of ``value``'s type, with its article: "an object", "an array", "a string", "a number",
+    "a boolean" or "null"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), type(value).__name__)
 
 
 def atomic_write_text(path: str | Path, text: str, mode: int = 0o644) -> Path:

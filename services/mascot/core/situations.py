@@ -24,7 +24,9 @@ The one reader of situation files (:func:`load_situations`). The format follows 
   ``general_query_list`` (whole-meeting questions an excerpt cannot answer) and ``topic_list`` (no question) are not
   used.
 
-Every record then passes the same checks (:func:`load_situations`).
+Every record then passes the same checks (:func:`load_situations`): each field of the right JSON type, no control
+character (other than tab, newline and carriage return: the gateway refuses them) or unpaired surrogate in its texts,
+and an opening with visible text.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
+from mascot.core.dialogue import CONTROL_CHARS, has_visible_text
 from mascot.core.enums import enum_names
-from mascot.core.files import iter_jsonl_records
+from mascot.core.files import MAX_JSON_DEPTH, iter_jsonl_records, json_depth_over, json_type
 
 #: ED emotion label → valence bucket (MIME grouping as coded in Sahandfer/CEM, with a neutral bucket carved out).
 VALENCE: dict[str, str] = {
@@ -61,6 +64,8 @@ ED_HEADER = ("conv_id", "utterance_idx", "context", "prompt", "speaker_idx", "ut
 _ICSI_ID = re.compile(r"^B[a-z]{2}\d{3}$")
 _AMI_ID = re.compile(r"^(ES|IS|TS|EN|IB|IN)\d{4}[a-z]?$")
 _QMSUM_SPLITS = ("train", "val", "test")
+#: Unpaired surrogates (a JSON ``\\ud800`` escape without its pair): text that cannot be sent as UTF-8.
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,12 @@ def load_situations(path: str | Path, mode: str, limit: int | None = None, *, re
 
     Raises:
         FileNotFoundError: no such file or directory.
-        ValueError: an unknown format, a format of the other mode, or bad input: a line or row that does not parse,
-            lacks a field or has a blank one, a label outside the known ones (with ``require_labels``), a repeated
-            id, a limit below 1, or no situation at all. The message names the file and the line, row or field.
+        ValueError: an unknown format, a format of the other mode, or bad input: a line or row that does not parse
+            (not UTF-8, not JSON, arrays and objects nested too deeply, not an object), lacks a field, has a field
+            of the wrong type, a text with a control character (other than tab, newline, carriage return) or an
+            unpaired surrogate, a blank opening or situation, a label outside the known ones (with
+            ``require_labels``), a repeated id, a limit below 1, or no situation at all. The message names the file,
+            the line or row (1-based) and the first bad field, in the record's documented field order.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be support or meeting, got {mode!r}")
@@ -187,7 +195,8 @@ def _ed_text(s: str) -> str:
 def _ed_conversations(p: Path) -> Iterator[tuple[str, dict]]:
     """One record per conversation of an EmpatheticDialogues CSV (rows of a conversation are consecutive)."""
     with open(p, encoding="utf-8-sig", newline="") as f:
-        rows = csv.reader(f, quoting=csv.QUOTE_NONE)
+        reader = csv.reader(f, quoting=csv.QUOTE_NONE)
+        rows = _csv_rows(reader, p)
         header = next(rows, None)
         if header is None:
             raise ValueError(f"{p}: empty file: an EmpatheticDialogues CSV starts with the header "
@@ -197,7 +206,7 @@ def _ed_conversations(p: Path) -> Iterator[tuple[str, dict]]:
                              f"it must be {','.join(ED_HEADER)}")
         conv: tuple[str, dict] | None = None  # (where, record) of the conversation being read
         for row in rows:
-            n = rows.line_num
+            n = reader.line_num
             if not row or not "".join(row).strip():
                 continue
             if len(row) < len(ED_HEADER):
@@ -220,6 +229,19 @@ def _ed_conversations(p: Path) -> Iterator[tuple[str, dict]]:
             yield conv[0], _without_idx(conv[1])
 
 
+def _csv_rows(reader: Any, p: Path) -> Iterator[list[str]]:
+    """The rows of ``reader``; a row the csv module cannot read (a field over its size limit) is a ValueError naming
+    the file and line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{p}:{reader.line_num}: not a readable CSV row ({e})") from None
+        yield row
+
+
 def _without_idx(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k != "_idx"}
 
@@ -237,10 +259,18 @@ def _qmsum_domain(p: Path, meeting_id: str) -> str:
 
 def _qmsum_meeting(p: Path) -> Iterator[tuple[str, dict]]:
     """One record per specific query of a QMSum meeting file (the module docstring says how)."""
+    too_deep = f"{p}: arrays and objects nested more than {MAX_JSON_DEPTH} levels deep"
+    text = p.read_text(encoding="utf-8")  # UnicodeDecodeError: _checked names the file
     try:
-        meeting = json.loads(p.read_text(encoding="utf-8"))
+        meeting = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:  # the decoder recurses once per level
+        raise ValueError(too_deep) from None
+    except ValueError:  # an integer of more digits than Python converts (4300)
+        raise ValueError(f"{p}: not valid JSON (a number too long to read)") from None
+    if json_depth_over(meeting, MAX_JSON_DEPTH):
+        raise ValueError(too_deep)
     if not isinstance(meeting, dict) or not isinstance(meeting.get("meeting_transcripts"), list):
         raise ValueError(f"{p}: not a QMSum meeting (no meeting_transcripts list)")
     turns = meeting["meeting_transcripts"]
@@ -279,24 +309,76 @@ def _span_start(spans: object, n_turns: int, where: str) -> int:
 def _text(rec: dict, key: str, where: str, verbatim: bool, default: object = None) -> str:
     v = rec.get(key, default)
     if not isinstance(v, str):
-        raise ValueError(f"{where}: {key} must be a string, got {type(v).__name__}")
+        raise ValueError(f"{where}: {key} must be a string, got {json_type(v)}")
     return v if verbatim else v.strip()
+
+
+def _check_chars(v: str, field: str, where: str) -> None:
+    """Refuse text the gateway would refuse or cannot send: a control character (:data:`CONTROL_CHARS`) or an
+    unpaired surrogate."""
+    m = CONTROL_CHARS.search(v)
+    if m:
+        raise ValueError(f"{where}: {field} contains the control character U+{ord(m.group()):04X}; only tab, newline "
+                         "and carriage return are allowed")
+    m = _SURROGATES.search(v)
+    if m:
+        raise ValueError(f"{where}: {field} contains the unpaired surrogate U+{ord(m.group()):04X} (a \\u escape "
+                         "without its pair); it is not text")
+
+
+def _check_string(rec: dict, key: str, where: str, optional: bool = False) -> None:
+    """``rec[key]`` is a string without bad characters (:func:`_check_chars`); ``optional``: or absent, or null."""
+    v = rec.get(key)
+    if optional and v is None:
+        return
+    if not isinstance(v, str):
+        raise ValueError(f"{where}: {key} must be a string, got {json_type(v)}")
+    _check_chars(v, key, where)
+
+
+def _check_record(rec: dict, where: str, mode: str) -> None:
+    """The types and characters of a record in our JSONL shape, field by field in the documented order (support:
+    ``id``, ``emotion``, ``situation``, ``first_utterance``; meeting: ``id``, ``domain``, ``turns``, ``query``);
+    raises ValueError naming the first bad field."""
+    rid = rec.get("id")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not str(rid).strip():
+        got = "" if isinstance(rid, str) else f", got {json_type(rid)}"
+        raise ValueError(f"{where}: id must be a non-empty string or number{got}")
+    _check_chars(str(rid), "id", where)
+    if mode == "support":
+        _check_string(rec, "emotion", where, optional=True)
+        _check_string(rec, "situation", where)
+        _check_string(rec, "first_utterance", where)
+        return
+    _check_string(rec, "domain", where, optional=True)
+    turns = rec.get("turns")
+    if not isinstance(turns, list):
+        raise ValueError(f"{where}: turns must be a list of {{speaker, content}} objects, got {json_type(turns)}")
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise ValueError(f"{where}: turns[{i}] must be a {{speaker, content}} object, got {json_type(t)}")
+        for key in ("speaker", "content"):
+            v = t.get(key, "")
+            if not isinstance(v, str):
+                raise ValueError(f"{where}: turns[{i}].{key} must be a string, got {json_type(v)}")
+            _check_chars(v, f"turns[{i}].{key}", where)
+    _check_string(rec, "query", where)
 
 
 def _situation(rec: dict, where: str, mode: str, labels: bool, verbatim: bool) -> Situation:
     """A :class:`Situation` from one record in our JSONL shape (checks as :func:`load_situations` says)."""
-    rid = rec["id"]
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool) or not str(rid).strip():
-        raise ValueError(f"{where}: id must be a non-empty string or number")
-    sid = str(rid)
+    _check_record(rec, where, mode)
+    sid = str(rec["id"])
     if mode == "support":
-        opening = _text(rec, "first_utterance", where, verbatim)
         situation = _text(rec, "situation", where, verbatim)
-        raw_emotion = rec.get("emotion")
-        emotion = raw_emotion if isinstance(raw_emotion, str) else ""
+        if not has_visible_text(situation):
+            raise ValueError(f"{where}: the situation is blank (no visible text)")
+        opening = _text(rec, "first_utterance", where, verbatim)
+        emotion = rec.get("emotion") or ""
         key = emotion.strip().lower()
         if labels and key not in VALENCE:
-            raise ValueError(f"{where}: emotion {raw_emotion!r} is not one of the 32 EmpatheticDialogues labels")
+            raise ValueError(f"{where}: emotion {rec.get('emotion')!r} is not one of the 32 EmpatheticDialogues "
+                             "labels")
         split = VALENCE.get(key, "")
         emotion = emotion if verbatim else key
         context: tuple[tuple[str, str], ...] = ()
@@ -306,15 +388,13 @@ def _situation(rec: dict, where: str, mode: str, labels: bool, verbatim: bool) -
         if labels and key not in MEETING_SPLITS:
             raise ValueError(f"{where}: domain {raw_domain!r} is not Academic, Committee or Product")
         split = key if key in MEETING_SPLITS else ""
-        turns = rec["turns"]
-        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-            raise ValueError(f"{where}: turns must be a list of {{speaker, content}} objects")
-        context = tuple((str(t.get("speaker", "Speaker")), str(t.get("content", ""))) for t in turns)
+        context = tuple((t.get("speaker", "Speaker"), t.get("content", "")) for t in rec["turns"])
         opening = _text(rec, "query", where, verbatim)
         situation = meeting_situation(opening)
         emotion = ""
-    if not opening.strip():
-        raise ValueError(f"{where}: the opening ({'first_utterance' if mode == 'support' else 'query'}) is blank")
+    if not has_visible_text(opening):
+        raise ValueError(f"{where}: the opening ({'first_utterance' if mode == 'support' else 'query'}) is blank "
+                         "(no visible text)")
     return Situation(sid, split, opening, situation, emotion, context)
 
 
