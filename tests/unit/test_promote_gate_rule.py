@@ -45,7 +45,7 @@ class _ScriptedSpeaker:
     def __init__(self, texts: dict[str, str]) -> None:
         self.texts, self.seeds = texts, []
 
-    def GenerateReply(self, req):  # noqa: N802 - the gRPC method name
+    def GenerateReply(self, req):
         from mascot.api.speaker.v1 import speaker_pb2 as spb
 
         self.seeds.append((req.adapter_version, req.seed))
@@ -60,7 +60,7 @@ class _ScriptedSpeaker:
 class _EqualJudge:
     """A JudgeService stub scoring every candidate 3.0."""
 
-    async def JudgeCandidates(self, req, timeout=None):  # noqa: N802 - the gRPC method name
+    async def JudgeCandidates(self, req, timeout=None):
         from mascot.api.judge.v1 import judge_pb2 as jpb
 
         return jpb.JudgeCandidatesResponse(judgements=[
