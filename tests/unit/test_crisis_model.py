@@ -187,3 +187,33 @@ def test_labelled_set_covers_every_kind_with_provenance():
     assert {e.category for e in examples} == set(cm.LABELS)
     for f in cm.TRAIN_FILES:
         assert "Provenance: written by hand for this project" in f.read_text(encoding="utf-8")
+
+
+def test_the_evaluate_table_and_the_detector_figures_come_from_one_count():
+    """``mascot safety evaluate``'s table (:func:`mascot.cli.safety.evaluation_table`) and the detector's figures
+    (:func:`cm.figures`) are one count (:func:`cm.tier_table`), each in its own published shape."""
+    from mascot.cli.safety import evaluation_table
+
+    E = cm.Example
+    ex = [E("r1", "suicide", "paraphrase"), E("r2", "suicide", "paraphrase"), E("r3", "abuse", "explicit"),
+          E("s1", "none", "idiom"), E("s2", "none", "idiom"), E("s3", "none", "benign_sad"),
+          E("l1", "suicide", "language", "es"), E("l2", "none", "language", "fr")]
+    p = [0.95, 0.6, 0.1, 0.7, 0.2, 0.99, 0.92, 0.3]
+    tiers = [cm.tier_of(x, 0.9, 0.5) for x in p]
+    assert tiers == ["crisis", "check_in", "none", "check_in", "none", "crisis", "crisis", "none"]
+    table = evaluation_table(ex, tiers)
+    assert list(table["kinds"]) == ["explicit", "language_risk", "paraphrase", "benign_sad", "idiom", "language_safe"]
+    assert table["kinds"]["paraphrase"] == {"n": 2, "at_risk": True, "any": 2, "crisis": 1, "check_in": 1}
+    assert table["kinds"]["idiom"] == {"n": 2, "at_risk": False, "any": 1, "crisis": 0, "check_in": 1}
+    assert table["total"] == {"n_risk": 4, "n_safe": 4, "recall_any": 0.75, "recall_crisis": 0.5,
+                              "lowest_kind_recall": 0.0, "fp_crisis": 0.25, "fp_check_in": 0.25}
+    f = cm.figures(p, ex, 0.9, 0.5)
+    assert {k: f[k] for k in ("recall_any", "recall_crisis", "fp_crisis", "fp_any")} == {
+        "recall_any": 0.75, "recall_crisis": 0.5, "fp_crisis": 0.25, "fp_any": 0.5}
+    assert list(f["kinds"]) == ["paraphrase", "explicit", "idiom", "benign_sad", "language_risk", "language_safe"]
+    for kind, k in table["kinds"].items():
+        assert f["kinds"][kind] == {"n": k["n"], "flagged_any": k["any"], "flagged_crisis": k["crisis"],
+                                    "at_risk": k["at_risk"]}
+    assert evaluation_table([], []) == {"kinds": {}, "total": {
+        "n_risk": 0, "n_safe": 0, "recall_any": 0.0, "recall_crisis": 0.0, "lowest_kind_recall": 0.0,
+        "fp_crisis": 0.0, "fp_check_in": 0.0}}

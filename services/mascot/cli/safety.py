@@ -1,8 +1,10 @@
 """``mascot safety``: the trained crisis detector (docs/safety.md).
 
-``mascot safety train`` rebuilds the shipped ``crisis_detector.json`` from the labelled set (or the files given)
-and prints its development-set figures; ``mascot safety check TEXT...`` shows the gate's tier, risk probability and
-categories for each message, as the gateway decides them.
+``mascot safety train`` rebuilds the shipped ``crisis_detector.json`` from the labelled set (or the files given; or
+writes another file with ``--out``), prints its development-set figures and how to serve it (``safety.detector_path``
+for a file other than the shipped one); ``mascot safety check TEXT...`` shows the gate's tier, risk probability and
+categories for each message, as the gateway decides them; ``mascot safety evaluate FILE...`` measures the gate on a
+labelled set. ``check`` and ``evaluate`` take ``--detector FILE`` to use a retrained detector.
 """
 
 from __future__ import annotations
@@ -52,17 +54,47 @@ def train_cmd(
     for kind, k in sorted(d["kinds"].items()):
         console.print(f"  {kind:20s} n={k['n']:3d}  flagged {k['flagged_any']:3d}  crisis {k['flagged_crisis']:3d}",
                       highlight=False, soft_wrap=True)
+    console.print(serving_hint(Path(target), cm.DETECTOR_FILE), highlight=False, soft_wrap=True)
 
 
-@safety_app.command("check")
-def check_cmd(texts: list[str] = typer.Argument(..., help="Messages to check."),
-              rules_only: bool = typer.Option(False, "--rules-only", help="Without the trained detector.")) -> None:
-    """Print the gate's decision for each message as JSON lines: tier, risk probability, categories, detector."""
+def serving_hint(target: Path, shipped: Path) -> str:
+    """How the gateway serves the detector just written to ``target``: the shipped file (``shipped``) at its next
+    start, any other through ``safety.detector_path``."""
+    if target.resolve() == shipped.resolve():
+        return ("serve it: the gateway loads the shipped file at its next start while safety.detector_path is empty "
+                "(restart it; in a container image, rebuild the image)")
+    path = target.resolve()
+    return (f"serve it: set safety.detector_path: {path} in the gateway's config (or MASCOT_SAFETY__DETECTOR_PATH="
+            f"{path}) and restart the gateway; check it first with `mascot safety evaluate --detector {path} FILE`")
+
+
+DETECTOR_HELP = "Detector file to use (as safety.detector_path; default: the shipped crisis_detector.json)."
+
+
+def _gate(rules_only: bool, detector: Path | None) -> object:
+    """The gate with the shipped thresholds of ``detector`` (or the shipped detector); exits 1 with the reason when
+    the file cannot be used."""
+    from pydantic import ValidationError
+
     from mascot.core.config import SafetyConfig
     from mascot.core.personas import PersonaCatalog
     from mascot.gateway.safety import SafetyGate
 
-    gate = SafetyGate(SafetyConfig(classifier="none" if rules_only else "minilm"), PersonaCatalog.load())
+    try:
+        cfg = SafetyConfig(classifier="none" if rules_only else "minilm", detector_path=str(detector or ""))
+        return SafetyGate(cfg, PersonaCatalog.load())
+    except (ValidationError, ValueError) as e:
+        why = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+        console.print(f"[red]cannot load the detector:[/red] {why}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+
+
+@safety_app.command("check")
+def check_cmd(texts: list[str] = typer.Argument(..., help="Messages to check."),
+              rules_only: bool = typer.Option(False, "--rules-only", help="Without the trained detector."),
+              detector: Optional[Path] = typer.Option(None, "--detector", help=DETECTOR_HELP)) -> None:
+    """Print the gate's decision for each message as JSON lines: tier, risk probability, categories, detector."""
+    gate = _gate(rules_only, detector)
     for text, d in zip(texts, gate.detect_many(texts)):
         print(json.dumps({"text": text, "tier": d.tier if d else "none", "p_risk": d.p_risk if d else None,
                           "categories": list(d.categories) if d else [], "detector": d.detector if d else ""}))
@@ -74,21 +106,19 @@ def evaluate_cmd(
     rules_only: bool = typer.Option(False, "--rules-only", help="Without the trained detector."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the figures and every message's decision "
                                                            "as JSON here."),
+    detector: Optional[Path] = typer.Option(None, "--detector", help=DETECTOR_HELP),
 ) -> None:
     """Recall and false positives per kind of the gate as deployed (rules, trained detector, lexicons) on a
     labelled set: at risk, a message counts as caught at any tier (and separately at the crisis tier); not at
     risk, a check-in and a crisis are counted apart."""
-    from mascot.core.config import SafetyConfig
-    from mascot.core.personas import PersonaCatalog
     from mascot.gateway import crisis_model as cm
-    from mascot.gateway.safety import SafetyGate
 
     try:
         examples = cm.load_examples(files)
     except ValueError as e:
         console.print(f"[red]cannot read:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
-    gate = SafetyGate(SafetyConfig(classifier="none" if rules_only else "minilm"), PersonaCatalog.load())
+    gate = _gate(rules_only, detector)
     decisions = gate.detect_many([e.text for e in examples])
     table = evaluation_table(examples, [d.tier if d else "none" for d in decisions])
     for kind, k in table["kinds"].items():
@@ -109,27 +139,19 @@ def evaluate_cmd(
 
 def evaluation_table(examples: list, tiers: list[str]) -> dict:
     """Per kind (``language`` split into ``language_risk`` and ``language_safe``) and in total: how many messages
-    reached any tier, the crisis tier and the check-in tier.
+    reached any tier, the crisis tier and the check-in tier (counted by
+    :func:`mascot.gateway.crisis_model.tier_table`, the count behind the detector's own figures).
 
     Returns:
         ``{"kinds": {kind: {"n", "at_risk", "any", "crisis", "check_in"}}, "total": {"recall_any",
-        "recall_crisis", "lowest_kind_recall", "fp_crisis", "fp_check_in", "n_risk", "n_safe"}}``.
+        "recall_crisis", "lowest_kind_recall", "fp_crisis", "fp_check_in", "n_risk", "n_safe"}}``, the at-risk kinds
+        first, each group by name.
     """
-    kinds: dict[str, dict] = {}
-    for e, tier in zip(examples, tiers):
-        key = e.kind if e.kind != "language" else f"language_{'risk' if e.at_risk else 'safe'}"
-        k = kinds.setdefault(key, {"n": 0, "at_risk": e.at_risk, "any": 0, "crisis": 0, "check_in": 0})
-        k["n"] += 1
-        k["any"] += tier != "none"
-        k["crisis"] += tier == "crisis"
-        k["check_in"] += tier == "check_in"
-    risk = [k for k in kinds.values() if k["at_risk"]]
-    safe = [k for k in kinds.values() if not k["at_risk"]]
-    n_risk, n_safe = sum(k["n"] for k in risk), sum(k["n"] for k in safe)
-    total = {"n_risk": n_risk, "n_safe": n_safe,
-             "recall_any": sum(k["any"] for k in risk) / n_risk if n_risk else 0.0,
-             "recall_crisis": sum(k["crisis"] for k in risk) / n_risk if n_risk else 0.0,
-             "lowest_kind_recall": min((k["any"] / k["n"] for k in risk), default=0.0),
-             "fp_crisis": sum(k["crisis"] for k in safe) / n_safe if n_safe else 0.0,
-             "fp_check_in": sum(k["check_in"] for k in safe) / n_safe if n_safe else 0.0}
-    return {"kinds": dict(sorted(kinds.items(), key=lambda kv: (not kv[1]["at_risk"], kv[0]))), "total": total}
+    from mascot.gateway.crisis_model import tier_table
+
+    table = tier_table(examples, tiers)
+    t = table["total"]
+    total = {k: t[k] for k in ("n_risk", "n_safe", "recall_any", "recall_crisis", "lowest_kind_recall", "fp_crisis",
+                               "fp_check_in")}
+    return {"kinds": dict(sorted(table["kinds"].items(), key=lambda kv: (not kv[1]["at_risk"], kv[0]))),
+            "total": total}

@@ -561,6 +561,27 @@ class SafetyConfig(_Section):
     crisis_threshold: float | None = Field(None, gt=0.0, lt=1.0)
     #: Risk probability at or above which the tier is at least ``check_in``; None = the shipped head's value.
     checkin_threshold: float | None = Field(None, gt=0.0, lt=1.0)
+    #: The trained crisis detector file the gateway loads (``mascot safety train --out FILE`` writes one); empty =
+    #: the shipped ``risk_data/crisis_detector.json``. Must be a readable file (checked when the config loads).
+    detector_path: str = ""
+
+    @field_validator("detector_path")
+    @classmethod
+    def _readable_detector(cls, v: str) -> str:
+        if not v:
+            return v
+        fix = "write one with `mascot safety train --out FILE`, or leave it empty for the shipped detector"
+        try:
+            with open(v, "rb") as f:
+                f.read(1)
+        except FileNotFoundError:
+            raise ValueError(f"safety.detector_path {v} does not exist; {fix}") from None
+        except IsADirectoryError:
+            raise ValueError(f"safety.detector_path {v} is a directory, not a detector file; {fix}") from None
+        except OSError as e:
+            raise ValueError(f"safety.detector_path {v} cannot be read ({e.strerror or type(e).__name__}); "
+                             "make it readable by the gateway's user") from None
+        return v
 
     @field_validator("resources")
     @classmethod

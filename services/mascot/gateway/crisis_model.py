@@ -126,32 +126,60 @@ def tier_of(p_risk: float, crisis_threshold: float, checkin_threshold: float) ->
     return "crisis" if p_risk >= crisis_threshold else "check_in" if p_risk >= checkin_threshold else "none"
 
 
+def tier_table(examples: Sequence[Example], tiers: Sequence[str]) -> dict[str, Any]:
+    """How many messages reached each tier, per kind (``language`` split into ``language_risk`` and
+    ``language_safe``, kinds in order of first appearance) and in total: the one count behind :func:`figures` (the
+    detector's development figures) and ``mascot safety evaluate`` (:func:`mascot.cli.safety.evaluation_table`).
+
+    Args:
+        examples: Labelled messages; ``tiers`` one :data:`TIERS` entry per message (extra entries of either are
+            ignored).
+
+    Returns:
+        ``{"kinds": {kind: {"n", "at_risk", "any", "crisis", "check_in"}}, "total": {"n_risk", "n_safe",
+        "recall_any", "recall_crisis", "lowest_kind_recall", "fp_crisis", "fp_check_in", "fp_any"}}``: recalls over
+        the at-risk messages (any tier / crisis tier; the lowest any-tier recall of one kind), false-positive rates
+        over the others (crisis tier / check-in tier / any tier), unrounded; 0.0 for an empty group.
+    """
+    kinds: dict[str, dict[str, Any]] = {}
+    for e, tier in zip(examples, tiers):
+        key = e.kind if e.kind != "language" else f"language_{'risk' if e.at_risk else 'safe'}"
+        k = kinds.setdefault(key, {"n": 0, "at_risk": e.at_risk, "any": 0, "crisis": 0, "check_in": 0})
+        k["n"] += 1
+        k["any"] += tier != "none"
+        k["crisis"] += tier == "crisis"
+        k["check_in"] += tier == "check_in"
+    risk = [k for k in kinds.values() if k["at_risk"]]
+    safe = [k for k in kinds.values() if not k["at_risk"]]
+    n_risk, n_safe = sum(k["n"] for k in risk), sum(k["n"] for k in safe)
+
+    def rate(group: list[dict], n: int, field: str) -> float:
+        return sum(k[field] for k in group) / n if n else 0.0
+
+    return {"kinds": kinds, "total": {
+        "n_risk": n_risk, "n_safe": n_safe, "recall_any": rate(risk, n_risk, "any"),
+        "recall_crisis": rate(risk, n_risk, "crisis"),
+        "lowest_kind_recall": min((k["any"] / k["n"] for k in risk), default=0.0),
+        "fp_crisis": rate(safe, n_safe, "crisis"), "fp_check_in": rate(safe, n_safe, "check_in"),
+        "fp_any": rate(safe, n_safe, "any")}}
+
+
 def figures(p_risk: Sequence[float], examples: Sequence[Example], crisis_threshold: float,
             checkin_threshold: float) -> dict[str, Any]:
-    """Recall and false-positive rates per kind at the thresholds.
+    """Recall and false-positive rates per kind at the thresholds (:func:`tier_table` of the tiers
+    :func:`tier_of` gives, rates rounded to 4 decimals).
 
     Returns:
         ``{"recall_any", "recall_crisis", "fp_crisis", "fp_any", "kinds": {kind: {"n", "flagged_any",
         "flagged_crisis", "at_risk"}}}``: ``recall_*`` over at-risk examples (any tier / crisis tier only), ``fp_*``
         over the others (crisis tier / any tier).
     """
-    kinds: dict[str, dict[str, Any]] = {}
-    for p, e in zip(p_risk, examples):
-        key = e.kind if e.kind != "language" else f"language_{'risk' if e.at_risk else 'safe'}"
-        k = kinds.setdefault(key, {"n": 0, "flagged_any": 0, "flagged_crisis": 0, "at_risk": e.at_risk})
-        t = tier_of(float(p), crisis_threshold, checkin_threshold)
-        k["n"] += 1
-        k["flagged_any"] += t != "none"
-        k["flagged_crisis"] += t == "crisis"
-    risk = [k for k in kinds.values() if k["at_risk"]]
-    safe = [k for k in kinds.values() if not k["at_risk"]]
-
-    def rate(group: list[dict], field: str) -> float:
-        n = sum(k["n"] for k in group)
-        return round(sum(k[field] for k in group) / n, 4) if n else 0.0
-
-    return {"recall_any": rate(risk, "flagged_any"), "recall_crisis": rate(risk, "flagged_crisis"),
-            "fp_crisis": rate(safe, "flagged_crisis"), "fp_any": rate(safe, "flagged_any"), "kinds": kinds}
+    table = tier_table(examples, [tier_of(float(p), crisis_threshold, checkin_threshold) for p in p_risk])
+    t = table["total"]
+    kinds = {kind: {"n": k["n"], "flagged_any": k["any"], "flagged_crisis": k["crisis"], "at_risk": k["at_risk"]}
+             for kind, k in table["kinds"].items()}
+    return {"recall_any": round(t["recall_any"], 4), "recall_crisis": round(t["recall_crisis"], 4),
+            "fp_crisis": round(t["fp_crisis"], 4), "fp_any": round(t["fp_any"], 4), "kinds": kinds}
 
 
 def choose_thresholds(p_risk: Sequence[float], examples: Sequence[Example], *, min_recall: float = 0.95,
@@ -230,11 +258,21 @@ class Detector(BaseModel):
         Raises:
             ValueError: the file is missing or invalid (names it and the fix).
         """
+        from pydantic import ValidationError
+
         path = Path(path or DETECTOR_FILE)
+        fix = "rebuild it with `mascot safety train` (safety.detector_path names the file the gateway loads)"
         try:
             return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValidationError as e:  # one line: the first problem, and how many more
+            errs = e.errors()
+            first = errs[0]
+            where = ".".join(str(x) for x in first.get("loc", ())) or "the file"
+            more = f" and {len(errs) - 1} more problem(s)" if len(errs) > 1 else ""
+            raise ValueError(f"crisis detector {path} is not a detector file ({where}: {first['msg']}{more}); "
+                             f"{fix}") from None
         except (OSError, ValueError) as e:
-            raise ValueError(f"crisis detector {path}: {e}; rebuild it with `mascot safety train`") from None
+            raise ValueError(f"crisis detector {path}: {e}; {fix}") from None
 
 
 @functools.lru_cache(maxsize=1)
@@ -418,8 +456,14 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
 
 
 @functools.lru_cache(maxsize=4)
-def shared_classifier(crisis_threshold: float | None = None, checkin_threshold: float | None = None
-                      ) -> CrisisClassifier:
-    """The shipped detector, loaded once per process and thresholds (read-only once loaded, so every gate of the
-    process shares it and the encoder: about 90 MB and a second of loading saved per gate)."""
-    return CrisisClassifier(crisis_threshold=crisis_threshold, checkin_threshold=checkin_threshold)
+def shared_classifier(crisis_threshold: float | None = None, checkin_threshold: float | None = None,
+                      detector_path: str = "") -> CrisisClassifier:
+    """The detector of ``detector_path`` (``safety.detector_path``; "" = the shipped :data:`DETECTOR_FILE`), loaded
+    once per process, file and thresholds (read-only once loaded, so every gate of the process shares it and the
+    encoder: about 90 MB and a second of loading saved per gate).
+
+    Raises:
+        ValueError: the detector file is missing or invalid (names it and the fix).
+    """
+    return CrisisClassifier(Path(detector_path) if detector_path else None, crisis_threshold=crisis_threshold,
+                            checkin_threshold=checkin_threshold)

@@ -233,7 +233,8 @@ class SafetyGate:
         if classifier is None and cfg.classifier == "minilm":
             from mascot.gateway.crisis_model import shared_classifier
 
-            classifier = shared_classifier(cfg.crisis_threshold, cfg.checkin_threshold)
+            classifier = shared_classifier(cfg.crisis_threshold, cfg.checkin_threshold,
+                                           cfg.detector_path)
         self.classifier = classifier
 
     # -------------------------------------------------------------- detection
@@ -276,8 +277,11 @@ class SafetyGate:
         return "\n\n".join([t.acknowledge, "\n".join([t.emergency, *t.resources]), t.encourage])
 
     def check_in_text(self) -> str:
-        """The check-in turn's text (tier ``check_in``): the template's ``check_in``, else its ``follow_up``."""
-        return self.template.check_in or self.template.follow_up
+        """The check-in turn's text (tier ``check_in``): the template's ``check_in`` (else its ``follow_up``), then
+        the resource lines, one per line (``safety.resources`` when set, else the locale template's), as the crisis
+        template lists them."""
+        t = self.template
+        return "\n\n".join([t.check_in or t.follow_up, *(["\n".join(t.resources)] if t.resources else [])])
 
     def follow_up_text(self) -> str:
         """The line that replaces a screened reply."""
