@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
+from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.server import channel
 from mascot.gateway.store import Store, StoreUnavailable, sqlite_file
 from mascot.app.stack import start_stack
@@ -168,6 +169,106 @@ async def test_a_full_disk_is_resource_exhausted_with_a_message_that_says_so(tmp
         sample = stack.metrics.registry.get_sample_value(
             "mascot_rpc_requests_total", {"component": "gateway", "rpc": "SendMessage", "code": "RESOURCE_EXHAUSTED"})
         assert sample == 1
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+class _FullAfterTheMessage:
+    """SQLite's own "database or disk is full" from the first speaker call on: the user turn (and the round) are
+    committed before any model runs, so the first write that fails is the first agent turn's. ``free()`` gives the
+    space back. The reply is longer than a page, so storing it needs a page the database may not grow by."""
+
+    REPLY = " ".join(f"word{i}" for i in range(1200))  # ~10 kB
+
+    def __init__(self, db) -> None:
+        self.db, self.store, self.armed = db, None, False
+
+    def engine(self) -> ScriptedEngine:
+        return ScriptedEngine(lambda p: DIRECTOR, self._speak)
+
+    def _limit(self, conn, _rec) -> None:
+        conn.execute(f"PRAGMA max_page_count={self.pages}")
+
+    def _speak(self, _prompt: str) -> str:
+        if not self.armed:
+            self.armed = True
+            with sqlite3.connect(self.db) as c:
+                self.pages = c.execute("PRAGMA page_count").fetchone()[0]
+            from sqlalchemy import event
+
+            event.listen(self.store.engine, "connect", self._limit)
+            self.store.engine.dispose()  # pooled connections reopen with the limit
+        return self.REPLY
+
+    def free(self) -> None:
+        from sqlalchemy import event
+
+        event.remove(self.store.engine, "connect", self._limit)
+        self.store.engine.dispose()
+
+
+async def test_a_full_disk_after_the_message_was_stored_says_what_was_stored(tmp_path):
+    """Found by a reviewer: the disk-full status said "nothing was stored" although the user's message was. The
+    message now says the message is stored, which turn was not, and that a retry with the same key finishes the
+    round; the store holds exactly that, and the retry after space is freed finishes the round without duplicates."""
+    db = tmp_path / "store.db"
+    full = _FullAfterTheMessage(db)
+    stack = await start_stack(make_config(tmp_path, store={"url": f"sqlite:///{db}"}, guard={"enabled": False}),
+                              ("gateway", "director", "speaker"), engine=full.engine())
+    full.store = stack.store
+    ch = channel(stack.target("gateway"))
+    stub = cpb_grpc.ConversationServiceStub(ch)
+    try:
+        conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        req = cpb.SendMessageRequest(conversation_id=conv.id, text="I failed my driving test again.",
+                                     idempotency_key="k1")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(stub.SendMessage(req))
+        details = err.value.details()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert dict(err.value.trailing_metadata()).get("retry-after") == "60"
+        assert "nothing" not in details, details
+        assert ("disk is full: your message is stored (turn 0); turn 1, the one in progress, and the rest of the "
+                "round were not stored" in details), details
+        assert "retry with the same idempotency_key" in details, details
+        # exactly that is stored: the message, its round still open for the retry, no agent turn
+        _, turns = stack.store.get_conversation(conv.id)
+        assert [(t.role, t.text) for t in turns] == [("user", "I failed my driving test again.")]
+        assert stack.store.get_round(conv.id, "k1").state == "running"
+
+        full.free()
+        events = await collect(stub.SendMessage(req))
+        assert events[0].round_started.replayed and events[-1].round_completed.agent_turns == 3
+        _, turns = stack.store.get_conversation(conv.id)
+        assert [t.role for t in turns] == ["user", "agent", "agent", "agent"]
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+async def test_a_full_disk_mid_self_play_says_what_was_stored_and_closes_the_run(tmp_path):
+    db = tmp_path / "store.db"
+    full = _FullAfterTheMessage(db)
+    stack = await start_stack(make_config(tmp_path, store={"url": f"sqlite:///{db}"}, guard={"enabled": False}),
+                              ("gateway", "director", "speaker"), engine=full.engine())
+    full.store = stack.store
+    ch = channel(stack.target("gateway"))
+    stub = cpb_grpc.ConversationServiceStub(ch)
+    try:
+        conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(stub.RunSelfPlay(cpb.RunSelfPlayRequest(
+                conversation_id=conv.id, opening_text="My dog is sick.", agent_turns=2,
+                user=dpb.UserSimulation(situation="Someone whose old dog is ill."))))
+        details = err.value.details()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "the self-play opening is stored (turn 0)" in details and "turn 1, the one in progress" in details
+        assert "self-play cannot be resumed: the run is closed as interrupted" in details, details
+        _, turns = stack.store.get_conversation(conv.id)
+        assert [t.role for t in turns] == ["user"]
+        rnd = stack.store.get_round(conv.id, "selfplay")
+        assert (rnd.state, rnd.reason, rnd.closed_by) == ("done", "interrupted", "stream")
     finally:
         await ch.close()
         await stack.stop(0)

@@ -191,3 +191,63 @@ async def test_a_round_closed_mid_stream_is_counted_cancelled_once(parts):
     await stream.aclose()  # what the server does to a stream whose client went away
     assert rounds(metrics, "cancelled") == 1 and rounds(metrics, "failed") == 0 and active(metrics) == 0
     assert store.get_round(conv.id, "k1").state == "running"
+
+
+@pytest.mark.parametrize("where", ["second_turn", "finish"])
+async def test_a_full_disk_mid_round_says_which_turns_are_stored(parts, monkeypatch, where):
+    """An ENOSPC ``OSError`` from the store after the message and one agent turn were stored (or after every turn,
+    when the round's end is recorded): RESOURCE_EXHAUSTED (:class:`StoreFull`, with retry-after) whose message names
+    what is stored and what is not, and the store holds exactly that."""
+    import errno
+
+    from mascot.gateway.store import StoreFull
+
+    cfg, store, _, _, make, conversation = parts
+    _, runner = make(Speaker())
+    conv = conversation()
+    append = store.append_turn
+
+    def append_once(conv_id, turn, *a, **kw):
+        if where == "second_turn" and store.count_turns(conv_id) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return append(conv_id, turn, *a, **kw)
+
+    def no_finish(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "append_turn", append_once)
+    if where == "finish":
+        monkeypatch.setattr(store, "finish_round", no_finish)
+    with pytest.raises(StoreFull) as err:
+        await drain(runner.message(conv, [], "k1", "Hello there."))
+    msg, n = err.value.message, cfg.dialogue.agent_turns_per_round
+    assert err.value.retry_after_s == 60 and "nothing" not in msg
+    if where == "second_turn":
+        assert ("disk is full: your message is stored (turn 0) with the round's turns up to turn 1 (1 agent turn(s), "
+                "each sent as TurnCompleted); turn 2, the one in progress, and the rest of the round were not stored"
+                in msg), msg
+        assert store.count_turns(conv.id) == 2
+    else:
+        assert (f"your message is stored (turn 0) with all {n} agent turn(s) of the round (each sent as "
+                "TurnCompleted); only the round's end was not recorded" in msg), msg
+        assert store.count_turns(conv.id) == 1 + n
+    assert "retry with the same idempotency_key: it replays the stored turns and finishes the round" in msg
+    assert store.get_round(conv.id, "k1").state == "running"
+
+
+async def test_a_full_disk_before_the_message_is_stored_says_nothing_was(parts, monkeypatch):
+    import errno
+
+    from mascot.gateway.store import StoreFull
+
+    _, store, _, _, make, conversation = parts
+    _, runner = make(Speaker())
+    conv = conversation()
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "start_round", full)
+    with pytest.raises(StoreFull, match="nothing of this message was stored.*retry with the same idempotency_key"):
+        await drain(runner.message(conv, [], "k1", "Hello there."))
+    assert store.count_turns(conv.id) == 0

@@ -176,6 +176,7 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
             sch = channel(speaker_target, srv.max_message_bytes, tls=out_tls, token="", connections=conns)
             stack.channels += [dch, sch]
             stack.store = Store(cfg.store.resolved_url())
+            await recover_rounds(stack.store)
             loop = TurnLoop(stack.store, catalog, director_pb2_grpc.DirectorServiceStub(dch),
                             speaker_pb2_grpc.SpeakerServiceStub(sch), cfg, metrics)
             conversations = ConversationServicer(stack.store, catalog, loop, cfg, metrics)
@@ -228,6 +229,22 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
         await stack.stop(0)
         raise
     return stack
+
+
+async def recover_rounds(store: Any) -> int:
+    """Close the rounds a gateway process that is gone left running (:meth:`~mascot.gateway.store.Store.
+    recover_rounds`: ``interrupted``, their stored turns kept) and say how many in one log line; returns how many."""
+    from mascot.gateway.round import SELF_PLAY_KEY
+
+    closed, self_play = await asyncio.to_thread(store.recover_rounds, SELF_PLAY_KEY)
+    if closed:
+        log.warning("closed %d round(s) left running by a gateway process that stopped (%d self-play run(s)) as "
+                    "interrupted; their stored turns stay. A SendMessage retry with the same idempotency key "
+                    "resumes its round; an interrupted self-play run cannot be resumed (run it on a new "
+                    "conversation)", closed, self_play)
+    else:
+        log.info("no round was left running by a gateway process that stopped")
+    return closed
 
 
 def control_has_work(cfg: MascotConfig) -> bool:

@@ -3,9 +3,9 @@
 Only this module turns :class:`~mascot.core.errors.ServiceError` into gRPC status codes. A request whose bytes do
 not parse as the method's message (e.g. a proto3 string field that is not UTF-8) is INVALID_ARGUMENT before the
 handler runs; a database that cannot be reached (connection refused or lost, e.g. while PostgreSQL restarts) is
-UNAVAILABLE; a database whose disk is full is RESOURCE_EXHAUSTED (gRPC's code for "the entire file system is out of
-space"); any other exception becomes INTERNAL with a generic message; the
-trace goes to the log. A call the client cancelled, or whose deadline passed, is counted and logged with CANCELLED or
+UNAVAILABLE; a database whose disk is full (or an ENOSPC ``OSError``) is RESOURCE_EXHAUSTED (gRPC's code for "the
+entire file system is out of space"); any other exception becomes INTERNAL with a generic message; the trace goes to
+the log. A call the client cancelled, or whose deadline passed, is counted and logged with CANCELLED or
 DEADLINE_EXCEEDED, never OK.
 """
 
@@ -91,9 +91,14 @@ def _database_unreachable(e: BaseException) -> bool:
     return isinstance(e, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError))
 
 
-def _disk_full(e: BaseException) -> bool:
-    """True for a database error saying its disk is full: SQLite's SQLITE_FULL ("database or disk is full") or
-    PostgreSQL's SQLSTATE 53100 (``disk_full``)."""
+def disk_full(e: BaseException) -> bool:
+    """True for an error saying the store's disk is full: SQLite's SQLITE_FULL ("database or disk is full"),
+    PostgreSQL's SQLSTATE 53100 (``disk_full``), or an ``OSError`` ENOSPC (also as a database error's cause)."""
+    import errno
+
+    for err in (e, getattr(e, "orig", None), e.__cause__):
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
     try:
         from sqlalchemy import exc
     except ImportError:  # pragma: no cover - sqlalchemy is a dependency of the gateway
@@ -144,7 +149,7 @@ def _consume(fut: "asyncio.Future[Any]") -> None:
 
 def _exception_code(e: BaseException) -> grpc.StatusCode:
     """The status :meth:`BoundaryInterceptor._fail` sends for an exception that is not a ServiceError."""
-    if _disk_full(e):
+    if disk_full(e):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.UNAVAILABLE if _database_unreachable(e) else grpc.StatusCode.INTERNAL
 
@@ -200,12 +205,13 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 wait = getattr(e, "retry_after_s", None)
                 context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(wait or 1)))),))
             await context.abort(e.code, e.message)
-        if _disk_full(e):
+        if disk_full(e):
             log.error("database disk full: %s", type(e.__cause__ or e).__name__)
             context.set_trailing_metadata((("retry-after", str(DISK_FULL_RETRY_S)),))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the conversation store's disk is full; nothing "
-                                "was stored. The operator must free space; retry later (a SendMessage retry with the "
-                                "same idempotency_key resumes the round)")
+            # rounds say what they stored (mascot.gateway.round); here only the failed write is known to be lost
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the conversation store's disk is full; the "
+                                "write this call was making was not stored (what earlier calls stored stays). The "
+                                "operator must free space; retry later")
         if _database_unreachable(e):
             log.warning("database unreachable: %s", type(e.__cause__ or e).__name__)  # never the SQL parameters
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the conversation store (database) is unreachable; retry "

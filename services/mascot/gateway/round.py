@@ -4,7 +4,8 @@
 
 1. Replay (SendMessage): a retry with a stored idempotency key replays the round's stored turns (RoundStarted with
    ``replayed``). A finished round ends there with its stored end reason (its stream was counted when it ran); an
-   unfinished one resumes after its stored turns, the safety gate's stored decision included.
+   unfinished one resumes after its stored turns, the safety gate's stored decision included: a ``running`` one, or
+   one a gateway restart closed while no newer message followed it (:meth:`Store.resume_round`).
 2. Safety detection: the safety gate looks at the message (:meth:`TurnLoop.detect`) before anything is stored.
 3. Start: :meth:`Store.start_round` stores the user turn, a ``running`` round and the message's safety events (the
    conversation flagged) in one transaction; the events are then counted (``mascot_safety_events_total``) and
@@ -14,6 +15,11 @@
    :class:`~mascot.gateway.turn_loop.TurnLoop` runs the agent turns (in self-play with the simulated user) and
    records the end reason on the state.
 6. Finish: :meth:`Store.finish_round` stores the reason and the agent-turn count, then RoundCompleted is sent.
+
+A self-play run cannot be resumed: when its stream ends before RoundCompleted (an error, a cancel, a client that went
+away) its round is closed at once as ``interrupted`` (``closed_by`` ``stream``); a gateway that was killed leaves it
+to the next gateway start (``closed_by`` ``restart``). A store whose disk is full ends the stream with
+:class:`~mascot.gateway.store.StoreFull` (RESOURCE_EXHAUSTED), whose message says what of the round was stored.
 
 Metrics (:meth:`RoundRunner._metered`, the one place for them): ``mascot_conversations_active`` while the turns run,
 ``mascot_round_duration_seconds`` of a round that finished, and ``mascot_rounds_total{mode, reason}`` once per
@@ -38,9 +44,9 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.errors import FailedPrecondition, InvalidArgument, Unavailable
-from mascot.core.interceptors import stream_stalled
+from mascot.core.interceptors import disk_full, stream_stalled
 from mascot.core.personas import PersonaCatalog
-from mascot.gateway.store import IntegrityError, Store, text_digest
+from mascot.gateway.store import CLOSED_BY_RESTART, IntegrityError, Store, StoreFull, text_digest
 from mascot.gateway.turn_loop import REASONS, RoundState, TurnLoop, event, history_turn, turn_to_proto
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,45 @@ class _Meter:
 
     t0: float
     outcome: str = "failed"
+
+
+_FREE_SPACE = "The operator must free space on the conversation store's disk (retry-after gives the seconds to wait)"
+
+
+def store_full(self_play: bool, user_turn: int | None = None, st: RoundState | None = None,
+               finishing: bool = False, closed: bool = False) -> StoreFull:
+    """The error of a round whose store write failed on a full disk, saying exactly what was stored: nothing
+    (``user_turn`` None: the message itself was not stored), the message and the agent turns sent as TurnCompleted
+    but not the turn in progress (``st``), or every turn but not the round's end (``finishing``); of a self-play
+    run also whether its round is already closed as interrupted (``closed``)."""
+    what = "the self-play run" if self_play else "this message"
+    if user_turn is None:
+        retry = ("run self-play again on this conversation" if self_play
+                 else "then retry with the same idempotency_key")
+        return StoreFull(f"the conversation store's disk is full: nothing of {what} was stored. {_FREE_SPACE}; "
+                         f"{retry}")
+    turns = st.agent_turns if st is not None else 0
+    first = (f"the self-play opening is stored (turn {user_turn})" if self_play
+             else f"your message is stored (turn {user_turn})")
+    if finishing:
+        end = "its completion" if self_play else "the round's end"
+        stored = (f"{first} with all {turns} agent turn(s) of the round (each sent as TurnCompleted); only {end} "
+                  "was not recorded")
+    else:
+        nxt = st.next_index() if st is not None else user_turn + 1
+        if nxt > user_turn + 1:
+            first += (f" with the round's turns up to turn {nxt - 1} ({turns} agent turn(s), each sent as "
+                      "TurnCompleted)")
+        stored = f"{first}; turn {nxt}, the one in progress, and the rest of the round were not stored"
+    if self_play:
+        state = ("the run is closed as interrupted" if closed
+                 else "the run is closed as interrupted when the gateway next starts")
+        retry = (f"self-play cannot be resumed: {state}, its stored turns stay (GetConversation shows them); run "
+                 "self-play on a new conversation (StartConversation)")
+    else:
+        retry = ("then retry with the same idempotency_key: it replays the stored turns and finishes the round "
+                 "(a new message instead closes this round as interrupted)")
+    return StoreFull(f"the conversation store's disk is full: {stored}. {_FREE_SPACE}; {retry}")
 
 
 class RoundRunner:
@@ -91,9 +136,24 @@ class RoundRunner:
         Raises:
             InvalidArgument: ``key`` was stored with another text.
             Unavailable: another request is storing this key's round right now.
+            StoreFull: the store's disk is full (the message says what of the round was stored).
             ServiceError: from the turn loop or the store (e.g. RoundClosed when a newer message closed the round).
         """
         rnd = await asyncio.to_thread(self.store.get_round, conv.id, key)
+        if rnd is not None and rnd.text_sha256 == text_digest(text) and (
+                rnd.state == "running" or rnd.closed_by == CLOSED_BY_RESTART):
+            # take the unfinished round over (reopened when a restart closed it and nothing newer followed); the
+            # self-play run's round is never reopened as a message round
+            try:
+                rnd = await asyncio.to_thread(self.store.resume_round, conv.id, key, key != SELF_PLAY_KEY)
+            except Exception as e:
+                if disk_full(e):
+                    log.error("conversation store disk full: a round could not be resumed")
+                    raise StoreFull("the conversation store's disk is full: the round of this idempotency_key was "
+                                    "not resumed and nothing new was stored; what it stored before stays (your "
+                                    f"message is turn {rnd.user_turn_idx}). {_FREE_SPACE}; then retry with the "
+                                    "same idempotency_key") from e
+                raise
         replayed: list = []
         # RoundStarted and a replay's stored turns; a round that runs sends them inside _metered, so a stream
         # closed right after RoundStarted is counted (a finished round's replay is not a round and is not counted)
@@ -126,6 +186,11 @@ class RoundRunner:
                                                       detection.events() if detection else [], closed)
             except IntegrityError:
                 raise Unavailable("this message is being stored by another request; retry") from None
+            except Exception as e:
+                if disk_full(e):
+                    log.error("conversation store disk full: a message was not stored")
+                    raise store_full(False) from e
+                raise
             if closed:  # their streams were counted when they ended (cancelled or failed)
                 log.info("a new message closed %d unfinished round(s) of a conversation", len(closed))
             if detection is not None:
@@ -146,14 +211,25 @@ class RoundRunner:
         st.agent_turns = sum(1 for r in replayed[1:] if r.role == "agent")  # resumed after the stored turns
         # a check-in round: the check-in turn, then the round's usual agent turns
         per_round = 1 if safety_round else self.cfg.dialogue.agent_turns_per_round + check_in
+        user_turn = rnd.user_turn_idx if rnd is not None else user_row.idx
+        finishing = False
         with self._metered(conv.mode) as meter:
-            for ev in opening:
-                yield ev
-            async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline,
-                                            check_in=check_in)) as evs:
-                async for ev in evs:
+            try:
+                for ev in opening:
                     yield ev
-            yield await self._finish(st, meter)
+                async with aclosing(self._turns(st, per_round - st.agent_turns, safety_round, deadline,
+                                                check_in=check_in)) as evs:
+                    async for ev in evs:
+                        yield ev
+                finishing = True
+                done = await self._finish(st, meter)
+            except Exception as e:
+                if disk_full(e):
+                    log.error("conversation store disk full: a round stopped after %d stored agent turn(s)",
+                              st.agent_turns)
+                    raise store_full(False, user_turn, st, finishing) from e
+                raise
+            yield done
 
     async def self_play(self, conv: Any, opening: str, user: dpb.UserSimulation, agent_turns: int,
                         user_speak_prob: float, seed: int, deadline: Callable[[], float | None] | None = None
@@ -164,27 +240,58 @@ class RoundRunner:
 
         Raises:
             FailedPrecondition: self-play already ran on this conversation (its round key is stored).
+            StoreFull: the store's disk is full (the message says what of the run was stored).
             ServiceError: from the turn loop or the store.
         """
         try:
             with self._metered(conv.mode) as meter:
                 detection = await self.loop.detect(opening)
-                _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, SELF_PLAY_KEY, opening,
-                                                      detection.events() if detection else [])
+                try:
+                    _, user_row = await asyncio.to_thread(self.store.start_round, conv.id, SELF_PLAY_KEY, opening,
+                                                          detection.events() if detection else [])
+                except Exception as e:
+                    if disk_full(e):
+                        log.error("conversation store disk full: a self-play opening was not stored")
+                        raise store_full(True) from e
+                    raise
                 if detection is not None:
                     self.loop.count_safety(detection.categories, detection.tier)
                 crisis = detection is not None and detection.tier == "crisis"
                 check_in = detection is not None and detection.tier == "check_in"
-                yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row)))
                 st = self._state(conv, SELF_PLAY_KEY, seed=seed, history=[HistoryTurn("user", opening)],
                                  safety_categories=set(detection.categories) if crisis else set())
-                async with aclosing(self._turns(st, 1 if crisis else agent_turns + check_in, crisis, deadline,
-                                                user, user_speak_prob, check_in=check_in)) as evs:
-                    async for ev in evs:
-                        yield ev
-                yield await self._finish(st, meter)
+                finishing = False
+                try:
+                    yield event(round_started=cpb.RoundStarted(user_turn=turn_to_proto(user_row)))
+                    async with aclosing(self._turns(st, 1 if crisis else agent_turns + check_in, crisis, deadline,
+                                                    user, user_speak_prob, check_in=check_in)) as evs:
+                        async for ev in evs:
+                            yield ev
+                    finishing = True
+                    done = await self._finish(st, meter)
+                except BaseException as e:  # the run ends here unfinished: it can never be resumed, so close it
+                    closed = await self._close_unfinished(conv.id)
+                    if isinstance(e, Exception) and disk_full(e):
+                        log.error("conversation store disk full: a self-play run stopped after %d stored agent "
+                                  "turn(s)", st.agent_turns)
+                        raise store_full(True, user_row.idx, st, finishing, closed) from e
+                    raise
+                yield done
         except IntegrityError:
             raise FailedPrecondition("self-play already ran on this conversation; start a new one") from None
+
+    async def _close_unfinished(self, conv_id: str) -> bool:
+        """Close a self-play round whose stream ended before RoundCompleted as ``interrupted`` (``closed_by``
+        ``stream``), best effort: when the store cannot write, the next gateway start closes it. True when the round
+        is closed now (by this call or before it)."""
+        try:
+            closed = await asyncio.shield(asyncio.to_thread(self.store.interrupt_round, conv_id, SELF_PLAY_KEY))
+        except BaseException:  # noqa: BLE001 - the stream's own error is the one to report
+            log.warning("a self-play run that ended early could not be closed now; the next gateway start closes it")
+            return False
+        if closed:
+            log.info("a self-play run ended before it finished; its round was closed as interrupted")
+        return True
 
     # ------------------------------------------------------------------ the steps both kinds share
     def _state(self, conv: Any, key: str, *, seed: int, history: list[HistoryTurn], safety_categories: set,

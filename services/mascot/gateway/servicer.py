@@ -19,7 +19,7 @@ from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, Re
 from mascot.core.personas import PersonaCatalog
 from mascot.gateway.round import SELF_PLAY_KEY, RoundRunner
 from mascot.gateway.security import CallerAuth, RateLimiter, peer_host
-from mascot.gateway.store import Store, text_digest
+from mascot.gateway.store import CLOSED_BY_MESSAGE, CLOSED_BY_RESTART, CLOSED_BY_STREAM, Store, text_digest
 from mascot.gateway.turn_loop import TurnLoop, turn_to_proto
 
 MODES = {n: enum_name(cpb.Mode, n) for n in cpb.Mode.values() if n != cpb.MODE_UNSPECIFIED}
@@ -213,6 +213,28 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                                      "RoundCompleted event")
         self._running[conv_id] = (key, text_digest(text or ""))
 
+    async def _self_play_refusal(self, conv_id: str) -> str:
+        """Why RunSelfPlay cannot run on a conversation that has turns, and what to do: a self-play run that was
+        interrupted (by a gateway restart, its stream ending early, or a message) cannot be resumed."""
+        fresh = "run self-play on a new conversation (StartConversation)"
+        if conv_id in self._running:
+            return "self-play or a message is already running on this conversation"
+        rnd = await asyncio.to_thread(self.store.get_round, conv_id, SELF_PLAY_KEY)
+        if rnd is None:
+            return "self-play needs a conversation without turns; start a new one"
+        if rnd.state == "running":
+            return ("self-play on this conversation has not finished: another gateway process runs it, or that "
+                    "process stopped (a gateway start then closes it as interrupted); its stored turns stay "
+                    f"(GetConversation shows them); self-play cannot be resumed: {fresh}")
+        if rnd.reason == "interrupted":
+            why = {CLOSED_BY_RESTART: "the gateway stopped before the run finished",
+                   CLOSED_BY_STREAM: "its stream ended before the run finished",
+                   CLOSED_BY_MESSAGE: "a message was sent to the conversation"}.get(rnd.closed_by, "it did not finish")
+            return (f"self-play on this conversation was interrupted ({why}) after {rnd.agent_turns} agent turn(s) "
+                    "and cannot be resumed; its stored turns stay (GetConversation shows them, and the round ended "
+                    f"with ROUND_END_REASON_INTERRUPTED); {fresh}")
+        return f"self-play already ran on this conversation (it ended: {rnd.reason}); {fresh}"
+
     # ------------------------------------------------------------------ RPCs
     async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
                                 ) -> cpb.StartConversationResponse:
@@ -286,7 +308,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         try:
             conv, turns = await self._conversation(request.conversation_id, context, tail=1)
             if turns:
-                raise FailedPrecondition("self-play needs a conversation without turns; start a new one")
+                raise FailedPrecondition(await self._self_play_refusal(conv.id))
             self._acquire(conv.id, SELF_PLAY_KEY, None)
             try:
                 async with aclosing(self.rounds.self_play(conv, opening, request.user, n, p, request.seed,

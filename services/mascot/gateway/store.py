@@ -13,6 +13,14 @@ Storage that goes away is never written blind: a SQLite file that was deleted, r
 it) or whose file system became read-only since the store opened it makes every transaction fail with
 :class:`StoreUnavailable` (UNAVAILABLE) before it runs — SQLite itself would keep writing to the unlinked file and
 lose every acknowledged turn at the next restart — and :meth:`Store.check` reports it for the gateway's health.
+
+A round is ``running`` only while a gateway process works on it: each round names its ``runner`` (the process's
+random id), and at its start the gateway closes the rounds a process that is gone left running
+(:meth:`Store.recover_rounds`) as ``interrupted`` with ``closed_by`` ``restart``, their stored turns kept. On SQLite
+(one gateway per database file) that is every running round; on PostgreSQL each gateway holds a session advisory lock
+on its runner id for its lifetime, and only the rounds of runners whose lock is free (their process is gone) are
+closed, never those of a live replica. A retry of a closed message round's idempotency key reopens it when no newer
+message followed (:meth:`Store.resume_round`).
 """
 
 from __future__ import annotations
@@ -21,19 +29,21 @@ import asyncio
 import hashlib
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, delete,
-                        event, exists, func, select, update)
+                        event, exists, func, select, text, update)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from mascot.core.db import create_engine
-from mascot.core.errors import Aborted, Unavailable
+from mascot.core.errors import Aborted, ResourceExhausted, Unavailable
+from mascot.core.interceptors import DISK_FULL_RETRY_S
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 log = logging.getLogger(__name__)
@@ -99,11 +109,23 @@ class RoundRow(Base):
     text_sha256: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))  # running | done
     user_turn_idx: Mapped[int] = mapped_column(Integer)
-    #: Why it ended: completed, empty_replies, safety, or interrupted (closed by a newer message while running).
+    #: Why it ended: completed, empty_replies, safety, or interrupted (closed before it finished: ``closed_by``).
     reason: Mapped[str] = mapped_column(String(32), default="")
     agent_turns: Mapped[int] = mapped_column(Integer, default=0)
     #: Refused replies of a turn that ended the round with no reply (migration 0004): ``{"rejections": [...]}``.
     guard: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    #: The gateway process that runs (or last ran) it: :attr:`Store.runner` (migration 0006; "" before it).
+    runner: Mapped[str] = mapped_column(String(32), default="")
+    #: What closed an ``interrupted`` round (migration 0006): :data:`CLOSED_BY_MESSAGE` (a newer message of the
+    #: conversation), :data:`CLOSED_BY_RESTART` (a gateway start found it running after its process was gone) or
+    #: :data:`CLOSED_BY_STREAM` (its self-play stream ended before the run finished); "" otherwise.
+    closed_by: Mapped[str] = mapped_column(String(16), default="")
+
+
+#: ``RoundRow.closed_by`` values of an interrupted round.
+CLOSED_BY_MESSAGE, CLOSED_BY_RESTART, CLOSED_BY_STREAM = "message", "restart", "stream"
+#: Advisory-lock class id ("masc") under which each gateway on PostgreSQL locks its runner id while it lives.
+RUNNER_LOCK_CLASS = 0x6D617363
 
 
 class SafetyEventRow(Base):
@@ -218,6 +240,13 @@ class StoreUnavailable(Unavailable):
     file system is read-only, or the database does not answer."""
 
 
+class StoreFull(ResourceExhausted):
+    """The conversation store's disk is full (RESOURCE_EXHAUSTED with ``retry-after``); the message says what of the
+    call was stored and what was not."""
+
+    retry_after_s = DISK_FULL_RETRY_S
+
+
 class RoundClosed(Aborted):
     """A turn of a round that a newer message of its conversation closed (reason ``interrupted``): it is not stored,
     so the stored order stays the conversation's order."""
@@ -241,6 +270,18 @@ def _lock_conversation(s: Session, conv_id: str) -> None:
     PostgreSQL: that row's lock). Concurrent writers of one conversation then run one after the other, so a round's
     state and the next turn index are read under the lock they are written under."""
     s.execute(update(ConversationRow).where(ConversationRow.id == conv_id).values(owner=ConversationRow.owner))
+
+
+def _agent_turns(s: Session, conv_id: str, key: str) -> int:
+    """Agent turns stored under a round key."""
+    return int(s.scalar(select(func.count()).select_from(TurnRow).where(
+        TurnRow.conversation_id == conv_id, TurnRow.round_key == key, TurnRow.role == "agent")))
+
+
+def _interrupt(s: Session, rnd: RoundRow, by: str) -> None:
+    """Close a running round as ``interrupted`` (``closed_by`` ``by``) with the agent turns it stored."""
+    rnd.state, rnd.reason, rnd.closed_by = "done", "interrupted", by
+    rnd.agent_turns = _agent_turns(s, rnd.conversation_id, rnd.idempotency_key)
 
 
 def run_migrations(engine: Engine) -> None:
@@ -277,6 +318,9 @@ class Store:
         if migrate:
             run_migrations(self.engine)
         self._file = sqlite_file(url)
+        #: This process's id in ``RoundRow.runner`` (a 31-bit number: the PostgreSQL advisory lock's object id).
+        self.runner = str(secrets.randbelow(2 ** 31))
+        self._runner_conn: Any = None  # PostgreSQL: the connection holding this runner's advisory lock
         self._identity: tuple[int, int] | None = None
         self._lost = False
         if self._file is not None:
@@ -333,7 +377,13 @@ class Store:
             raise StoreUnavailable(f"the conversation store does not answer: {type(e).__name__}") from e
 
     def close(self) -> None:
-        """Dispose of the connection pool."""
+        """Release the runner lock (PostgreSQL) and dispose of the connection pool."""
+        if self._runner_conn is not None:
+            conn, self._runner_conn = self._runner_conn, None
+            try:
+                conn.close()  # the session's advisory lock goes with it
+            except Exception:  # noqa: BLE001 - a connection already lost holds no lock either
+                pass
         self.engine.dispose()
 
     def session(self) -> Session:
@@ -569,15 +619,12 @@ class Store:
             if closed is not None:
                 closed.extend(r.idempotency_key for r in open_rounds)
             for rnd in open_rounds:  # unfinished rounds end here, so no later turn of theirs lands after this one
-                rnd.state, rnd.reason = "done", "interrupted"
-                rnd.agent_turns = int(s.scalar(select(func.count()).select_from(TurnRow).where(
-                    TurnRow.conversation_id == conv_id, TurnRow.round_key == rnd.idempotency_key,
-                    TurnRow.role == "agent")))
+                _interrupt(s, rnd, CLOSED_BY_MESSAGE)
             n = s.scalar(select(func.count()).select_from(TurnRow).where(TurnRow.conversation_id == conv_id))
             turn = TurnRow(conversation_id=conv_id, idx=int(n), round_key=key, role="user", text=text,
                            created_at=_now())
             rnd = RoundRow(conversation_id=conv_id, idempotency_key=key, text_sha256=text_digest(text),
-                           state="running", user_turn_idx=int(n))
+                           state="running", user_turn_idx=int(n), runner=self.runner)
             s.add_all([turn, rnd])
             self._add_safety_events(s, conv_id, int(n), safety_events)
         return rnd, turn
@@ -595,6 +642,95 @@ class Store:
                 raise RoundClosed("a newer message of this conversation closed this round before it finished; "
                                   "the round's turns stay (GetConversation shows them)")
             rnd.state, rnd.reason, rnd.agent_turns = "done", reason, agent_turns
+
+    def resume_round(self, conv_id: str, key: str, reopen: bool = True) -> RoundRow | None:
+        """The round stored under ``key``, taken over by this process when it did not finish: a ``running`` one gets
+        this :attr:`runner`, and (``reopen``) one that a gateway restart closed (``closed_by`` ``restart``) is
+        ``running`` again when no newer message of the conversation followed it. Any other finished round is returned
+        as it is; None when there is none."""
+        with self.session() as s, s.begin():
+            _lock_conversation(s, conv_id)
+            rnd = s.get(RoundRow, (conv_id, key))
+            if rnd is None:
+                return None
+            newer = s.scalar(select(func.count()).select_from(RoundRow).where(
+                RoundRow.conversation_id == conv_id, RoundRow.user_turn_idx > rnd.user_turn_idx))
+            if rnd.state == "done" and reopen and rnd.closed_by == CLOSED_BY_RESTART and not newer:
+                rnd.state, rnd.reason, rnd.closed_by = "running", "", ""
+            if rnd.state == "running":
+                rnd.runner = self.runner
+            return rnd
+
+    def interrupt_round(self, conv_id: str, key: str, by: str = CLOSED_BY_STREAM) -> bool:
+        """Close the round stored under ``key`` as ``interrupted`` (``closed_by`` ``by``) with the agent turns it
+        stored, if it is still running; True when it was."""
+        with self.session() as s, s.begin():
+            _lock_conversation(s, conv_id)
+            rnd = s.get(RoundRow, (conv_id, key))
+            if rnd is None or rnd.state != "running":
+                return False
+            _interrupt(s, rnd, by)
+            return True
+
+    def recover_rounds(self, self_play_key: str = "") -> tuple[int, int]:
+        """Run once at the gateway's start: close as ``interrupted`` (``closed_by`` ``restart``, stored turns kept)
+        the rounds that a gateway process that is gone left ``running``. SQLite (one gateway per database file):
+        every running round. PostgreSQL: first this process takes the advisory lock of its :attr:`runner` id, held
+        until :meth:`close`; then the rounds of every other runner whose lock is free (its process is gone) are
+        closed; rounds of live replicas, and rounds stored before migration 0006 (no runner), are left alone. Other
+        databases: nothing is closed (a warning says so).
+
+        Returns:
+            ``(rounds closed, of them self-play rounds)`` (``self_play_key``: the key of self-play rounds).
+        """
+        dialect = self.engine.dialect.name
+        dead: list[str] | None = None
+        if dialect == "postgresql":
+            dead = self._dead_runners()
+        elif dialect != "sqlite":
+            log.warning("rounds left running by a stopped gateway are not closed at start on %s (SQLite and "
+                        "PostgreSQL only); a retry of their key still resumes them", dialect)
+            return 0, 0
+        with self.session() as s, s.begin():
+            q = select(RoundRow).where(RoundRow.state == "running", RoundRow.runner != self.runner)
+            if dead is not None:
+                if not dead:
+                    return 0, 0
+                q = q.where(RoundRow.runner.in_(dead)).with_for_update()
+            rows = list(s.scalars(q))
+            for rnd in rows:
+                _interrupt(s, rnd, CLOSED_BY_RESTART)
+        return len(rows), sum(1 for r in rows if self_play_key and r.idempotency_key == self_play_key)
+
+    def _dead_runners(self) -> list[str]:
+        """PostgreSQL: hold this runner's advisory lock (a new id if another process has it), then the runner ids of
+        running rounds whose lock is free: their gateway process is gone (a session's advisory locks end with it)."""
+        if self._runner_conn is None:
+            conn = self.engine.connect()
+            for _ in range(16):
+                if conn.execute(text("SELECT pg_try_advisory_lock(:c, :o)"),
+                                {"c": RUNNER_LOCK_CLASS, "o": int(self.runner)}).scalar():
+                    break
+                self.runner = str(secrets.randbelow(2 ** 31))
+            else:
+                conn.close()
+                raise RuntimeError("no free gateway runner id after 16 tries")
+            conn.commit()  # a session lock outlives the transaction; the connection is not left idle in one
+            self._runner_conn = conn
+        conn = self._runner_conn
+        with self.session() as s:
+            runners = set(s.scalars(select(RoundRow.runner).where(
+                RoundRow.state == "running", RoundRow.runner != "", RoundRow.runner != self.runner).distinct()))
+        dead = []
+        for r in sorted(runners):
+            if not r.isdigit() or int(r) >= 2 ** 31:
+                continue
+            params = {"c": RUNNER_LOCK_CLASS, "o": int(r)}
+            if conn.execute(text("SELECT pg_try_advisory_lock(:c, :o)"), params).scalar():
+                conn.execute(text("SELECT pg_advisory_unlock(:c, :o)"), params)
+                dead.append(r)
+        conn.commit()
+        return dead
 
     def round_turns(self, conv_id: str, key: str) -> list[TurnRow]:
         """Turns stored under a round key, in order (the user turn first)."""
@@ -625,7 +761,7 @@ async def watch_health(store: Store, set_serving: Callable[[bool], Awaitable[Non
 
 
 __all__ = [
-    "Store", "StoreUnavailable", "RoundClosed", "watch_health", "sqlite_file", "NewTurn", "ConversationRow",
-    "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent", "AuditEventRow", "IntegrityError", "text_digest",
-    "run_migrations"
+    "Store", "StoreUnavailable", "StoreFull", "RoundClosed", "watch_health", "sqlite_file", "NewTurn",
+    "ConversationRow", "TurnRow", "RoundRow", "SafetyEventRow", "SafetyEvent", "AuditEventRow", "IntegrityError",
+    "text_digest", "run_migrations", "CLOSED_BY_MESSAGE", "CLOSED_BY_RESTART", "CLOSED_BY_STREAM"
 ]

@@ -112,8 +112,11 @@ class ConversationServiceServicer:
         then `agent_turns` agent turns, the simulated user speaking after each with probability `user_speak_prob`.
         The simulated user's messages pass the safety gate too: on risk, one safety turn ends the run
         (ROUND_END_REASON_SAFETY).
+        A run cannot be resumed: one that stops early (a gateway killed mid-run, a stream that ended) is closed with
+        ROUND_END_REASON_INTERRUPTED, its stored turns kept; run self-play again on a new conversation.
         Errors: INVALID_ARGUMENT (empty opening text, a control character, missing or over-long situation, a bad MBTI
-        type or Big Five level, bad probability or turn count), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the conversation already has turns),
+        type or Big Five level, bad probability or turn count), NOT_FOUND (unknown conversation), FAILED_PRECONDITION (the
+        conversation already has turns; the message says when an earlier run there was interrupted),
         UNAVAILABLE, UNAUTHENTICATED / PERMISSION_DENIED (caller token), RESOURCE_EXHAUSTED (rate limit, or
         `limits.max_active_rounds` rounds already running).
         """
