@@ -52,7 +52,8 @@ async def run_pass(records: list[Situation], agent_turns: int, concurrency: int,
     cfg = MascotConfig(engine={"model": model}, server={"gateway_port": 0, "metrics_port": 0},
                        store={"url": f"sqlite:///{tmp}/c.db"}, guard={"enabled": guard},
                        limits={"max_active_rounds": max(16, concurrency),
-                               "max_rounds_per_caller": max(16, concurrency)})
+                               "max_rounds_per_caller": max(16, concurrency)},
+                       security={"conversations_per_minute": 0})  # a timed run: never held back
     identity = model_identity(resolve_model(cfg.engine.model, cfg.engine.tiny_dir, cfg.engine.cache_dir))
     stack = await start_stack(cfg)
     try:

@@ -173,6 +173,8 @@ async def main() -> int:
     cfg = MascotConfig(server={"gateway_port": 0, "metrics_port": 0}, store={"url": f"sqlite:///{tmp}/load.db"},
                        engine={"model": model, **overrides.pop("engine", {})},
                        limits={"max_active_rounds": capacity, "max_rounds_per_caller": capacity},
+                       # one local client stands for every user: no per-caller limit of new conversations
+                       security={"conversations_per_minute": 0},
                        guard={"enabled": False},
                        director={"check_content": False, "rest_turns": 0, **overrides.pop("director", {})},
                        **overrides)

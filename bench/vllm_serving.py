@@ -98,7 +98,9 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
                        speaker={"temperature": 0.7, "max_tokens": 24},
                        adapters={"store": str(tmp / "store"), "poll_s": 0.2, "max_rank": 16},
                        # every chatting conversation plus the one that measures the swap holds a round at once
-                       limits={"max_active_rounds": conversations + 1, "max_rounds_per_caller": conversations + 1})
+                       limits={"max_active_rounds": conversations + 1, "max_rounds_per_caller": conversations + 1},
+                       # the chatters start a conversation per turn from one address
+                       security={"conversations_per_minute": 0})
     stack = await start_stack(cfg, engine=engine)
     ch, cch = channel(stack.target("gateway")), channel(stack.target("control"))
     admin, conv = adapter_pb2_grpc.AdapterServiceStub(cch), cpb_grpc.ConversationServiceStub(ch)

@@ -85,7 +85,10 @@ class Hostile:
 async def h(tmp_path_factory):
     holder: dict = {}
     eng = ScriptedEngine(lambda p: DIRECTOR, lambda p: holder["h"].speaker(p))
-    cfg = make_config(tmp_path_factory.mktemp("hostile"), server={"max_message_bytes": MAX_MESSAGE_BYTES})
+    # one client opens a conversation per case, far more than security.conversations_burst a minute: no limit of
+    # new conversations here (that limit is tested in test_request_limits.py)
+    cfg = make_config(tmp_path_factory.mktemp("hostile"), server={"max_message_bytes": MAX_MESSAGE_BYTES},
+                      security={"conversations_per_minute": 0})
     stack = await start_stack(cfg, engine=eng)
     holder["h"] = client = Hostile(stack, eng)
     yield client

@@ -61,3 +61,17 @@ def test_an_empty_config_file_means_the_defaults(tmp_path):
     f = tmp_path / "empty.yaml"
     f.write_text("# nothing set\n")
     assert load_config(f) == MascotConfig()
+
+
+def test_the_request_limit_holds_the_largest_valid_request_and_is_checked_at_start():
+    """server.max_request_bytes (the gateway's gRPC receive limit, 1 MiB) is far below max_message_bytes yet holds
+    a context at the dialogue limits in four-byte characters; a config where it cannot is refused at start."""
+    from mascot.core.config import DialogueConfig, ServerConfig, largest_request_bytes
+
+    mib = 1024 * 1024
+    assert ServerConfig().max_request_bytes == mib < ServerConfig().max_message_bytes
+    assert 4 * DialogueConfig().max_context_chars < largest_request_bytes(DialogueConfig()) <= mib
+    with pytest.raises(ValidationError, match=r"server.max_request_bytes \(1048576\) is below .* raise "
+                                              "server.max_request_bytes"):
+        MascotConfig(dialogue={"max_context_chars": 1_000_000})
+    assert MascotConfig(dialogue={"max_context_chars": 1_000_000}, server={"max_request_bytes": 5 * mib})

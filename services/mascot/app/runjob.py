@@ -79,6 +79,30 @@ async def admitted(start: Callable[[], Any], max_wait_s: float = ADMISSION_WAIT_
             await sleep(wait)
 
 
+async def started(stub: Any, request: cpb.StartConversationRequest, max_wait_s: float = ADMISSION_WAIT_S,
+                  sleep: Callable[[float], Any] = asyncio.sleep) -> cpb.Conversation:
+    """StartConversation, made again after the wait the gateway asks for (``retry-after``) while it refuses the
+    caller's new conversations as over its limit (RESOURCE_EXHAUSTED: ``security.conversations_per_minute``).
+
+    Raises:
+        grpc.aio.AioRpcError: any other status, or a refusal past ``max_wait_s`` seconds of waiting.
+    """
+    import grpc
+
+    from mascot.core.retry import overload_wait_s
+
+    waited = 0.0
+    while True:
+        try:
+            return (await stub.StartConversation(request)).conversation
+        except grpc.aio.AioRpcError as e:
+            wait = overload_wait_s(e)
+            if wait is None or waited + wait > max_wait_s:
+                raise
+            waited += wait
+            await sleep(wait)
+
+
 async def read_conversation(stub: Any, conv_id: str, include_think: bool = False) -> cpb.GetConversationResponse:
     """GetConversation over every page (``next_page_token``): one response holding all the turns.
 
@@ -254,7 +278,7 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
             async with gate:
                 conv_id = ""
                 try:
-                    conv = (await stub.StartConversation(start_request(sit, mode))).conversation
+                    conv = await started(stub, start_request(sit, mode))
                     conv_id = conv.id
                     reason = ""
                     events = admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed + i)))

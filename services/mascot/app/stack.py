@@ -193,7 +193,8 @@ async def start_stack(cfg: MascotConfig, components: tuple[str, ...] = DEFAULT_C
                             "plaintext unless TLS ends in front of the gateway")
             stack.servers["gateway"] = await build_server("gateway", metrics, services, host=srv.host,
                                                           port=srv.gateway_port,
-                                                          max_message_bytes=srv.max_message_bytes, tls=srv.tls,
+                                                          max_message_bytes=srv.max_message_bytes,
+                                                          max_request_bytes=srv.max_request_bytes, tls=srv.tls,
                                                           stream_stall_s=srv.stream_stall_s, connections=conns,
                                                           reflection_on=srv.reflection)
             from mascot.gateway.store import watch_health

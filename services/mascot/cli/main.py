@@ -266,8 +266,10 @@ def run(
         console.print(f"[red]cannot read --situations:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
     store_url = f"sqlite:///{(out / 'conversations.db').resolve()}"
+    # the embedded stack's gateway serves this job alone: no per-caller limit of new conversations
     cfg = load_config_or_exit(config, **{"engine.kind": engine, "engine.model": model, "server.gateway_port": 0,
-                             "store.url": store_url})
+                             "store.url": store_url,
+                             "security.conversations_per_minute": 0 if target is None else None})
     quiet()
     _export_client(cfg, target, client_tls(tls_ca, tls_cert, tls_key), caller_token(token_file))
 

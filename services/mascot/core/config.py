@@ -120,6 +120,14 @@ class DialogueConfig(_Section):
     max_context_entries: int = Field(1000, ge=0, le=1_000_000)
 
 
+def largest_request_bytes(d: DialogueConfig) -> int:
+    """Bytes of the largest request ConversationService accepts at the limits ``d``: a StartConversation whose context
+    holds ``max_context_chars`` four-byte (UTF-8) characters over ``max_context_entries`` entries, or a RunSelfPlay
+    with an opening and a situation of ``max_message_chars`` each, plus 8 KiB for ids and framing."""
+    context = 4 * d.max_context_chars + 16 * d.max_context_entries  # 16: an entry's tags and length prefixes
+    return max(context, 2 * 4 * d.max_message_chars) + 8 * 1024
+
+
 class LimitsConfig(_Section):
     """Admission control of the gateway (docs/operations.md, "Limits"). A conversation runs one round at a time anyway
     (a second message while one is answered is FAILED_PRECONDITION); this bounds the rounds of all conversations."""
@@ -346,6 +354,12 @@ class ServerConfig(_Section):
     call_timeout_s: float = Field(120.0, gt=0, le=3600)
     #: gRPC message size limit in bytes, equal on servers and clients.
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
+    #: Largest request the gateway's public API (ConversationService) receives, in bytes: gRPC's receive limit of the
+    #: gateway's listener (the smaller of this and ``max_message_bytes``; its responses keep ``max_message_bytes``).
+    #: A bigger request is RESOURCE_EXHAUSTED from gRPC before it is parsed. The default, 1 MiB, holds the largest
+    #: valid request at the ``dialogue`` limits (a context of 200 000 four-byte characters over 1000 entries); it
+    #: must stay at least :func:`largest_request_bytes` of them (checked at start).
+    max_request_bytes: int = Field(1024 * 1024, ge=16 * 1024, le=256 * 1024 * 1024)
     #: Longest wait, in seconds, for a client to take one message of a server stream (SendMessage, RunSelfPlay,
     #: GenerateReply): a client that stops reading has its call ended with UNAVAILABLE, which frees its round slot.
     stream_stall_s: float = Field(60.0, gt=0, le=3600)
@@ -680,8 +694,14 @@ class SecurityConfig(_Section):
     rate_limit_per_minute: float = Field(0.0, ge=0, le=1_000_000)
     #: Calls a caller may make at once before the sustained rate applies (the bucket's size).
     rate_limit_burst: int = Field(20, ge=1, le=100_000)
-    #: Most callers tracked at once; the least recently seen bucket is dropped beyond it.
+    #: Most callers tracked at once (by each limit); the least recently seen bucket is dropped beyond it.
     rate_limit_max_callers: int = Field(10_000, ge=1, le=10_000_000)
+    #: Conversations one caller (as ``rate_limit_per_minute``) may start per minute, sustained; on by default, whatever
+    #: ``rate_limit_per_minute`` says. One more StartConversation is RESOURCE_EXHAUSTED with ``retry-after`` metadata,
+    #: nothing stored. 0 = no limit (a gateway serving one batch job, e.g. ``mascot run``'s embedded one).
+    conversations_per_minute: float = Field(30.0, ge=0, le=1_000_000)
+    #: Conversations a caller may start at once before ``conversations_per_minute`` applies (the bucket's size).
+    conversations_burst: int = Field(60, ge=1, le=100_000)
     #: Conversations with no activity (no new turn, not created) for this many days are deleted with every turn,
     #: round and safety event by a periodic sweep in the gateway; 0 keeps conversations until DeleteConversation.
     retention_days: float = Field(0.0, ge=0, le=36_500)
@@ -743,6 +763,16 @@ class MascotConfig(BaseSettings):
     training: TrainingConfig = TrainingConfig()
     security: SecurityConfig = SecurityConfig()
     control: ControlConfig = ControlConfig()
+
+    @model_validator(mode="after")
+    def _requests_fit(self) -> "MascotConfig":
+        need = largest_request_bytes(self.dialogue)
+        if self.server.max_request_bytes < need:
+            raise ValueError(f"server.max_request_bytes ({self.server.max_request_bytes}) is below the largest valid "
+                             f"request at the dialogue limits ({need} bytes: dialogue.max_context_chars four-byte "
+                             "characters over dialogue.max_context_entries entries); raise server.max_request_bytes "
+                             "or lower the dialogue limits")
+        return self
 
     @model_validator(mode="after")
     def _rank_limits_agree(self) -> "MascotConfig":

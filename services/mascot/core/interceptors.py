@@ -79,6 +79,21 @@ def _refuse_undecodable(request: Any) -> None:
                               "not UTF-8, as proto3 requires, or malformed protobuf); send UTF-8 text")
 
 
+def _drop_frames(e: BaseException) -> None:
+    """Clear the tracebacks of ``e`` and of the exceptions chained to it. gRPC keeps the abort error of a call in a
+    reference cycle with the call's context, so a traceback left on it would hold the handler's frames, and with them
+    the request (megabytes for a refused oversized one), until a later garbage collection."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        x.__traceback__ = None
+        stack += [x.__cause__, x.__context__]
+
+
 def _database_unreachable(e: BaseException) -> bool:
     """True for SQLAlchemy errors meaning the database could not be reached or the connection was lost (PostgreSQL
     restarting, network gone): retryable, so UNAVAILABLE. Constraint violations, bad SQL etc. stay INTERNAL."""
@@ -201,6 +216,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
     async def _fail(self, context: grpc.aio.ServicerContext, e: BaseException) -> grpc.StatusCode:
         if isinstance(e, ServiceError):
+            _drop_frames(e)  # the refused request is freed now, not at a later garbage collection
             if isinstance(e, ResourceExhausted):  # seconds; a rate limit knows when its next call is accepted
                 wait = getattr(e, "retry_after_s", None)
                 context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(wait or 1)))),))
@@ -217,6 +233,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the conversation store (database) is unreachable; retry "
                                 "with backoff (a SendMessage retry with the same idempotency_key resumes the round)")
         log.exception("unhandled error in handler")
+        _drop_frames(e)
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log for the request id")
         raise AssertionError("unreachable")
 
@@ -228,7 +245,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             in_flight.inc()
             try:
                 _refuse_undecodable(request)
-                return await fn(request, context)
+                call = fn(request, context)
+                del request  # only the handler holds it: freed as soon as the handler is done with it
+                return await call
             except ServiceError as e:
                 code = e.code
                 await self._fail(context, e)
@@ -257,6 +276,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             try:
                 _refuse_undecodable(request)
                 stream = fn(request, context)
+                del request  # only the handler holds it: freed as soon as the handler is done with it
                 async for item in stream:
                     # A write waits for the client's HTTP/2 window; gRPC cannot cancel it, so the wait is bounded
                     # here and a write that never completes is left to end with the connection.

@@ -147,9 +147,10 @@ class _BearerStream(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(self._details(details), request)
 
 
-def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
+def _options(max_message_bytes: int, max_receive_bytes: int | None = None) -> list[tuple[str, Any]]:
     return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)]
+            ("grpc.max_receive_message_length", max_message_bytes if max_receive_bytes is None
+             else min(max_receive_bytes, max_message_bytes))]
 
 
 #: The load-balancing policy of every channel: calls go to every address the target resolves to in turn (the pods of
@@ -310,8 +311,8 @@ def port_in_use_message(what: str, host: str, port: int, setting: str) -> str:
 
 async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callable, Any, str]], *,
                        host: str = "127.0.0.1", port: int = 0,
-                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: Any = None,
-                       stream_stall_s: float = DEFAULT_STREAM_STALL_S,
+                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_request_bytes: int | None = None,
+                       tls: Any = None, stream_stall_s: float = DEFAULT_STREAM_STALL_S,
                        connections: ConnectionSettings | None = None, reflection_on: bool = True,
                        port_setting: str = "") -> Server:
     """Create, bind and start a server.
@@ -323,6 +324,8 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
         host: Bind address (127.0.0.1 in embedded mode and tests).
         port: Port; 0 picks a free one.
         max_message_bytes: gRPC send/receive limit.
+        max_request_bytes: A lower receive limit (the gateway's ``server.max_request_bytes``): a bigger request is
+            RESOURCE_EXHAUSTED from gRPC before it is parsed; None = ``max_message_bytes``.
         tls: ``server.tls`` (:class:`~mascot.core.config.TLSConfig`); TLS or mutual TLS when it names a certificate,
             plaintext when None or off.
         stream_stall_s: ``server.stream_stall_s`` (see :class:`~mascot.core.interceptors.BoundaryInterceptor`).
@@ -338,7 +341,7 @@ async def build_server(component: str, metrics: Any, add: Sequence[tuple[Callabl
     """
     creds = server_credentials(tls)
     server = grpc.aio.server(interceptors=[BoundaryInterceptor(component, metrics, stream_stall_s)],
-                             options=[*_options(max_message_bytes),
+                             options=[*_options(max_message_bytes, max_request_bytes),
                                       *(connections or ConnectionSettings()).server_options()])
     names = []
     for adder, servicer, name in add:

@@ -245,9 +245,9 @@ def _judge_identities(cfg: MascotConfig) -> dict[str, str]:
 
 
 async def _mascot_dialogue(stub: Any, sit: Situation, mode: str, agent_turns: int, seed: int) -> dict:
-    from mascot.app.runjob import admitted, read_conversation, selfplay_request, start_request, transcript_line
+    from mascot.app.runjob import admitted, read_conversation, selfplay_request, start_request, started, transcript_line
 
-    conv = (await stub.StartConversation(start_request(sit, mode))).conversation
+    conv = await started(stub, start_request(sit, mode))
     async for _ in admitted(lambda: stub.RunSelfPlay(selfplay_request(conv.id, sit, agent_turns, seed))):
         pass
     resp = await read_conversation(stub, conv.id, include_think=True)
@@ -316,6 +316,7 @@ async def run_eval(opts: EvalOptions, cfg: MascotConfig, progress: Callable[[str
     lim = base["limits"]
     lim["max_active_rounds"] = max(lim["max_active_rounds"], opts.concurrency)
     lim["max_rounds_per_caller"] = max(lim["max_rounds_per_caller"], opts.concurrency)
+    base["security"]["conversations_per_minute"] = 0  # the evaluation is the only caller of its own gateways
     metrics = Metrics()
     own_engine = engine is None
     if own_engine:

@@ -3,9 +3,10 @@
 - :class:`CallerAuth` maps ``authorization: Bearer <token>`` to a caller id (``security.caller_auth``); the tokens
   come from a mounted file or an environment variable, never from the YAML. Tokens are kept only as SHA-256
   digests and never logged or echoed.
-- :class:`RateLimiter` is a token bucket per caller (the caller id, or the peer address without caller tokens) for
-  the calls that store something (StartConversation, SendMessage, RunSelfPlay); over the limit the call fails with
-  :class:`RateLimited` (RESOURCE_EXHAUSTED + ``retry-after``) before anything is read or stored.
+- :class:`RateLimiter` is a token bucket per caller (the caller id, or the peer address without caller tokens): one
+  for the calls that store something (StartConversation, SendMessage, RunSelfPlay; off by default) and one for the
+  conversations a caller starts (on by default); over a limit the call fails with :class:`RateLimited`
+  (RESOURCE_EXHAUSTED + ``retry-after``) before anything is stored.
 - :func:`watch_retention` deletes conversations inactive for ``security.retention_days``
   (:meth:`mascot.gateway.store.Store.delete_inactive`).
 """
@@ -186,11 +187,15 @@ class RateLimiter:
         burst: Bucket size.
         max_keys: Most buckets kept; the least recently used is dropped beyond it (it starts full again).
         clock: Monotonic seconds (tests inject one).
+        what: What is counted, for the message ("calls", "new conversations").
+        settings: The config keys of ``per_minute`` and ``burst``, for the message.
     """
 
     def __init__(self, per_minute: float, burst: int, max_keys: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, what: str = "calls",
+                 settings: str = "security.rate_limit_per_minute, security.rate_limit_burst") -> None:
         self.rate, self.burst, self.max_keys, self.clock = per_minute / 60.0, float(burst), max_keys, clock
+        self.what, self.settings = what, settings
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
 
     @property
@@ -202,6 +207,14 @@ class RateLimiter:
     def from_config(cls, sec: Any, clock: Callable[[], float] = time.monotonic) -> "RateLimiter":
         """From ``security.rate_limit_*``."""
         return cls(sec.rate_limit_per_minute, sec.rate_limit_burst, sec.rate_limit_max_callers, clock)
+
+    @classmethod
+    def conversations(cls, sec: Any, clock: Callable[[], float] = time.monotonic) -> "RateLimiter":
+        """The conversations a caller starts, from ``security.conversations_per_minute`` and
+        ``security.conversations_burst``."""
+        return cls(sec.conversations_per_minute, sec.conversations_burst, sec.rate_limit_max_callers, clock,
+                   what="new conversations",
+                   settings="security.conversations_per_minute, security.conversations_burst")
 
     def take(self, key: str) -> None:
         """Spend one call of ``key``'s bucket.
@@ -217,8 +230,9 @@ class RateLimiter:
         if tokens < 1.0:
             self._buckets[key] = (tokens, now)
             wait = (1.0 - tokens) / self.rate
-            raise RateLimited(f"rate limit exceeded: at most {self.rate * 60:g} calls per minute (bursts of "
-                              f"{self.burst:g}) per caller; retry in {math.ceil(wait)} s", wait)
+            raise RateLimited(f"rate limit exceeded: at most {self.rate * 60:g} {self.what} per minute (bursts of "
+                              f"{self.burst:g}) per caller ({self.settings}); retry in {math.ceil(wait)} s (the "
+                              "retry-after metadata gives the seconds)", wait)
         self._buckets[key] = (tokens - 1.0, now)
         while len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)

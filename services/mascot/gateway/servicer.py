@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
-from mascot.core.dialogue import CONTROL_CHARS, has_visible_text, roster_from_ids
+from mascot.core.dialogue import CONTROL_CHARS, MAX_ROSTER, has_visible_text, roster_from_ids
 from mascot.core.enums import enum_name
 from mascot.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from mascot.core.personas import PersonaCatalog
@@ -33,14 +33,16 @@ MAX_PAGE_TURNS = 1000
 
 def _check_user_simulation(user: Any, max_chars: int) -> None:
     """Refuse a simulated user that cannot be used, before anything is stored (INVALID_ARGUMENT): a situation over
-    ``max_chars`` code points (``dialogue.max_message_chars``), control characters in the situation or emotion, an
-    emotion over 64 characters, an MBTI type that is not four letters from E/I, S/N, T/F, J/P, or a Big Five level
-    outside the TraitLevel enum."""
+    ``max_chars`` code points (``dialogue.max_message_chars``; checked first, before any per-character work), one
+    without visible text, control characters in the situation or emotion, an emotion over 64 characters, an MBTI
+    type that is not four letters from E/I, S/N, T/F, J/P, or a Big Five level outside the TraitLevel enum."""
     from mascot.api.dialogue.v1 import dialogue_pb2 as dpb_
     from mascot.core.personas.personality import personality_text
 
     if len(user.situation) > max_chars:
         raise InvalidArgument(f"user.situation is longer than {max_chars} characters (dialogue.max_message_chars)")
+    if not has_visible_text(user.situation):
+        raise InvalidArgument("user.situation is required for the simulated user")
     _no_controls(user.situation, "user.situation")
     if len(user.emotion) > 64:
         raise InvalidArgument("user.emotion is longer than 64 characters (an EmpatheticDialogues label, or empty)")
@@ -66,20 +68,20 @@ def _no_controls(text: str, field: str) -> str:
 
 
 def _nonblank(text: str, field: str, limit: int) -> str:
-    """Validate user text before any model work or storage: at least one visible character
-    (:func:`~mascot.core.dialogue.has_visible_text`), at most ``limit`` characters (code points), no control
-    characters. Emoji, any script, right-to-left and combining text pass unchanged (stored verbatim, never
-    normalised).
+    """Validate user text before any model work or storage: at most ``limit`` characters (code points; checked
+    first, before any per-character work), at least one visible character
+    (:func:`~mascot.core.dialogue.has_visible_text`), no control characters. Emoji, any script, right-to-left and
+    combining text pass unchanged (stored verbatim, never normalised).
 
     Raises:
-        InvalidArgument: no visible text (empty, or only whitespace, control, format, private-use or
-            non-characters), over ``limit``, or a control character other than tab, newline and carriage return.
+        InvalidArgument: over ``limit``, no visible text (empty, or only whitespace, control, format, private-use or
+            non-characters), or a control character other than tab, newline and carriage return.
     """
+    if len(text) > limit:
+        raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit} (dialogue.max_message_chars)")
     if not has_visible_text(text):
         raise InvalidArgument(f"the message has no visible text: {field} is empty or holds only whitespace, control, "
                               "format (zero-width), private-use or non-characters; send some words or emoji")
-    if len(text) > limit:
-        raise InvalidArgument(f"{field} has {len(text)} characters; the limit is {limit} (dialogue.max_message_chars)")
     return _no_controls(text, field)
 
 
@@ -95,17 +97,21 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         metrics: :class:`~mascot.core.metrics.Metrics`.
         auth: Caller tokens; default from ``cfg.security`` (docs/security.md).
         limiter: Per-caller rate limit; default from ``cfg.security``.
+        starts: Per-caller limit of new conversations; default from ``cfg.security``
+            (:meth:`RateLimiter.conversations`).
 
     Raises:
         ValueError: ``security.caller_auth`` is on without readable tokens.
     """
 
     def __init__(self, store: Store, catalog: PersonaCatalog, loop: TurnLoop, cfg: Any, metrics: Any, *,
-                 auth: CallerAuth | None = None, limiter: RateLimiter | None = None) -> None:
+                 auth: CallerAuth | None = None, limiter: RateLimiter | None = None,
+                 starts: RateLimiter | None = None) -> None:
         self.store, self.catalog, self.loop, self.cfg, self.metrics = store, catalog, loop, cfg, metrics
         self.rounds = RoundRunner(store, catalog, loop, cfg, metrics)
         self.auth = auth if auth is not None else CallerAuth.from_config(cfg.security)
         self.limiter = limiter if limiter is not None else RateLimiter.from_config(cfg.security)
+        self.starts = starts if starts is not None else RateLimiter.conversations(cfg.security)
         # conversation id -> (idempotency key, text digest) of the round in progress
         self._running: dict[str, tuple[str, str]] = {}
         # SendMessage / RunSelfPlay streams admitted and not finished (limits.max_active_rounds)
@@ -236,12 +242,14 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
         return f"self-play already ran on this conversation (it ended: {rnd.reason}); {fresh}"
 
     # ------------------------------------------------------------------ RPCs
-    async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
-                                ) -> cpb.StartConversationResponse:
-        owner = self._gate(context, limited=True)
-        if request.mode not in MODES:
-            raise InvalidArgument("mode must be MODE_SUPPORT or MODE_MEETING")
-        mode = MODES[request.mode]
+    def _start_fields(self, request: cpb.StartConversationRequest, mode: str) -> tuple[list[str], list]:
+        """The roster and context of a StartConversation whose entry counts are already within their limits: the
+        per-entry checks (run in a worker thread, off the event loop).
+
+        Raises:
+            InvalidArgument: a persona id that is too long, unknown or not usable in ``mode``; a control character in
+                ``source_id`` or the context; a context over ``dialogue.max_context_chars`` characters.
+        """
         if any(len(i) > MAX_PERSONA_ID_CHARS for i in request.persona_ids):
             raise InvalidArgument(f"a persona id is longer than {MAX_PERSONA_ID_CHARS} characters; ListPersonas shows "
                                   "the known ids")
@@ -250,16 +258,34 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
             why = self.catalog.unusable_reason(card, mode)
             if why is not None:
                 raise InvalidArgument(f"{why}; ListPersonas with this mode shows the personas it takes")
-        if len(request.source_id) > 256:
-            raise InvalidArgument("source_id is longer than 256 characters")
         _no_controls(request.source_id, "source_id")
+        ctx = [(_no_controls(c.speaker, "context speaker"), _no_controls(c.content, "context content"))
+               for c in request.context]
+        chars = sum(len(s) + len(c) for s, c in ctx)
+        if chars > self.cfg.dialogue.max_context_chars:
+            raise InvalidArgument(f"context has {chars} characters; the limit is {self.cfg.dialogue.max_context_chars} "
+                                  "(dialogue.max_context_chars)")
+        return ids, ctx
+
+    async def StartConversation(self, request: cpb.StartConversationRequest, context: Any
+                                ) -> cpb.StartConversationResponse:
+        """Create a conversation. Counts (persona ids, context entries, ``source_id`` length) are checked first; the
+        per-entry checks run in a worker thread; then one of the caller's ``security.conversations_per_minute`` is
+        spent (RESOURCE_EXHAUSTED with ``retry-after`` when none is left) before anything is stored."""
+        owner = self._gate(context, limited=True)
+        if request.mode not in MODES:
+            raise InvalidArgument("mode must be MODE_SUPPORT or MODE_MEETING")
+        mode = MODES[request.mode]
+        if len(request.persona_ids) > MAX_ROSTER:
+            raise InvalidArgument(f"persona_ids has {len(request.persona_ids)} entries; at most {MAX_ROSTER}")
         if len(request.context) > self.cfg.dialogue.max_context_entries:
             raise InvalidArgument(f"context has {len(request.context)} entries; the limit is "
                                   f"{self.cfg.dialogue.max_context_entries} (dialogue.max_context_entries)")
-        ctx = [(_no_controls(c.speaker, "context speaker"), _no_controls(c.content, "context content"))
-               for c in request.context]
-        if sum(len(s) + len(c) for s, c in ctx) > self.cfg.dialogue.max_context_chars:
-            raise InvalidArgument(f"context exceeds {self.cfg.dialogue.max_context_chars} characters")
+        if len(request.source_id) > 256:
+            raise InvalidArgument("source_id is longer than 256 characters")
+        ids, ctx = await asyncio.to_thread(self._start_fields, request, mode)
+        if self.starts.enabled:
+            self.starts.take(self._caller_key(owner, context))
         conv_id = str(uuid.uuid4())
         pinned = {}
         if self.pinner is not None:  # pin this conversation's versions now; promotes later do not move it
@@ -295,7 +321,7 @@ class ConversationServicer(cpb_grpc.ConversationServiceServicer):
                           ) -> AsyncIterator[cpb.RunSelfPlayResponse]:
         who = self._caller_key(self._gate(context, limited=True), context)
         opening = _nonblank(request.opening_text, "opening_text", self.cfg.dialogue.max_message_chars)
-        if not request.HasField("user") or not has_visible_text(request.user.situation):
+        if not request.HasField("user"):
             raise InvalidArgument("user.situation is required for the simulated user")
         _check_user_simulation(request.user, self.cfg.dialogue.max_message_chars)
         n = request.agent_turns or self.cfg.selfplay.agent_turns
