@@ -179,3 +179,16 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     served = json.loads((out1 / "adapters" / "registry.json").read_text())["adapters"]
     assert set(served) == {*personas, "director"} and served["director"]["versions"]["1"]["state"] == "staged"
     assert not (out2 / "adapters").exists()
+
+
+def test_the_sft_only_recipe_validates_and_publishes_the_sft_adapter(tmp_path, monkeypatch):
+    """training-jobs/configs/persona_sft_cpu.yaml: the measured SFT-only run (docs/evaluation.md)."""
+    from mascot_training.persona.config import load, validate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "splits").mkdir(parents=True)
+    (tmp_path / "runs" / "splits" / "train.jsonl").write_text(json.dumps(
+        {"id": "t1", "emotion": "sad", "situation": "My dog died.", "first_utterance": "I miss my dog."}) + "\n")
+    cfg = load(CONFIGS / "persona_sft_cpu.yaml")
+    assert cfg.sft_data.enabled and cfg.sft.enabled and not cfg.persona_grpo.enabled and validate(cfg) == []
+    assert cfg.data.limit == 56 and cfg.sft_data.require_moves and "gate_proj" in cfg.lora.target_modules
