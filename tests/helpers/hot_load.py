@@ -50,6 +50,7 @@ async def check_hot_load(tmp_path, tiny_model_dir, monkeypatch, engine=None, ref
     # director.policy random: a fixed directive (fallback action, default tone), so every conversation gives the
     # speaker the same prompt and the outputs compare across versions
     cfg = make_config(tmp_path, engine={"model": str(tiny_model_dir)}, dialogue={"agent_turns_per_round": 1},
+                      security={"conversations_per_minute": 0},  # the canary split is sampled over many conversations
                       director={"policy": "random"},
                       speaker={"temperature": 0.0, "max_tokens": 12},
                       adapters={"store": str(tmp_path / "store"), "poll_s": 0.2})

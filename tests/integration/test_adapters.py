@@ -384,7 +384,8 @@ async def test_an_unreadable_registry_never_serves_a_rolled_back_version(engine,
     reg = json.loads((root / "registry.json").read_text())
     assert reg["adapters"][pid]["stable"] == 1
     cfg = make_config(tmp_path, adapters={"store": str(root), "base_model": str(tiny_model_dir), "max_rank": 4,
-                                          "retired_unload_s": 3600}, speaker={"max_tokens": 8})
+                                          "retired_unload_s": 3600}, speaker={"max_tokens": 8},
+                      security={"conversations_per_minute": 0})  # it starts ~100 conversations to sample pins
     stack = await start_stack(cfg, ("gateway", "director", "speaker"), engine=engine)
     ch = channel(stack.target("gateway"))
     sch = channel(stack.target("speaker"))

@@ -129,6 +129,7 @@ def sampled(tiny_model_dir, shared_data, tmp_path_factory) -> tuple[Path, dict]:
     raw.update(model=str(tiny_model_dir), personas=["anchor"])
     raw["data"].update(situations=str(shared_data / "empathetic_dialogues" / "test_situations.jsonl"), limit=3)
     raw["sft"]["enabled"] = False
+    raw["sft_data"]["enabled"] = False
     raw["sample"].update(k=2, max_tokens=16)
     out = tmp_path_factory.mktemp("sampled") / "run"
     run(PersonaAlignmentConfig(**raw), out, ("sample",), log=lambda m: None)
