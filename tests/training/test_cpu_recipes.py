@@ -105,7 +105,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     # they get room for a sentence
     cfg1 = _set(yaml.safe_load(P1.read_text()), personas=personas, data__limit=1, sample__k=3,
                 sft_data__limit=1, sft_data__k_teacher=2, sft_data__k_plain=1, sft_data__max_tokens=32,
-                sft_data__mid_dialogue_share=1.0, sft__max_steps=2,
+                sft_data__mid_dialogue_share=0.0, sft__max_steps=1, sft__batch_size=2,  # mid-dialogue: the tiny smoke
                 sample__max_tokens=32, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
                 persona_grpo__max_steps=1,
