@@ -29,6 +29,7 @@ from mascot.app.stack import start_stack
 from tests.helpers.config import make_config
 from tests.helpers.engine import ScriptedEngine
 from tests.helpers.rpc import collect
+from tests.helpers.wire import field, varint
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -319,37 +320,23 @@ async def test_a_message_with_nothing_visible_is_refused_before_any_model_work(h
 
 
 # ------------------------------------------------------------------------------ invalid UTF-8 at the wire level
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if not n:
-            return out + bytes([b])
-        out += bytes([b | 0x80])
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (wire type 2) holding ``payload`` as it is."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 # (method, kind, request bytes given the conversation id); ConversationService has no bytes fields, so the invalid
 # UTF-8 goes into string fields, which proto3 requires to be UTF-8.
 INVALID_UTF8 = {
-    "send-text-ff": ("SendMessage", "unary_stream", lambda cid: _field(1, cid) + _field(2, b"\xff\xfe hi") +
-                     _field(3, b"k1")),
-    "send-text-truncated-sequence": ("SendMessage", "unary_stream", lambda cid: _field(1, cid) +
-                                     _field(2, b"caf\xc3") + _field(3, b"k1")),
-    "send-text-encoded-surrogate": ("SendMessage", "unary_stream", lambda cid: _field(1, cid) +
-                                    _field(2, b"\xed\xa0\x80") + _field(3, b"k1")),
-    "send-text-overlong-slash": ("SendMessage", "unary_stream", lambda cid: _field(1, cid) +
-                                 _field(2, b"\xc0\xaf etc") + _field(3, b"k1")),
-    "send-key": ("SendMessage", "unary_stream", lambda cid: _field(1, cid) + _field(2, b"hello") +
-                 _field(3, b"\x80\x81")),
-    "get-conversation-id": ("GetConversation", "unary_unary", lambda cid: _field(1, b"\xc3\x28" + cid)),
-    "start-persona-id": ("StartConversation", "unary_unary", lambda cid: _varint(1 << 3) + _varint(1) +
-                         _field(2, b"anch\xf0or")),
-    "self-play-opening": ("RunSelfPlay", "unary_stream", lambda cid: _field(1, cid) + _field(2, b"\xfe\xfe")),
+    "send-text-ff": ("SendMessage", "unary_stream", lambda cid: field(1, cid) + field(2, b"\xff\xfe hi") +
+                     field(3, b"k1")),
+    "send-text-truncated-sequence": ("SendMessage", "unary_stream", lambda cid: field(1, cid) +
+                                     field(2, b"caf\xc3") + field(3, b"k1")),
+    "send-text-encoded-surrogate": ("SendMessage", "unary_stream", lambda cid: field(1, cid) +
+                                    field(2, b"\xed\xa0\x80") + field(3, b"k1")),
+    "send-text-overlong-slash": ("SendMessage", "unary_stream", lambda cid: field(1, cid) +
+                                 field(2, b"\xc0\xaf etc") + field(3, b"k1")),
+    "send-key": ("SendMessage", "unary_stream", lambda cid: field(1, cid) + field(2, b"hello") +
+                 field(3, b"\x80\x81")),
+    "get-conversation-id": ("GetConversation", "unary_unary", lambda cid: field(1, b"\xc3\x28" + cid)),
+    "start-persona-id": ("StartConversation", "unary_unary", lambda cid: varint(1 << 3) + varint(1) +
+                         field(2, b"anch\xf0or")),
+    "self-play-opening": ("RunSelfPlay", "unary_stream", lambda cid: field(1, cid) + field(2, b"\xfe\xfe")),
 }
 
 

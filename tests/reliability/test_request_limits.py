@@ -31,6 +31,7 @@ from mascot.gateway.store import ConversationRow
 from tests.helpers.config import make_config
 from tests.helpers.engine import ScriptedEngine
 from tests.helpers.rpc import code_of, collect
+from tests.helpers.wire import field as wire_field, varint
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -39,24 +40,11 @@ LIMIT = ServerConfig().max_request_bytes  # server.max_request_bytes (the defaul
 MiB = 1024 * 1024
 
 
-def _varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b, n = n & 0x7F, n >> 7
-        if not n:
-            return out + bytes([b])
-        out += bytes([b | 0x80])
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def empty_entries(field: str, size: int) -> bytes:
     """A StartConversation (support mode) of about ``size`` bytes: countless empty entries of the repeated ``field``
     (``context`` or ``persona_ids``), two bytes each."""
     number = cpb.StartConversationRequest.DESCRIPTOR.fields_by_name[field].number
-    return _varint(1 << 3) + _varint(cpb.MODE_SUPPORT) + _field(number, b"") * (size // 2)
+    return varint(1 << 3) + varint(cpb.MODE_SUPPORT) + wire_field(number, b"") * (size // 2)
 
 
 class Client:
