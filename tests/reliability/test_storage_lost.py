@@ -8,6 +8,7 @@ store where a restart will find it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 
@@ -208,18 +209,28 @@ class _FullAfterTheMessage:
         self.store.engine.dispose()
 
 
-async def test_a_full_disk_after_the_message_was_stored_says_what_was_stored(tmp_path):
-    """Found by a reviewer: the disk-full status said "nothing was stored" although the user's message was. The
-    message now says the message is stored, which turn was not, and that a retry with the same key finishes the
-    round; the store holds exactly that, and the retry after space is freed finishes the round without duplicates."""
+@contextlib.asynccontextmanager
+async def _full_disk_stack(tmp_path):
+    """A gateway, director and speaker on a SQLite store whose disk fills up after the user's message is stored:
+    yields ``(full, stack, ConversationService stub)``."""
     db = tmp_path / "store.db"
     full = _FullAfterTheMessage(db)
     stack = await start_stack(make_config(tmp_path, store={"url": f"sqlite:///{db}"}, guard={"enabled": False}),
                               ("gateway", "director", "speaker"), engine=full.engine())
     full.store = stack.store
     ch = channel(stack.target("gateway"))
-    stub = cpb_grpc.ConversationServiceStub(ch)
     try:
+        yield full, stack, cpb_grpc.ConversationServiceStub(ch)
+    finally:
+        await ch.close()
+        await stack.stop(0)
+
+
+async def test_a_full_disk_after_the_message_was_stored_says_what_was_stored(tmp_path):
+    """Found by a reviewer: the disk-full status said "nothing was stored" although the user's message was. The
+    message now says the message is stored, which turn was not, and that a retry with the same key finishes the
+    round; the store holds exactly that, and the retry after space is freed finishes the round without duplicates."""
+    async with _full_disk_stack(tmp_path) as (full, stack, stub):
         conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
         req = cpb.SendMessageRequest(conversation_id=conv.id, text="I failed my driving test again.",
                                      idempotency_key="k1")
@@ -242,20 +253,10 @@ async def test_a_full_disk_after_the_message_was_stored_says_what_was_stored(tmp
         assert events[0].round_started.replayed and events[-1].round_completed.agent_turns == 3
         _, turns = stack.store.get_conversation(conv.id)
         assert [t.role for t in turns] == ["user", "agent", "agent", "agent"]
-    finally:
-        await ch.close()
-        await stack.stop(0)
 
 
 async def test_a_full_disk_mid_self_play_says_what_was_stored_and_closes_the_run(tmp_path):
-    db = tmp_path / "store.db"
-    full = _FullAfterTheMessage(db)
-    stack = await start_stack(make_config(tmp_path, store={"url": f"sqlite:///{db}"}, guard={"enabled": False}),
-                              ("gateway", "director", "speaker"), engine=full.engine())
-    full.store = stack.store
-    ch = channel(stack.target("gateway"))
-    stub = cpb_grpc.ConversationServiceStub(ch)
-    try:
+    async with _full_disk_stack(tmp_path) as (full, stack, stub):
         conv = (await stub.StartConversation(cpb.StartConversationRequest(mode=cpb.MODE_SUPPORT))).conversation
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(stub.RunSelfPlay(cpb.RunSelfPlayRequest(
@@ -269,6 +270,3 @@ async def test_a_full_disk_mid_self_play_says_what_was_stored_and_closes_the_run
         assert [t.role for t in turns] == ["user"]
         rnd = stack.store.get_round(conv.id, "selfplay")
         assert (rnd.state, rnd.reason, rnd.closed_by) == ("done", "interrupted", "stream")
-    finally:
-        await ch.close()
-        await stack.stop(0)
