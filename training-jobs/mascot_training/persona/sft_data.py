@@ -357,15 +357,13 @@ async def run(cfg, out: Path, *, engine: Any) -> dict | None:
                              "teacher hints, or look at why_not in pool.jsonl")
         rows = [sft_row(every[gi], every[gi]["candidates"][ci]["text"], names) for gi, ci in kept]
         write_jsonl(part / "rows.jsonl", rows)
-        pool.write_text("", encoding="utf-8")
         write_jsonl(pool, every)
         (part / "pool_mid.jsonl").unlink(missing_ok=True)
         by_p = collections.Counter(r["persona_id"] for r in rows)
         openers: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for r in rows:
             openers[r["persona_id"]][opener(r["messages"][-1]["content"])] += 1
-        why = collections.Counter(c["why_not"].split(":")[0] + (":" + c["why_not"].split(":")[1]
-                                                              if c["why_not"].startswith("forbidden") else "")
+        why = collections.Counter("refused" if c["why_not"].startswith("refused:") else c["why_not"]
                                   for g in every for c in g["candidates"] if not c["eligible"])
         manifest["data_ids"] = sorted({s_.id for s_ in situations})
         manifest["rows"] = "rows.jsonl"
