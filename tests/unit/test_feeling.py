@@ -20,6 +20,10 @@ MISMATCHED = [
     ("I got the job I wanted!", "I'm so sorry to hear that.", "sympathy for good news"),
     ("We had a baby girl yesterday, we are over the moon!", "That must have been so painful for you.",
      "sympathy for good news"),
+    # the demo's miss: a frightening event read as news to celebrate
+    ("Me and my mom were at this grocery store recently and this guy started following us outside the store and "
+     "then again inside the store it was so scary!", "It sounds like you have great news.", "celebrates bad news"),
+    ("My car was stolen last night.", "That sounds exciting!", "celebrates bad news"),
 ]
 FITTING = [
     ("My dog died yesterday.", "I'm so sorry for your loss."),
@@ -31,6 +35,8 @@ FITTING = [
     ("I'm nervous about the wedding but happy.", "I'm sorry to hear you're nervous."),  # mixed: sympathy fits
     ("I finally finished my marathon!", "That must have been hard, but you did it."),
     ("I lost my keys again.", "That's frustrating. Where did you last see them?"),
+    ("I got into the college I wanted!", "It sounds like you have great news."),
+    ("I was so scared on the rollercoaster but I loved it.", "I'm so sorry to hear that, that sounds scary."),
     ("", "That's wonderful!"),  # nothing to fit: not checked
 ]
 

@@ -42,7 +42,12 @@ CELEBRATE = re.compile(
     r"(that'?s|that is|this is|it'?s|it is) (so |really |absolutely |just )?(wonderful|amazing|fantastic|awesome|"
     r"exciting|great news|good news|brilliant|fabulous|terrific)\b|"
     r"(i'?m|i am) (so |really |very )?(happy|glad|thrilled|excited|delighted) (for you|to hear (that|this|it)\b)|"
-    r"good for you|well done|you must be (so )?(proud|thrilled|excited|happy))", re.IGNORECASE)
+    r"good for you|well done|you must be (so )?(proud|thrilled|excited|happy)|"
+    # "It sounds like you have great news." (the demo, after "this guy started following us ... so scary!")
+    r"(sounds like|you have|you'?ve got|you got|hear|such) (some |such |the )?(great|good|wonderful|amazing|"
+    r"exciting|fantastic|happy) news|"
+    r"(that|this|it) sounds (so |really |absolutely |just )?(fun|exciting|amazing|wonderful|fantastic|awesome|"
+    r"lovely)\b)", re.IGNORECASE)
 
 MINIMISE = re.compile(
     r"\b((it'?s|that'?s|it is|that is) not (a|that|such a) big deal|no big deal|could (have been|be) (a lot )?worse|"
