@@ -84,6 +84,31 @@ def test_topic_word_rules_need_some_risk_from_the_model():
     assert combine([word], cm.Assessment(None, "suicide", "none"), rule_floor=0.27).tier == "crisis"  # unreadable
 
 
+def test_self_harm_rules_need_some_risk_from_the_model_and_topic_words_never_make_a_crisis():
+    grief, threat = Hit("suicide", "kill_self"), Hit("harm_to_others", "kill_person")
+    # "My brother killed himself years ago": a rule on harm to oneself the model reads as no risk is dropped
+    assert combine([grief], a(0.1), rule_floor=0.27) is None
+    assert combine([grief], a(0.3), rule_floor=0.27).tier == "check_in"  # some risk: ask
+    assert combine([threat], a(0.1), rule_floor=0.27).tier == "check_in"  # danger to others: always ask
+    assert combine([grief], cm.Assessment(None, "suicide", "none"), rule_floor=0.27).tier == "crisis"  # unreadable
+    # a topic word beside a model check-in is no second detector ("I'm not suicidal, just burned out")
+    word = Hit("suicide", "suicide_word")
+    assert (combine([word], a(0.6), rule_floor=0.27).tier, combine([grief], a(0.6), rule_floor=0.27).tier) == (
+        "check_in", "crisis")
+
+
+@pytest.mark.parametrize("n_sentences, expected",
+                         [(1, 1), (2, 1), (3, 1 + 3 + 2), (12, 1 + 12 + 11), (40, 1 + 12 + 11)])
+def test_windows_read_a_long_message_by_sentence_and_pair(n_sentences, expected):
+    text = " ".join(f"This is sentence number {i}." for i in range(n_sentences))
+    w = cm.windows(text)
+    assert w[0] == text and len(w) == expected
+    assert all(f"number {i}." in " ".join(w[1:]) for i in range(n_sentences)) or n_sentences < 3  # nothing left out
+    assert cm.windows("Fine. Friday. I want to go home now.") == [
+        "Fine. Friday. I want to go home now.", "I want to go home now.", "Fine. Friday.",
+        "Friday. I want to go home now."]
+
+
 def test_combined_detection_stores_its_tier_and_evidence_not_text():
     d = combine([Hit("abuse", "hit_by")], a(0.97, "self_harm"))
     assert d.categories == ("self_harm", "abuse") and d.kind == "user_risk"

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,14 +383,29 @@ class CrisisClassifier:
         self._cat = np.asarray(self.detector.category_coef)
         self._cat_b = np.asarray(self.detector.category_intercept)
 
-    def p_risk(self, texts: Sequence[str]) -> tuple["np.ndarray", "np.ndarray"]:
-        """``([n] risk probabilities, [n] category indices into CATEGORIES)`` of ``texts``."""
+    def _score(self, texts: Sequence[str]) -> tuple["np.ndarray", "np.ndarray"]:
+        """``([n] risk probabilities, [n] category indices)`` of each text read whole."""
         import numpy as np
 
         X = features(list(texts), self._vec, self.detector.settings, self.encoder)
         z = np.asarray(X @ self._risk).ravel() + self.detector.risk_intercept
         cat = np.asarray(X @ self._cat.T) + self._cat_b
         return 1.0 / (1.0 + np.exp(-z)), cat.argmax(axis=1)
+
+    def p_risk(self, texts: Sequence[str]) -> tuple["np.ndarray", "np.ndarray"]:
+        """``([n] risk probabilities, [n] category indices into CATEGORIES)`` of ``texts``: each text's highest
+        probability over its :func:`windows` (the whole text, and the sentences and sentence pairs of a longer one;
+        one encoder batch), with the category of that window."""
+        import numpy as np
+
+        spans, batch = [], []
+        for t in texts:
+            w = windows(t)
+            spans.append((len(batch), len(batch) + len(w)))
+            batch.extend(w)
+        p, cat = self._score(batch)
+        best = [a + int(np.argmax(p[a:b])) for a, b in spans]
+        return p[best], cat[best]
 
     def assess(self, texts: Sequence[str]) -> list[Assessment]:
         """One :class:`Assessment` per text (one encoder batch). A text the model cannot read (:func:`readable`)
@@ -403,6 +419,35 @@ class CrisisClassifier:
                 out[i] = Assessment(round(float(pi), 4), CATEGORIES[int(ci)],
                                     tier_of(float(pi), self.crisis_threshold, self.checkin_threshold))
         return out
+
+
+#: Sentences of a message read one by one and in pairs; a longer message's sentences are first merged into this many
+#: consecutive groups (bounds the encoder's work per message at ``2 * MAX_PARTS`` windows).
+MAX_PARTS = 12
+#: A message of at least this many sentences is also read by sentence (shorter ones are read whole, as trained).
+MIN_SENTENCES = 3
+#: A sentence shorter than this (in words) is read only with its neighbour ("Friday." alone means nothing).
+MIN_WINDOW_WORDS = 4
+_SENTENCE_END = re.compile(r"(?<=[.!?\u2026])\s+|\s*\n+\s*")
+
+
+def windows(text: str) -> list[str]:
+    """What the model reads of one message: the whole text and, for a message of :data:`MIN_SENTENCES` sentences or
+    more, each sentence of at least :data:`MIN_WINDOW_WORDS` words and each pair of consecutive sentences (a longer
+    message's sentences merged first into :data:`MAX_PARTS` groups).
+
+    Why: the model is trained on messages of one or two sentences, and a mean-pooled sentence embedding dilutes a
+    disclosure in a long message ("I want to kill myself." read alone: p_risk 0.995; after 50 words about the week:
+    0.15). The message's risk is its most worrying window's (:meth:`CrisisClassifier.p_risk`)."""
+    parts = [s for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+    if len(parts) < MIN_SENTENCES:
+        return [text]
+    if len(parts) > MAX_PARTS:
+        bounds = [round(i * len(parts) / MAX_PARTS) for i in range(MAX_PARTS + 1)]
+        parts = [" ".join(parts[a:b]) for a, b in zip(bounds, bounds[1:])]
+    singles = [p for p in parts if len(p.split()) >= MIN_WINDOW_WORDS]
+    pairs = [f"{a} {b}" for a, b in zip(parts, parts[1:])]
+    return [text, *singles, *pairs]
 
 
 def readable(text: str) -> bool:

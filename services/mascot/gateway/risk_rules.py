@@ -10,9 +10,10 @@ How a message is read:
    full-width letters), lower case, look-alike letters of other scripts folded to the Latin letter they imitate
    (Cyrillic ``і`` -> ``i``, Greek ``ο`` -> ``o``; Unicode's confusables data through ``confusable_homoglyphs``),
    typographic quotes folded, a capital I after a lower-case letter read as l (``kiII``), leetspeak inside words
-   undone (``k1ll`` -> ``kill``), spaced or dotted letters
-   joined (``k i l l``, ``s.u.i.c.i.d.e``) and run-together words of 5+ letters that are no vocabulary word split
-   into the fewest vocabulary words (``iwanttodie`` -> ``i want to die``; the MiniLM tokenizer's word list),
+   and at their edges undone (``k1ll`` -> ``kill``, ``d13`` -> ``die``; not ``5kg``, ``2nd``, ``b4``), spaced or
+   dotted letters joined (``k i l l``, ``s.u.i.c.i.d.e``) and run-together words of 5+ letters that are no
+   vocabulary word split into the fewest vocabulary words (``iwanttodie`` -> ``i want to die``; the MiniLM
+   tokenizer's word list),
    runs of 3+ identical letters cut to 2, a short list of misspellings and abbreviations corrected
    (``sucide`` -> ``suicide``, ``bf`` -> ``boyfriend``), and edit-distance-1 typos of a few long keywords
    corrected (``suiside`` -> ``suicide``; never for short words, where a neighbour is a real word).
@@ -59,6 +60,11 @@ _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'", 
                          "\u2013": "-", "\u2014": "-"})
 _LEET = {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s", "!": "i"}
 _LEET_RE = re.compile("(?<=[a-z])[" + re.escape("".join(_LEET)) + "](?=[a-z])")
+#: A word written with leet digits at its edges ("d13", "t0", "k1ll3d"): a letter and a leet digit, nothing else.
+_LEET_WORD = re.compile(r"(?<![\w])(?=[a-z013457]*[a-z])(?=[a-z013457]*[013457])[a-z013457]{2,}(?![\w])")
+#: Digits-and-letters tokens that are not leet: ordinals, times, units, ages, chat shorthands ("2nd", "5kg", "b4").
+_NOT_LEET = re.compile(r"\d+(?:st|nd|rd|th|am|pm|kg|g|lb|lbs|k|km|m|mi|ml|l|s|x|h|hr|hrs|min|mins|yo|yr|yrs|d|p)|"
+                       r"b4|l8r|gr8|m8|w8|2day|2moro|4ever|1st")
 _RUNS = re.compile(r"([a-z])\1{2,}")
 #: Whole-word corrections: common misspellings, spacing variants and chat abbreviations.
 _WORD_FIXES = {
@@ -215,6 +221,8 @@ def normalize(text: str, *, segment: bool = True) -> str:
     t = _visible(t)
     t = "".join(c if c < "\x80" or not c.isalpha() else _latin_lookalike(c) for c in t)
     t = _LEET_RE.sub(lambda m: _LEET[m.group(0)], t)
+    t = _LEET_WORD.sub(lambda m: m.group(0) if _NOT_LEET.fullmatch(m.group(0))
+                       else "".join(_LEET.get(c, c) for c in m.group(0)), t)
     t = _SPACED_LETTERS.sub(_join_spaced, t)
     t = _RUNS.sub(r"\1\1", t)
     t = re.sub(r"\bmy\s+self\b", "myself", t)

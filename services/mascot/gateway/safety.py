@@ -137,11 +137,14 @@ class Detection:
                             self.detector) for c in self.categories]
 
 
-#: A topic-word rule hit (:data:`MENTION_RULES`) counts when the model's risk probability is at least this share of
-#: its check-in threshold (:func:`combine`).
+#: A rule hit on harm to oneself or on a topic word (:data:`SELF_CATEGORIES`, :data:`MENTION_RULES`) the model does
+#: not confirm counts when the model's risk probability is at least this share of its check-in threshold
+#: (:func:`combine`).
 RULE_FLOOR = 0.5
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
+#: Categories of harm to oneself: their rule hits need some risk from the model (:data:`RULE_FLOOR`, :func:`combine`).
+SELF_CATEGORIES = frozenset({"suicide", "self_harm", "eating_disorder"})
 
 
 class RiskClassifier(Protocol):
@@ -159,11 +162,13 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detect
 
     - Without the model, or on a text it cannot read (``p_risk`` None), any rule hit is a crisis (the rules-only
       gate).
-    - The model's own tier when it fires (``check_in`` or ``crisis``); a rule hit raises a check-in to a crisis.
-    - A rule hit the model reads as below its check-in threshold: check-in, except that below ``rule_floor`` the
-      rules that only see a topic word (:data:`MENTION_RULES`: "suicide", "self-harm", "anorexia", "abuse") are
-      dropped: in the training and development sets every such hit was a mention, a helper, a past crisis or a
-      denial (89 hits, none on a disclosure; docs/safety.md).
+    - The model's own tier when it fires (``check_in`` or ``crisis``); a hit of a rule on an act (any rule but
+      :data:`MENTION_RULES`) raises a check-in to a crisis (two detectors agree); a topic word does not.
+    - A rule hit the model reads as below its check-in threshold is a check-in, except below ``rule_floor``, where
+      the hits on harm to oneself (:data:`SELF_CATEGORIES`) and on topic words (:data:`MENTION_RULES`) are dropped:
+      the model reads the same normalised words, and on the development set every such hit was a look-alike (an
+      idiom, a mention, a helper, grief, a past crisis or a denial: 25 hits, none on a disclosure; docs/safety.md).
+      Rules on danger to or from others (the model's weakest kind) keep a check-in at any probability.
 
     Args:
         hits: The rules' hits.
@@ -174,8 +179,8 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detect
     if assessment is None or assessment.p_risk is None:  # no model, or a text it cannot read: the rules decide
         return Detection(tuple(hits), "rules") if hits else None
     model_fires = assessment.tier != "none"
-    if not model_fires and assessment.p_risk < rule_floor:  # a topic word the model reads as no risk
-        hits = [h for h in hits if h.rule not in MENTION_RULES]
+    if not model_fires and assessment.p_risk < rule_floor:  # a rule hit the model reads as (almost) no risk
+        hits = [h for h in hits if h.category not in SELF_CATEGORIES and h.rule not in MENTION_RULES]
     rules = bool(hits)
     if not rules and not model_fires:
         return None
@@ -183,7 +188,8 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0) -> Detect
     if assessment.category not in {h.category for h in hits} and (model_fires or not hits):
         hits.append(Hit(assessment.category, "classifier"))
     detector = "rules+classifier" if rules and model_fires else "rules" if rules else "classifier"
-    crisis = assessment.tier == "crisis" or (rules and model_fires)
+    acts = any(h.rule not in MENTION_RULES and h.rule != "classifier" for h in hits)
+    crisis = assessment.tier == "crisis" or (acts and model_fires)
     return Detection(tuple(hits), detector, "crisis" if crisis else "check_in", assessment.p_risk)
 
 
