@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ from mascot.app.stack import start_stack
 from mascot.core.engine import GenerationRequest
 from mascot.core.server import channel
 from mascot.gateway.round import SELF_PLAY_KEY
-from mascot.gateway.store import NewTurn, Store
+from mascot.gateway.store import RUNNER_LOCK_CLASS, NewTurn, Store
 from tests.helpers.config import make_config
 from tests.helpers.engine import ScriptedEngine
 from tests.helpers.rpc import code_of, collect
@@ -197,3 +198,127 @@ def test_on_postgres_only_the_rounds_of_gateways_that_are_gone_are_closed(postgr
             again.close()
     finally:
         starting.close()
+
+
+def _lock_holder(admin, runner: str) -> int | None:
+    """The backend pid holding ``runner``'s advisory lock, or None when it is free."""
+    from sqlalchemy import text
+
+    with admin.connect() as c:
+        return c.execute(text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+                              "AND classid::bigint = :c AND objid::bigint = :o"),
+                         {"c": RUNNER_LOCK_CLASS, "o": int(runner)}).scalar()
+
+
+def _wait_for(what, within_s: float = 10.0):
+    """Poll ``what()`` every 20 ms until it is truthy or ``within_s`` passed; its last value."""
+    deadline = time.monotonic() + within_s
+    while not (got := what()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return got
+
+
+def _running_rounds(store: Store) -> list[tuple[str, str]]:
+    """Two rounds ``store``'s gateway works on: a message round and a self-play run, each with a stored agent turn."""
+    rounds = [("c-blip-msg", "round-1"), ("c-blip-sp", SELF_PLAY_KEY)]
+    for conv, key in rounds:
+        store.create_conversation(conv, "support", ["anchor"], "", [])
+        store.start_round(conv, key, "hello")
+        store.append_turn(conv, NewTurn(role="agent", text="hi", persona_id="anchor", round_key=key))
+    return rounds
+
+
+def test_on_postgres_a_runner_lock_lost_with_its_connection_is_taken_again(postgres_url, caplog):
+    """A gateway's runner lock lives on one database connection: when that connection drops (killed here with
+    pg_terminate_backend; a database restart or a network cut drops it alike) the lock goes with it, and a gateway
+    starting then would take the live gateway for gone and close the rounds it is running. The lock's keep-alive
+    notices the lost connection, reconnects and takes the lock again; a gateway that starts after that leaves the live
+    gateway's rounds alone."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    caplog.set_level(logging.WARNING, logger="mascot.gateway.store")
+    live = Store(postgres_url, runner_lock_check_s=0.1)
+    admin = create_engine(postgres_url, poolclass=NullPool)
+    starting = None
+    try:
+        assert live.recover_rounds() == (0, 0)
+        rounds = _running_rounds(live)
+        killed = _lock_holder(admin, live.runner)
+        assert killed is not None
+        with admin.begin() as c:
+            assert c.execute(text("SELECT pg_terminate_backend(:p)"), {"p": killed}).scalar()
+        holder = _wait_for(lambda: (h := _lock_holder(admin, live.runner)) not in (None, killed) and h)
+
+        starting = Store(postgres_url)  # a gateway that starts after the blip
+        closed = starting.recover_rounds(SELF_PLAY_KEY)
+        assert closed == (0, 0), "a live gateway's running rounds were closed after its lock was lost and retaken"
+        for conv, key in rounds:
+            rnd = starting.get_round(conv, key)
+            assert (rnd.state, rnd.closed_by, rnd.runner) == ("running", "", live.runner)
+        assert holder, "the runner lock was not taken again after its connection was killed"
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(f"gateway runner {live.runner}: the database connection holding its PostgreSQL advisory lock was "
+                   "lost" in m for m in messages), messages
+        assert any(f"gateway runner {live.runner}: its PostgreSQL advisory lock is taken again" in m
+                   for m in messages), messages
+        live.close()  # now it is gone: the next start closes its rounds
+        assert starting.recover_rounds(SELF_PLAY_KEY) == (2, 1)
+    finally:
+        live.close()
+        if starting is not None:
+            starting.close()
+        admin.dispose()
+
+
+def test_on_postgres_a_runner_lock_someone_else_took_meanwhile_is_an_error_until_it_is_free(postgres_url, caplog):
+    """When another session holds the lock by the time the keep-alive reconnects (a gateway that started during the
+    blip and is closing this gateway's rounds), the keep-alive says so in an error and takes the lock once it is
+    free."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    caplog.set_level(logging.WARNING, logger="mascot.gateway.store")
+    live = Store(postgres_url, runner_lock_check_s=0.3)
+    admin = create_engine(postgres_url, poolclass=NullPool)
+    try:
+        live.recover_rounds()
+        killed = _lock_holder(admin, live.runner)
+        with admin.connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": killed})
+            other.execute(text("SELECT pg_advisory_lock(:c, :o)"), {"c": RUNNER_LOCK_CLASS, "o": int(live.runner)})
+            other.commit()
+            assert _wait_for(lambda: any(r.levelno == logging.ERROR and f"gateway runner {live.runner}: its PostgreSQL "
+                                         "advisory lock is held by another database session" in r.getMessage()
+                                         for r in caplog.records)), [r.getMessage() for r in caplog.records]
+            assert _lock_holder(admin, live.runner) != killed
+            other.execute(text("SELECT pg_advisory_unlock(:c, :o)"), {"c": RUNNER_LOCK_CLASS, "o": int(live.runner)})
+            other.commit()
+        # the other session let it go: the keep-alive takes it
+        assert _wait_for(lambda: _lock_holder(admin, live.runner) not in (None, killed))
+        assert _wait_for(lambda: any("advisory lock is taken again" in r.getMessage() for r in caplog.records))
+    finally:
+        live.close()
+        admin.dispose()
+
+
+def test_on_postgres_a_runner_lock_is_taken_again_after_a_database_restart(postgres_server, caplog):
+    """A PostgreSQL restart cuts every session, the runner lock's too: the keep-alive retries until the database
+    answers again and takes the lock back."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    caplog.set_level(logging.WARNING, logger="mascot.gateway.store")
+    live = Store(postgres_server.url, runner_lock_check_s=0.1)
+    admin = create_engine(postgres_server.url, poolclass=NullPool)
+    try:
+        live.recover_rounds()
+        postgres_server.restart(down_s=0.5)
+        assert _wait_for(lambda: _lock_holder(admin, live.runner), within_s=20), "the runner lock was not taken again"
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("advisory lock was lost" in m for m in messages), messages
+        assert _wait_for(lambda: any(f"gateway runner {live.runner}: its PostgreSQL advisory lock is taken again"
+                                     in r.getMessage() for r in caplog.records))
+    finally:
+        live.close()
+        admin.dispose()

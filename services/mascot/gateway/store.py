@@ -19,8 +19,10 @@ random id), and at its start the gateway closes the rounds a process that is gon
 (:meth:`Store.recover_rounds`) as ``interrupted`` with ``closed_by`` ``restart``, their stored turns kept. On SQLite
 (one gateway per database file) that is every running round; on PostgreSQL each gateway holds a session advisory lock
 on its runner id for its lifetime, and only the rounds of runners whose lock is free (their process is gone) are
-closed, never those of a live replica. A retry of a closed message round's idempotency key reopens it when no newer
-message followed (:meth:`Store.resume_round`).
+closed, never those of a live replica. The lock lives on one database connection: a keep-alive checks it every
+``runner_lock_check_s`` seconds (:data:`RUNNER_LOCK_CHECK_S`) and, when that connection dropped (a database restart, a
+terminated backend, a reset connection), reconnects and takes the lock again. A retry of a closed message round's
+idempotency key reopens it when no newer message followed (:meth:`Store.resume_round`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import hashlib
 import logging
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -126,6 +129,17 @@ class RoundRow(Base):
 CLOSED_BY_MESSAGE, CLOSED_BY_RESTART, CLOSED_BY_STREAM = "message", "restart", "stream"
 #: Advisory-lock class id ("masc") under which each gateway on PostgreSQL locks its runner id while it lives.
 RUNNER_LOCK_CLASS = 0x6D617363
+#: Seconds between checks that this gateway still holds its runner lock (PostgreSQL). A lock lost with its database
+#: connection is taken again at the next check; until then a gateway that starts may close this gateway's running
+#: rounds as interrupted, so the interval is short.
+RUNNER_LOCK_CHECK_S = 5.0
+_TRY_LOCK = text("SELECT pg_try_advisory_lock(:c, :o)")
+#: Whether this session holds the lock (pg_locks: a two-key advisory lock has classid, objid = the keys, objsubid 2).
+_HOLDS_LOCK = text("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                   "pid = pg_backend_pid() AND objsubid = 2 AND classid::bigint = :c AND objid::bigint = :o)")
+#: Why the runner lock is not held (:meth:`Store.check_runner_lock` logs each once and names it when the lock is back).
+_LOST, _MISSING = "its connection had dropped", "its connection had lost it"
+_UNREACHABLE, _HELD = "the database had not answered", "another session had held it"
 
 
 class SafetyEventRow(Base):
@@ -302,12 +316,14 @@ class Store:
     Args:
         url: SQLAlchemy URL. For a SQLite file the parent directory is created.
         migrate: Run Alembic migrations at start (the Helm chart runs them as a hook Job instead).
+        runner_lock_check_s: PostgreSQL: seconds between the keep-alive checks of this runner's advisory lock once
+            :meth:`recover_rounds` took it (a lock lost with its connection is taken again at the next check).
 
     Raises:
         sqlalchemy.exc.ArgumentError: a malformed URL.
     """
 
-    def __init__(self, url: str, migrate: bool = True) -> None:
+    def __init__(self, url: str, migrate: bool = True, runner_lock_check_s: float = RUNNER_LOCK_CHECK_S) -> None:
         self.engine = create_engine(url, foreign_keys=True)
         # Statement parameters and result rows hold user text: never in exception messages or SQLAlchemy's logs,
         # whatever level an operator gives its loggers (only its warnings and errors pass).
@@ -321,6 +337,11 @@ class Store:
         #: This process's id in ``RoundRow.runner`` (a 31-bit number: the PostgreSQL advisory lock's object id).
         self.runner = str(secrets.randbelow(2 ** 31))
         self._runner_conn: Any = None  # PostgreSQL: the connection holding this runner's advisory lock
+        self.runner_lock_check_s = runner_lock_check_s
+        self._runner_mutex = threading.Lock()  # the keep-alive thread and the caller share _runner_conn
+        self._runner_stop = threading.Event()
+        self._runner_keeper: threading.Thread | None = None
+        self._runner_trouble = ""  # why the lock is not held now ("" while it is), so each episode is logged once
         self._identity: tuple[int, int] | None = None
         self._lost = False
         if self._file is not None:
@@ -377,14 +398,26 @@ class Store:
             raise StoreUnavailable(f"the conversation store does not answer: {type(e).__name__}") from e
 
     def close(self) -> None:
-        """Release the runner lock (PostgreSQL) and dispose of the connection pool."""
+        """Stop the runner lock's keep-alive, release the lock (PostgreSQL) and dispose of the connection pool."""
+        self._runner_stop.set()
+        keeper = self._runner_keeper
+        if keeper is not None and keeper is not threading.current_thread():
+            keeper.join(timeout=10)
+        if self._runner_mutex.acquire(timeout=10):  # a keep-alive stuck on an unreachable server: leave it
+            try:
+                self._drop_runner_conn()  # the session's advisory lock goes with it
+            finally:
+                self._runner_mutex.release()
+        self.engine.dispose()
+
+    def _drop_runner_conn(self) -> None:
+        """Close the runner lock's connection (held :attr:`_runner_mutex`)."""
         if self._runner_conn is not None:
             conn, self._runner_conn = self._runner_conn, None
             try:
-                conn.close()  # the session's advisory lock goes with it
+                conn.close()
             except Exception:  # noqa: BLE001 - a connection already lost holds no lock either
                 pass
-        self.engine.dispose()
 
     def session(self) -> Session:
         """A new session (use as a context manager)."""
@@ -676,61 +709,143 @@ class Store:
         """Run once at the gateway's start: close as ``interrupted`` (``closed_by`` ``restart``, stored turns kept)
         the rounds that a gateway process that is gone left ``running``. SQLite (one gateway per database file):
         every running round. PostgreSQL: first this process takes the advisory lock of its :attr:`runner` id, held
-        until :meth:`close`; then the rounds of every other runner whose lock is free (its process is gone) are
-        closed; rounds of live replicas, and rounds stored before migration 0006 (no runner), are left alone. Other
-        databases: nothing is closed (a warning says so).
+        until :meth:`close` (a keep-alive thread takes it again when its connection drops, see
+        :meth:`check_runner_lock`); then the rounds of every other runner whose lock is free (its process is gone) are
+        closed, that runner's lock held by the closing transaction; rounds of live replicas, and rounds stored before
+        migration 0006 (no runner), are left alone. Other databases: nothing is closed (a warning says so).
 
         Returns:
             ``(rounds closed, of them self-play rounds)`` (``self_play_key``: the key of self-play rounds).
         """
         dialect = self.engine.dialect.name
-        dead: list[str] | None = None
         if dialect == "postgresql":
-            dead = self._dead_runners()
+            self._take_runner_lock()
         elif dialect != "sqlite":
             log.warning("rounds left running by a stopped gateway are not closed at start on %s (SQLite and "
                         "PostgreSQL only); a retry of their key still resumes them", dialect)
             return 0, 0
         with self.session() as s, s.begin():
             q = select(RoundRow).where(RoundRow.state == "running", RoundRow.runner != self.runner)
-            if dead is not None:
-                if not dead:
+            if dialect == "postgresql":
+                gone = self._gone_runners(s)
+                if not gone:
                     return 0, 0
-                q = q.where(RoundRow.runner.in_(dead)).with_for_update()
+                q = q.where(RoundRow.runner.in_(gone)).with_for_update()
             rows = list(s.scalars(q))
             for rnd in rows:
                 _interrupt(s, rnd, CLOSED_BY_RESTART)
         return len(rows), sum(1 for r in rows if self_play_key and r.idempotency_key == self_play_key)
 
-    def _dead_runners(self) -> list[str]:
-        """PostgreSQL: hold this runner's advisory lock (a new id if another process has it), then the runner ids of
-        running rounds whose lock is free: their gateway process is gone (a session's advisory locks end with it)."""
-        if self._runner_conn is None:
-            conn = self.engine.connect()
-            for _ in range(16):
-                if conn.execute(text("SELECT pg_try_advisory_lock(:c, :o)"),
-                                {"c": RUNNER_LOCK_CLASS, "o": int(self.runner)}).scalar():
-                    break
-                self.runner = str(secrets.randbelow(2 ** 31))
-            else:
-                conn.close()
-                raise RuntimeError("no free gateway runner id after 16 tries")
-            conn.commit()  # a session lock outlives the transaction; the connection is not left idle in one
-            self._runner_conn = conn
-        conn = self._runner_conn
-        with self.session() as s:
-            runners = set(s.scalars(select(RoundRow.runner).where(
-                RoundRow.state == "running", RoundRow.runner != "", RoundRow.runner != self.runner).distinct()))
-        dead = []
+    def _gone_runners(self, s: Session) -> list[str]:
+        """PostgreSQL: the other runner ids of running rounds whose advisory lock is free (their gateway process is
+        gone: a session's advisory locks end with it). Each is locked until ``s``'s transaction ends (a transaction
+        lock), so a gateway that is only between connections cannot take its lock again and go on with a round that
+        this transaction closes."""
+        runners = set(s.scalars(select(RoundRow.runner).where(
+            RoundRow.state == "running", RoundRow.runner != "", RoundRow.runner != self.runner).distinct()))
+        gone = []
         for r in sorted(runners):
             if not r.isdigit() or int(r) >= 2 ** 31:
                 continue
-            params = {"c": RUNNER_LOCK_CLASS, "o": int(r)}
-            if conn.execute(text("SELECT pg_try_advisory_lock(:c, :o)"), params).scalar():
-                conn.execute(text("SELECT pg_advisory_unlock(:c, :o)"), params)
-                dead.append(r)
-        conn.commit()
-        return dead
+            if s.execute(text("SELECT pg_try_advisory_xact_lock(:c, :o)"),
+                         {"c": RUNNER_LOCK_CLASS, "o": int(r)}).scalar():
+                gone.append(r)
+        return gone
+
+    def _take_runner_lock(self) -> None:
+        """PostgreSQL, the first time: hold this runner's advisory lock on a connection of its own (a new id if
+        another process has it) and start the keep-alive thread that takes it again when that connection drops."""
+        with self._runner_mutex:
+            if self._runner_keeper is not None:
+                return
+            conn = self.engine.connect()
+            try:
+                for _ in range(16):
+                    if conn.execute(_TRY_LOCK, {"c": RUNNER_LOCK_CLASS, "o": int(self.runner)}).scalar():
+                        break
+                    self.runner = str(secrets.randbelow(2 ** 31))
+                else:
+                    raise RuntimeError("no free gateway runner id after 16 tries")
+                conn.commit()  # a session lock outlives the transaction; the connection is not left idle in one
+            except BaseException:
+                conn.close()
+                raise
+            self._runner_conn = conn
+            self._runner_keeper = threading.Thread(target=self._keep_runner_lock, name=f"runner-lock-{self.runner}",
+                                                   daemon=True)
+            self._runner_keeper.start()
+
+    def _keep_runner_lock(self) -> None:
+        """The keep-alive thread: :meth:`check_runner_lock` every :attr:`runner_lock_check_s` seconds until
+        :meth:`close`."""
+        while not self._runner_stop.wait(self.runner_lock_check_s):
+            try:
+                self.check_runner_lock()
+            except Exception:  # the keep-alive must outlive whatever one check hit
+                log.exception("gateway runner %s: checking its PostgreSQL advisory lock failed; trying again in "
+                              "%.1f s", self.runner, self.runner_lock_check_s)
+
+    def check_runner_lock(self) -> bool:
+        """PostgreSQL, once :meth:`recover_rounds` took the runner lock: whether this process holds it, after taking
+        it again if its connection dropped (a new connection) or it is gone from a live one. Each change is logged
+        once: the lost connection and a database that does not answer as warnings, a lock that another session holds
+        as an error (a gateway that started meanwhile may be closing this gateway's running rounds), the lock taken
+        again as a warning."""
+        params = {"c": RUNNER_LOCK_CLASS, "o": int(self.runner)}
+        every = f"trying again every {self.runner_lock_check_s:g} s"
+        with self._runner_mutex:
+            if self._runner_stop.is_set() or self._runner_keeper is None:
+                return False
+            if self._runner_conn is not None:
+                try:
+                    held = bool(self._runner_conn.execute(_HOLDS_LOCK, params).scalar())
+                    self._runner_conn.commit()
+                except Exception as e:  # noqa: BLE001 - any failure: the connection, and the lock with it, is gone
+                    self._drop_runner_conn()
+                    self._runner_trouble = _LOST
+                    log.warning("gateway runner %s: the database connection holding its PostgreSQL advisory lock was "
+                                "lost (%s), and the lock with it; reconnecting to take it again (%s). Until then a "
+                                "gateway that starts may take this one for stopped and close its running rounds as "
+                                "interrupted", self.runner, type(e).__name__, every)
+                else:
+                    if held:
+                        return True
+                    if not self._runner_trouble:  # a live connection without the lock: take it again on it
+                        self._runner_trouble = _MISSING
+                        log.warning("gateway runner %s: its PostgreSQL advisory lock is no longer held by its "
+                                    "database connection; taking it again", self.runner)
+            if self._runner_conn is None:
+                try:
+                    self._runner_conn = self.engine.connect()
+                except Exception as e:  # noqa: BLE001 - the database does not answer (yet)
+                    if self._runner_trouble != _UNREACHABLE:
+                        self._runner_trouble = _UNREACHABLE
+                        log.warning("gateway runner %s: cannot reconnect to the database to take its PostgreSQL "
+                                    "advisory lock again (%s); %s", self.runner, type(e).__name__, every)
+                    return False
+            try:
+                got = bool(self._runner_conn.execute(_TRY_LOCK, params).scalar())
+                self._runner_conn.commit()
+            except Exception as e:  # noqa: BLE001 - lost again: the next check reconnects
+                self._drop_runner_conn()
+                if self._runner_trouble != _UNREACHABLE:
+                    self._runner_trouble = _UNREACHABLE
+                    log.warning("gateway runner %s: the database connection dropped while taking its PostgreSQL "
+                                "advisory lock again (%s); %s", self.runner, type(e).__name__, every)
+                return False
+            if got:
+                log.warning("gateway runner %s: its PostgreSQL advisory lock is taken again (%s); a gateway that "
+                            "starts now leaves this gateway's running rounds alone", self.runner,
+                            self._runner_trouble or _LOST)
+                self._runner_trouble = ""
+                return True
+            if self._runner_trouble != _HELD:
+                self._runner_trouble = _HELD
+                log.error("gateway runner %s: its PostgreSQL advisory lock is held by another database session, so "
+                          "this gateway cannot take it again: a gateway that started while the lock was lost may be "
+                          "closing this gateway's running rounds as interrupted (or another process uses the same "
+                          "runner id); %s", self.runner, every)
+            return False
 
     def round_turns(self, conv_id: str, key: str) -> list[TurnRow]:
         """Turns stored under a round key, in order (the user turn first)."""
