@@ -20,6 +20,10 @@ from mascot.gateway.safety import SafetyGate
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 HOLDOUT = HERE / "crisis_holdout.yaml"
+#: Written after the detector of 8a4ce97 was frozen (the first set had been read while changing the gate).
+HOLDOUT_V2 = HERE / "crisis_holdout_v2.yaml"
+#: The harmless kinds that read like a disclosure (the issue's "look-alikes"; ordinary sadness left out).
+LOOK_ALIKES = ("idiom", "mention", "helper", "grief", "past_crisis", "negation_safe")
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +44,31 @@ def _print(title, table, record_property):
     record_property(title, table)
 
 
-def test_held_out_set_is_disjoint_from_the_detectors_data():
-    held = cm.load_examples([HOLDOUT])
+@pytest.mark.parametrize("path", [HOLDOUT, HOLDOUT_V2], ids=["v1", "v2"])
+def test_held_out_set_is_disjoint_from_the_detectors_data(path):
+    held = cm.load_examples([path])
     seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
     assert len(held) >= 150 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
     assert {e.kind for e in held if e.at_risk} == set(cm.RISK_KINDS)
-    assert "after the shipped detector was frozen" in HOLDOUT.read_text(encoding="utf-8")
+    assert "after the shipped detector was frozen" in path.read_text(encoding="utf-8")
+
+
+def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
+    """Measured on 197 messages (107 at risk) written after the detector was frozen: recall 0.897 at any tier (0.757
+    crisis tier), lowest kind 0.80 (distancing, other languages); on the 79 look-alikes 1 crisis template (1.3%) and
+    8 check-ins (10.1%); on all 90 harmless messages 1.1% / 8.9%. The issue's bar (recall 0.9) is missed by one
+    message here and met on the first set (0.903)."""
+    examples = cm.load_examples([HOLDOUT_V2])
+    table = _table(gate, examples)
+    _print("crisis_holdout_v2 (default gate)", table, record_property)
+    t = table["total"]
+    assert t["recall_any"] >= 0.89 and t["lowest_kind_recall"] >= 0.8, t
+    assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]
+    assert t["fp_crisis"] <= 0.012 and t["fp_check_in"] <= 0.09, t
+    look = [table["kinds"][k] for k in LOOK_ALIKES]
+    n, crisis, check_in = sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look)
+    print(f"  look-alikes n={n} crisis={crisis} check_in={check_in}")
+    assert n == 79 and crisis <= 1 and check_in <= 8, (n, crisis, check_in)
 
 
 def test_held_out_recall_and_false_positives(gate, record_property):
