@@ -9,6 +9,7 @@ loading the model (random A, small random B), so multi-LoRA runs at real size to
     python bench/gpu_check.py                  # pytest -m vllm, then the 8B-shape generation figures
     python bench/gpu_check.py --weights /models/Qwen3-8B
     python bench/gpu_check.py --shape tiny --skip-tests   # the same path on CPU with a tiny shape (CI smoke)
+    python bench/gpu_check.py --shape tiny --skip-tests --memory-share 0.06   # ... with a smaller KV cache
     python bench/gpu_check.py --no-vllm        # the transformers path (what runs where vLLM does not import)
 
 GRPO with vLLM generation: then, with CUDA, two optimiser steps of each phase's GRPO with ``generation.backend: vllm``
@@ -129,14 +130,17 @@ def tensor_parallel_size(model_dir: Path, gpus: int) -> int:
     return 1
 
 
-async def generation_figures(model: str, dummy: bool, lora: Path, dtype: str, tp: int = 1) -> dict:
-    """Start the vllm engine on ``model`` sharded over ``tp`` GPUs (tensor parallelism, 1 = one device) and time
-    one greedy generation, 16 concurrent, and one through the LoRA."""
+async def generation_figures(model: str, dummy: bool, lora: Path, dtype: str, tp: int = 1,
+                             memory_share: float | None = None) -> dict:
+    """Start the vllm engine on ``model`` sharded over ``tp`` GPUs (tensor parallelism, 1 = one device) with
+    ``memory_share`` as its ``gpu_memory_utilization`` (None: the engine's default) and time one greedy generation,
+    16 concurrent, and one through the LoRA."""
     from mascot.core.engine import GenerationRequest, SamplingParams
     from mascot.core.engine.vllm import VllmEngine
 
     engine = VllmEngine(model, dtype=dtype, max_model_len=4096, max_batch_size=32, max_loras=2, max_lora_rank=16,
-                        load_format="dummy" if dummy else "auto", tensor_parallel_size=tp)
+                        load_format="dummy" if dummy else "auto", tensor_parallel_size=tp,
+                        gpu_memory_utilization=memory_share)
     t0 = time.perf_counter()
     await engine.start()
     figures = {"engine_start_s": round(time.perf_counter() - t0, 1),
@@ -672,6 +676,10 @@ def main() -> None:
                     help="(internal) the generation backend of --grpo-step")
     ap.add_argument("--grpo-model", default="", help="(internal) the model of --grpo-step")
     ap.add_argument("--grpo-work", default="", help="(internal) the work directory of --grpo-step")
+    ap.add_argument("--memory-share", type=float, default=0.0,
+                    help="the vLLM engine's gpu_memory_utilization (fraction of GPU memory, on CPU of NUMA node 0 "
+                         "memory, for weights and KV cache); default 0: the engine's (0.9 on a GPU, 0.3 on CPU, "
+                         "where allocating that KV cache is a third of the tiny shape's start-up)")
     ap.add_argument("--tensor-parallel-size", type=int, default=0,
                     help="GPUs to shard the model over (default 0: every visible GPU the model's heads allow; "
                          "1 on CPU)")
@@ -700,7 +708,7 @@ def main() -> None:
     lora = write_random_lora(model, tmp / "lora")
     dtype = "float32" if args.shape == "tiny" and not args.weights else "bfloat16"
     tp = args.tensor_parallel_size or tensor_parallel_size(model, visible_gpus())
-    figures = asyncio.run(generation_figures(str(model), dummy, lora, dtype, tp))
+    figures = asyncio.run(generation_figures(str(model), dummy, lora, dtype, tp, args.memory_share or None))
     if not args.skip_grpo:
         figures.update(grpo_vllm_checks())
     if not args.skip_shared:

