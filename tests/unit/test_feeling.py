@@ -24,6 +24,10 @@ MISMATCHED = [
     ("Me and my mom were at this grocery store recently and this guy started following us outside the store and "
      "then again inside the store it was so scary!", "It sounds like you have great news.", "celebrates bad news"),
     ("My car was stolen last night.", "That sounds exciting!", "celebrates bad news"),
+    # a blind reader's marks on a 32-situation run with the check off
+    ("my husband lost a job but i'm hoping he can find a full time job soon", "That's great news about finding a "
+     "new job.", "celebrates bad news"),
+    ("the real price of the tv was 399 usd. what a bummer", "That's wonderful!", "celebrates bad news"),
 ]
 FITTING = [
     ("My dog died yesterday.", "I'm so sorry for your loss."),

@@ -64,7 +64,8 @@ SYMPATHY = re.compile(
 
 #: Bad news and distress VADER misreads ("I can't stop crying" scores +0.53 to it: the negation flips "stop").
 BAD_NEWS = re.compile(r"\b(cry|cries|crying|cried|in tears|heartbroken|devastated|broke up|break-?up|divorc\w*|"
-                      r"(left|dumped|cheated on) me|(got|was|been) (fired|laid off|dumped|rejected)|lost my job|"
+                      r"(left|dumped|cheated on) me|(got|was|were|been|get|gets) (fired|laid off|dumped|rejected)|"
+                      r"lost (my|his|her|their|our|a) job|bummer|disappoint\w*|ripped off|broke down|broken down|"
                       r"diagnos\w+|in (the )?hospital|surgery|accident|crash(ed)?|failed|hopeless|can'?t cope|"
                       r"panic attack|depress\w+)\b", re.IGNORECASE)
 
