@@ -206,6 +206,36 @@ async def test_director_speaker_and_judge_share_one_engine_on_one_port(tmp_path,
     assert all(rt.ready is False for rt in srv.runtimes)
 
 
+def test_rest_routes_are_kserves_without_importing_vllm():
+    """The REST app has KServe's live, V1 and V2 routes, and building it does not import vLLM (KServe's OpenAI routes
+    would, at 10-15 s of CPU per start, for models that never implement them)."""
+    code = """
+import sys
+sys.argv = sys.argv[:1]
+from fastapi import FastAPI
+from kserve.model_repository import ModelRepository
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.server import RESTServer
+from mascot.app.modelserver import _register_kserve_routes
+repo = ModelRepository()
+rest = RESTServer("kserve.model_server:app", DataPlane(model_registry=repo), ModelRepositoryExtension(repo), 0)
+app = FastAPI()
+_register_kserve_routes(rest, app)
+print(sorted(r.path for r in app.routes))
+print("vllm" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    routes_line, vllm_line = out.stdout.strip().splitlines()[-2:]
+    for path in ("/", "/metrics", "/v1/models", "/v1/models/{model_name}:predict", "/v2/health/live",
+                 "/v2/health/ready", "/v2/models/{model_name}/infer", "/v2/models/{model_name}/ready"):
+        assert f"'{path}'" in routes_line, (path, routes_line)
+    assert "openai" not in routes_line
+    assert vllm_line == "False"
+
+
 def test_serve_model_refuses_unknown_or_repeated_components():
     from typer.testing import CliRunner
 

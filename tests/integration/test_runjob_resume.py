@@ -96,6 +96,53 @@ async def test_a_failed_conversation_keeps_the_others_and_a_rerun_runs_only_it(t
         await stack.stop(0)
 
 
+async def test_a_run_killed_outright_resumes_from_its_journal(tmp_path):
+    """SIGKILL while one conversation is still running: no transcripts.jsonl or summary.json, but the journal holds
+    the two finished conversations, and the same command keeps them and runs only the third."""
+    import signal
+
+    from mascot.app.runjob import JOURNAL
+
+    engine = SlowOnce(delay_s=120.0)
+    cfg = make_config(tmp_path, server={"call_timeout_s": 300.0, "max_connection_age_grace_s": 600},
+                      guard={"enabled": False}, director={"check_content": False})
+    stack = await start_stack(cfg, engine=engine)
+    src, out = tmp_path / "situations.jsonl", tmp_path / "out"
+    _situations(src)
+    env = {**os.environ, "COLUMNS": "200", "MASCOT_TLS": "", "MASCOT_CALLER_TOKEN": ""}
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mascot.cli", "run", "--target", stack.target("gateway"), "--situations", str(src),
+            "--out", str(out), "--agent-turns", "1", "--concurrency", "3", stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, env=env, cwd=ROOT)
+        journal = out / JOURNAL
+        for _ in range(600):
+            if journal.exists() and len(journal.read_text().splitlines()) == 2:
+                break
+            await asyncio.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        assert not (out / "transcripts.jsonl").exists() and not (out / "summary.json").exists()
+        done = [json.loads(x) for x in journal.read_text().splitlines()]
+        assert sorted(ln["source_id"] for ln in done) == ["sit-0", "sit-2"]
+        with journal.open("a") as f:  # a line torn by the kill is skipped, not fatal
+            f.write('{"source_id": "sit-1", "turns": [')
+
+        engine.slow = False
+        rc, _, stderr = await _run(stack.target("gateway"), src, out)
+        assert rc == 0, stderr[-2000:]
+        assert "2 finished conversation(s) kept, 1 to run" in stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["conversations"] == 3 and summary["resumed"] == 2
+        lines = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
+        assert [ln["source_id"] for ln in lines] == ["sit-0", "sit-1", "sit-2"]
+        assert {ln["conversation_id"] for ln in lines if ln["source_id"] != "sit-1"} == {
+            ln["conversation_id"] for ln in done}
+        assert not journal.exists()  # a finished run leaves no journal
+    finally:
+        await stack.stop(0)
+
+
 def _far_future():
     from datetime import datetime, timedelta, timezone
 

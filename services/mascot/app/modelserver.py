@@ -64,6 +64,7 @@ from typing import Any, Callable, Sequence
 import grpc
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRouter
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kserve import ModelServer
@@ -72,7 +73,9 @@ from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as v2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
-from kserve.protocol.rest.server import RESTServer
+from kserve.protocol.rest.server import RESTServer, metrics_handler
+from kserve.protocol.rest.v1_endpoints import register_v1_endpoints
+from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -87,6 +90,22 @@ from mascot.app.stack import parse_model_components
 
 log = logging.getLogger(__name__)
 
+
+
+def _register_kserve_routes(rest: RESTServer, app: FastAPI) -> None:
+    """KServe's REST routes (live, ``/metrics``, V1 and V2 inference) on ``app``, without its OpenAI routes.
+
+    ``RESTServer._register_endpoints`` (kserve 0.21.0) does the same and then imports
+    ``kserve.protocol.rest.openai``, which imports vLLM's OpenAI protocol (about 10-15 s of CPU at every start) only
+    to find that no model implements KServe's OpenAI interface. MASCOT's components never do (the OpenAI-compatible
+    server is ``vllm serve`` itself) and none is a time-series model, so those routes are skipped; ``test_modelserver`` checks the route table.
+    """
+    root = APIRouter()
+    root.add_api_route(r"/", rest.dataplane.live)
+    root.add_api_route(r"/metrics", metrics_handler, methods=["GET"])
+    app.include_router(root)
+    register_v1_endpoints(app, rest.dataplane, rest.model_repository_extension)
+    register_v2_endpoints(app, rest.dataplane, rest.model_repository_extension)
 
 class _ReadinessDataPlane(DataPlane):
     """KServe's data plane whose server readiness (``/v2/health/ready``, ServerReady) is every model's readiness
@@ -262,7 +281,7 @@ class OnePortModelServer(ModelServer):
         if self.cfg.server.rest_token_file:  # outermost: a refused call reaches nothing else
             self._rest_token = self._watch_rest_token(self.cfg.server.rest_token_file)
             app.middleware("http")(self._rest_auth)
-        rest._register_endpoints(app)
+        _register_kserve_routes(rest, app)
         rest._add_exception_handlers(app)
         app.add_exception_handler(ServiceError, _service_error)
         rest.config.app = app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -209,21 +210,45 @@ class RunIncomplete(Exception):
         self.summary = summary
 
 
+#: Journal of a run in progress in its output folder: one finished conversation's transcript line per line, appended
+#: and flushed as each finishes, removed once ``transcripts.jsonl`` and ``summary.json`` are written. A run killed
+#: before that (Ctrl-C, SIGKILL, a lost node) leaves it, and the same command resumes from it.
+JOURNAL = ".transcripts.partial.jsonl"
+
+
+def _read_lines(path: Path) -> list[dict]:
+    """JSON objects of ``path``, one per line; a torn or unreadable line (a run killed mid-write) is skipped."""
+    out = []
+    for x in path.read_text(encoding="utf-8").splitlines():
+        try:
+            ln = json.loads(x)
+        except ValueError:
+            continue
+        if isinstance(ln, dict):
+            out.append(ln)
+    return out
+
+
 def previous_lines(out: Path, situations: list[Situation], mode: str) -> dict[int, dict]:
-    """The transcript lines of an earlier run in ``out`` to keep: only when its ``summary.json`` lists failed
-    conversations (an incomplete run), each line matched to the situation at the same position with the same
-    ``source_id`` and ``mode``. A complete or unreadable earlier run keeps nothing (the run starts over).
+    """The transcript lines of an earlier run in ``out`` to keep: those of an incomplete run (its ``summary.json``
+    lists failed conversations) and those of an interrupted run (its journal, :data:`JOURNAL`, is still there), each
+    line matched to the situation at the same position with the same ``source_id`` and ``mode``. A complete or
+    unreadable earlier run keeps nothing (the run starts over).
 
     Returns:
         Situation index -> transcript line.
     """
+    lines: list[dict] = []
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-        if not summary.get("failed"):
-            return {}
-        lines = [json.loads(x) for x in (out / "transcripts.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    except (OSError, ValueError, AttributeError):
-        return {}
+        if isinstance(summary, dict) and summary.get("failed"):
+            lines = _read_lines(out / "transcripts.jsonl")
+    except (OSError, ValueError):
+        pass
+    try:
+        lines += _read_lines(out / JOURNAL)
+    except OSError:
+        pass
     kept: dict[int, dict] = {}
     for ln in lines:
         i = ln.get("situation_index")
@@ -241,7 +266,9 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
     A conversation whose call fails (a deadline passed under load, the gateway unavailable, ...) is recorded with its
     status and the others go on; every finished conversation is written. Run again with the same arguments and
     ``out_dir``, a run whose ``summary.json`` lists failures resumes: its finished conversations are kept (same
-    situation position, id and mode) and only the others run (with the seeds they had).
+    situation position, id and mode) and only the others run (with the seeds they had). Each finished conversation is
+    also appended to a journal (:data:`JOURNAL`) as it finishes, so a run killed outright (Ctrl-C, SIGKILL) resumes
+    the same way.
 
     Args:
         concurrency: Conversations in flight at once (>= 1); outputs keep the situations' order either way.
@@ -269,6 +296,11 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
     out.mkdir(parents=True, exist_ok=True)
     kept = previous_lines(out, situations, mode) if resume else {}
     lines: list[dict | None] = [kept.get(i) for i in range(len(situations))]
+    journal_path = out / JOURNAL
+    journal = journal_path.open("w", encoding="utf-8")  # rewritten with what is kept: a torn line goes
+    for i in sorted(kept):
+        journal.write(json.dumps(kept[i]) + "\n")
+    journal.flush()
     failed: list[dict] = []
     gate = asyncio.Semaphore(concurrency)
     async with channel(target, max_message_bytes) as ch:
@@ -293,6 +325,9 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
                 line = transcript_line(resp, mode, model, reason)
                 line["situation_index"] = i
                 lines[i] = line
+                journal.write(json.dumps(line) + "\n")
+                journal.flush()
+                os.fsync(journal.fileno())
                 if progress:
                     progress()
 
@@ -307,12 +342,15 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        finally:
+            journal.close()
     done = [ln for ln in lines if ln is not None]
     summary = summarize(done)
     summary["resumed"] = len(kept)
     summary["failed"] = sorted(failed, key=lambda f: f["index"])
     _atomic_write(out / "transcripts.jsonl", jsonl_text(done))
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    journal_path.unlink(missing_ok=True)
     if failed:
         raise RunIncomplete(summary)
     return summary
