@@ -107,6 +107,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
                 sft_data__limit=1, sft_data__k_teacher=2, sft_data__k_plain=1, sft_data__max_tokens=32,
                 sft_data__mid_dialogue_share=0.0, sft__max_steps=1, sft__batch_size=2,  # mid-dialogue: the tiny smoke
                 sample__max_tokens=32, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
+                persona_rm__epochs=1,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
                 persona_grpo__max_steps=1,
                 publish__gate={"prompts": 2, "max_tokens": 12, "min_mean_words": 0.0, "min_distinct_2": 0.0,
@@ -159,7 +160,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
                 phase2__prefix_agent_turns=[0], phase2__group_reward__k=3,
                 phase2__group_reward__pairs={"delta": 0.0, "max_per_group": 1, "heldout_fraction": 0.25},
                 phase2__group_reward__rm={"epochs": 1, "batch_size": 2, "max_length": 768},
-                director__max_tokens=48, director__warm_start_steps=1, director_grpo__batch_size=2,
+                director__max_tokens=48, director_grpo__batch_size=2,
                 director_grpo__max_steps=1, director_grpo__distribution_samples=1,
                 publish__gate__max_valid_rate_drop=1.0)  # one rollout per share at this size: the rate is noise
     (tmp_path / "p2.yaml").write_text(yaml.safe_dump(cfg2))

@@ -130,6 +130,20 @@ def test_combined_detection_stores_its_tier_and_evidence_not_text():
     ("não aguento mais essa vida", "pt", "suicide", "check_in"),
     ("voglio farla finita stanotte", "it", "suicide", "crisis"),
     ("mi faccio vomitare dopo ogni pasto", "it", "eating_disorder", "crisis"),
+    # plans, knives, abuse happening now, self-harm without the textbook verb (written for this test)
+    ("mañana me tomo todas mis pastillas", "es", "suicide", "crisis"),
+    ("le voy a clavar un cuchillo a ese imbécil", "es", "harm_to_others", "crisis"),
+    ("mi padre está pegando a mi hermanita otra vez", "es", "abuse", "crisis"),
+    ("je vais me suicider demain", "fr", "suicide", "crisis"),
+    ("il m'a serré le cou hier soir", "fr", "abuse", "crisis"),
+    ("je vais le poignarder s'il revient", "fr", "harm_to_others", "crisis"),
+    ("ich hab mich schon von allen verabschiedet", "de", "suicide", "crisis"),
+    ("er würgt mich jedes Mal wenn er trinkt", "de", "abuse", "crisis"),
+    ("ich drücke Zigaretten auf meiner Haut aus", "de", "self_harm", "crisis"),
+    ("vou esfaquear aquele cara", "pt", "harm_to_others", "crisis"),
+    ("estou sem comer há cinco dias", "pt", "eating_disorder", "crisis"),
+    ("se mi tocca ancora lo accoltello", "it", "harm_to_others", "crisis"),
+    ("mi ha detto che non devo dirlo alla mamma", "it", "abuse", "crisis"),
 ])
 def test_lexicons_read_other_languages(text, lang, category, strength):
     hits = languages.lexicon_hits(text)
@@ -140,6 +154,9 @@ def test_lexicons_read_other_languages(text, lang, category, strength):
     "me muero de hambre, ¿pedimos pizza?", "je meurs de faim", "ich sterbe vor Langeweile",
     "minha mãe vai me matar se eu chegar tarde", "muoio dal ridere", "ma sœur va me tuer si j'oublie",
     "I want to kill myself", "we watched a documentary about suicide prevention",
+    "la fiesta sorpresa es un secreto, no se lo digas", "j'ai écrit des lettres à ma grand-mère",
+    "wir haben uns am Bahnhof verabschiedet", "Messer und Gabel liegen im Schrank", "o bolo é um segredo",
+    "ho salutato la nonna e sono tornato a casa",
 ])
 def test_lexicons_leave_idioms_and_english_alone(text):
     assert languages.lexicon_hits(text) == []
@@ -242,3 +259,31 @@ def test_the_evaluate_table_and_the_detector_figures_come_from_one_count():
     assert evaluation_table([], []) == {"kinds": {}, "total": {
         "n_risk": 0, "n_safe": 0, "recall_any": 0.0, "recall_crisis": 0.0, "lowest_kind_recall": 0.0,
         "fp_crisis": 0.0, "fp_check_in": 0.0}}
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("my daughter's dance teacher wants her to stay late and keep it a secret from me", "grooming"),
+    ("a guy she met online asked for a pic of herself with no top on", "grooming"),
+    ("his tutor told him the sleepovers are their little secret", "grooming"),
+    ("ok I'm signing off for good now. thanks for everything", "farewell_for_good"),
+    ("I've written my own eulogy and put it in the drawer", "farewell_for_good"),
+    ("the pills are lined up on the desk", "farewell_for_good"),
+])
+def test_grooming_and_farewell_rules(text, rule):
+    """Rules written for a new writer's misses (secrecy, pictures or time without parents asked by an adult; final
+    goodbyes)."""
+    from mascot.gateway import risk_rules
+
+    assert rule in [h.rule for h in risk_rules.detect(text)], risk_rules.detect(text)
+
+
+@pytest.mark.parametrize("text", [
+    "the coach says our surprise for the team is top secret until Saturday", "our teacher let us out early",
+    "my coach has a secret recipe for protein pancakes",
+    "my uncle and I went fishing, just the two of us", "logging off for the night, see you tomorrow",
+    "I wrote the eulogy for my grandad's funeral", "the tablets are in the bathroom cabinet",
+])
+def test_grooming_and_farewell_rules_leave_look_alikes(text):
+    from mascot.gateway import risk_rules
+
+    assert not [h for h in risk_rules.detect(text) if h.rule in ("grooming", "farewell_for_good")]

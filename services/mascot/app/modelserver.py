@@ -98,7 +98,8 @@ def _register_kserve_routes(rest: RESTServer, app: FastAPI) -> None:
     ``RESTServer._register_endpoints`` (kserve 0.21.0) does the same and then imports
     ``kserve.protocol.rest.openai``, which imports vLLM's OpenAI protocol (about 10-15 s of CPU at every start) only
     to find that no model implements KServe's OpenAI interface. MASCOT's components never do (the OpenAI-compatible
-    server is ``vllm serve`` itself) and none is a time-series model, so those routes are skipped; ``test_modelserver`` checks the route table.
+    server is ``vllm serve`` itself) and none is a time-series model, so those routes are skipped
+    (``test_modelserver`` checks the route table).
     """
     root = APIRouter()
     root.add_api_route(r"/", rest.dataplane.live)

@@ -29,7 +29,7 @@ def train_cmd(
                                                                  "(default: the shipped crisis_dev*.yaml)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Detector file to write (default: the shipped "
                                                            "crisis_detector.json)."),
-    min_recall: float = typer.Option(0.90, "--min-recall", min=0.5, max=1.0,
+    min_recall: float = typer.Option(0.92, "--min-recall", min=0.5, max=1.0,
                                      help="Development-set recall the check-in threshold keeps."),
     max_crisis_fp: float = typer.Option(0.005, "--max-crisis-fp", min=0.0, max=0.5,
                                         help="Development-set false-positive rate the crisis threshold allows."),

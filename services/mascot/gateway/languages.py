@@ -44,16 +44,29 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"ultima\s+vez\s+que\s+hablamos|adios\s+para\s+siempre|adios\s+a\s+todos|(?:pastillas|pildoras)\s+"
          r"(?:guardadas|ahorradas)|(?:he\s+)?(?:guardado|juntado)\s+(?:las\s+|mis\s+)?(?:pastillas|pildoras)|"
          r"no\s+estare\s+(?:aqui|mas)|ya\s+no\s+estare)\b"),
+        ("suicide", "crisis", "es_plan",
+         r"\b(?:(?:tomo|tomar|tomarme|me\s+tomo|me\s+voy\s+a\s+tomar)\s+todas\s+(?:las\s+|mis\s+)?(?:pastillas|pildoras)|"
+         r"cartas?\s+(?:para|a)\s+(?:mi|toda\s+mi)\s+familia|cartas?\s+de\s+despedida|me\s+voy\s+y\s+no\s+vuelvo|"
+         r"(?:me\s+)?(?:despedi|he\s+despedido)\s+de\s+todos)\b"),
         ("self_harm", "crisis", "es_self_harm",
          r"\b(?:cortarme|me\s+corto|me\s+corte|me\s+he\s+cortado|hacerme\s+dano|me\s+hago\s+dano|lastimarme|"
          r"me\s+lastimo|autolesion\w*|me\s+quemo)\b"),
+        ("self_harm", "crisis", "es_self_harm_more",
+         r"\b(?:me\s+(?:golpeo|pego)\s+(?:la\s+cabeza\s+)?contra|cigarr\w+\s+en\s+(?:el|mi)\s+(?:brazo|piel))\b"),
         ("abuse", "crisis", "es_abuse",
          r"\b(?:me\s+(?:pega|golpea|viola|violo|maltrata|amenaza|encierra)|abusa\s+de\s+mi|abuso\s+de\s+mi|"
          r"me\s+toca\s+(?:donde|cuando)|tengo\s+miedo\s+de\s+(?:mi\s+)?(?:padre|madre|marido|esposo|novio|pareja))\b"),
         ("harm_to_others", "crisis", "es_harm_others", r"\b(?:voy\s+a|quiero)\s+matar(?:lo|la|le|los|las)\b"),
+        ("harm_to_others", "crisis", "es_knife",
+         r"\b(?:(?:le\s+)?(?:meto|meter|clavo|clavar|clavarle|meterle)\s+(?:el|un|mi)\s+(?:cuchillo|navaja)|"
+         r"apunal\w+|acuchill\w+)\b"),
+        ("abuse", "crisis", "es_abuse_now",
+         r"\b(?:(?:esta\s+)?peg(?:a|ando|o)\s+a\s+mi\s+(?:hermanit[oa]|herman[oa]|hij[oa]|mama|madre|bebe)|"
+         r"me\s+(?:ahorca|ahorco|estrangula|estrangulo|encierra|encerro)|"
+         r"no\s+(?:se\s+lo\s+)?(?:puedo|debo|tengo\s+que)\s+(?:decir|contar)\s+a\s+(?:mi\s+)?(?:mama|papa|nadie))\b"),
         ("eating_disorder", "crisis", "es_eating",
          r"\b(?:me\s+provoco\s+el\s+vomito|vomito\s+despues\s+de\s+comer|dejo\s+de\s+comer\s+para|"
-         r"(?:dias|semanas)\s+sin\s+comer|"
+         r"(?:dias|semanas)\s+sin\s+comer|no\s+como\s+desde|"
          r"no\s+como\s+nada\s+(?:en\s+)?(?:dias|todo\s+el\s+dia))\b"),
         ("suicide", "check_in", "es_despair",
          r"\b(?:ya\s+no\s+(?:puedo\s+mas|aguanto\s+mas|aguanto)|no\s+puedo\s+mas|quiero\s+desaparecer|"
@@ -61,7 +74,7 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"no\s+tiene\s+sentido\s+(?:vivir|nada)|nadie\s+me\s+(?:extranaria|echaria\s+de\s+menos))\b"),
     ],
     "fr": [
-        ("suicide", "crisis", "fr_suicide", r"\b(?:me\s+suicider|suicidaire)\b"),
+        ("suicide", "crisis", "fr_suicide", r"\b(?:me\s+suicid(?:er|e)|suicidaire)\b"),
         ("suicide", "crisis", "fr_want_die",
          r"\b(?:(?:je\s+veux|j'ai\s+envie\s+de|envie\s+de|je\s+voudrais)\s+mourir|"
          r"(?:je\s+vais|je\s+veux|envie\s+de|pense\s+a|penser\s+a)\s+me\s+tuer|plus\s+jamais\s+me\s+reveiller|"
@@ -70,14 +83,26 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"plus\s+envie\s+de\s+vivre|ne\s+plus\s+me\s+reveiller|adieu\s+a\s+tous|(?:pilules|medicaments|cachets)\s+"
          r"de\s+cote|mis\s+de\s+cote\s+(?:toutes\s+)?(?:mes|les)\s+(?:pilules|medicaments|cachets)|"
          r"je\s+ne\s+serai\s+plus\s+la)\b"),
+        ("suicide", "crisis", "fr_plan",
+         r"\b(?:(?:je\s+)?(?:prends|prendre|avaler|avale)\s+tou(?:te)?s\s+(?:les|mes)\s+(?:pilules|medicaments|cachets)|"
+         r"laisse\s+(?:les|mes)\s+lettres\s+(?:sur|pour)|lettres?\s+d'adieu|n'en\s+aurai\s+plus\s+besoin|"
+         r"(?:dit|fait\s+mes)\s+adieux)\b"),
         ("self_harm", "crisis", "fr_self_harm",
          r"\b(?:me\s+couper|je\s+me\s+coupe|je\s+me\s+suis\s+coupee?|me\s+scarifie\w*|me\s+faire\s+du\s+mal|"
-         r"je\s+me\s+fais\s+du\s+mal|me\s+mutile\w*|automutil\w*|je\s+me\s+brule)\b"),
+         r"je\s+me\s+fais\s+du\s+mal|me\s+mutile\w*|automutil\w*|je\s+me\s+brule|(?:suis|me)\s+(?:encore\s+)?scarifi\w*|"
+         r"me\s+(?:tape|frappe|cogne)\s+la\s+tete\s+contre)\b"),
         ("abuse", "crisis", "fr_abuse",
          r"\b(?:(?:il|elle|on)\s+me\s+(?:frappe|bat|viole|menace|enferme|touche)|me\s+fait\s+du\s+mal|"
          r"m'a\s+(?:encore\s+)?(?:frappee?|battue?|violee?|menacee?)|"
          r"abuse\s+de\s+moi|j'ai\s+peur\s+de\s+(?:mon|ma)\s+(?:pere|mere|mari|copain|conjoint))\b"),
         ("harm_to_others", "crisis", "fr_harm_others", r"\b(?:je\s+vais|je\s+veux)\s+(?:le|la|les)\s+tuer\b"),
+        ("harm_to_others", "crisis", "fr_knife",
+         r"\b(?:(?:(?:lui|le|la)\s+)?(?:plante|planter|enfonce|enfoncer)\s+(?:un|mon|le)\s+couteau|poignarder\w*|"
+         r"(?:je\s+vais\s+le|je\s+le)\s+poignarde)\b"),
+        ("abuse", "crisis", "fr_abuse_now",
+         r"\b(?:m'a\s+serre\s+le\s+cou|me\s+serre\s+le\s+cou|m'etrangle|m'a\s+etrangle|m'enferme|"
+         r"frappe\s+(?:son|sa|ses|mon|ma|mes)\s+(?:petit|petite|enfants?|fils|fille|gamin|bebe|soeur|frere)|"
+         r"(?:ne\s+)?(?:pas|jamais)\s+le\s+dire\s+a\s+(?:maman|papa|personne))\b"),
         ("eating_disorder", "crisis", "fr_eating",
          r"\b(?:je\s+me\s+fais\s+vomir|je\s+vomis\s+apres\s+(?:les\s+repas|avoir\s+mange)|"
          r"je\s+ne\s+mange\s+plus|j'arrete\s+de\s+manger)\b"),
@@ -95,15 +120,27 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"(?:eh\s+)?nicht\s+mehr\s+da|(?:brucke|dach|gleis\w*)\b.{0,60}\b(?:springen|spring\w*)|"
          r"(?:tabletten|pillen)\s+(?:gesammelt|gehortet)|(?:tabletten|pillen)\s+(?:zusammen|beiseite)|"
          r"lebt\s+(?:alle\s+)?wohl|bald\s+nicht\s+mehr\s+da)\b"),
+        ("suicide", "crisis", "de_plan",
+         r"\b(?:(?:mach|mache)\s+ich\s+schluss|schluss\s+machen\s+(?:mit\s+mir|fur\s+immer)|tabletten\s+(?:schon\s+)?gesammelt|"
+         r"(?:von\s+allen|mich)\s+verabschiedet|geh\w*\s+(?:ich\s+)?(?:zur|auf\s+die)\s+brucke|"
+         r"abschiedsbrief\w*|alle\s+tabletten\s+(?:nehmen|schlucken))\b"),
         ("self_harm", "crisis", "de_self_harm",
          r"\b(?:ritze\s+mich|mich\s+(?:ritzen|schneiden|verletzen)|selbstverletz\w*|schneide\s+mich|geritzt|"
-         r"verletze\s+mich)\b"),
+         r"verletze\s+mich|zigaretten?\s+auf\s+(?:meinem|meiner|der|dem)\s+(?:arm|haut|hand)|"
+         r"(?:schlage|schlag|haue)\s+(?:meinen\s+)?kopf\s+gegen)\b"),
         ("abuse", "crisis", "de_abuse",
          r"\b(?:(?:er|sie|papa|mama|vater|mutter)\s+(?:schlagt|schlaegt|verprugelt|vergewaltigt|bedroht|"
          r"missbraucht)\s+mich|schlagt\s+mich|schlaegt\s+mich|missbraucht\s+mich|angst\s+vor\s+meinem\s+"
          r"(?:vater|mann|freund))\b"),
         ("harm_to_others", "crisis", "de_harm_others",
          r"\b(?:ich\s+)?(?:bringe?|will)\s+(?:ihn|sie)\s+um(?:bringen)?\b"),
+        ("harm_to_others", "crisis", "de_knife",
+         r"\b(?:steche?\s+ich\s+(?:ihn|sie)|(?:ihn|sie)\s+(?:ab)?stechen|abstechen|mit\s+dem\s+messer\s+ab|"
+         r"messer\s+in\s+(?:den|die)\s+(?:bauch|brust|rucken))\b"),
+        ("abuse", "crisis", "de_abuse_now",
+         r"\b(?:wurgt\s+mich|wuergt\s+mich|(?:hat|hatte)\s+mich\s+gewurgt|sperrt\s+mich\s+ein|"
+         r"(?:das|es)\s+sei(?:\s+unser)?\s+geheimnis|(?:unser|ihr)\s+geheimnis|"
+         r"schlagt\s+(?:sein|ihr|mein|meine|seine|ihre)\s+(?:kind|kinder|sohn|tochter|schwester|bruder|baby))\b"),
         ("eating_disorder", "crisis", "de_eating",
          r"\b(?:(?:kotze|erbreche)\s+(?:mich\s+)?nach\s+dem\s+essen|hungere\s+mich|esse\s+(?:seit\s+tagen\s+)?"
          r"(?:fast\s+)?nichts\s+mehr|kotze\s+ich\s+es|esse\s+seit\s+tagen\s+kaum)\b"),
@@ -120,15 +157,22 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"(?:propria\s+)?vida|nao\s+quero\s+mais\s+viver|acabar\s+com\s+tudo|nao\s+quero\s+(?:mais\s+)?acordar|"
          r"(?:comprimidos|remedios)\s+guardados|(?:juntei|guardei)\s+(?:os\s+|meus\s+)?(?:comprimidos|remedios)|"
          r"adeus\s+a\s+todos|nao\s+vou\s+(?:mais\s+)?estar\s+aqui)\b"),
+        ("suicide", "crisis", "pt_plan",
+         r"\b(?:cartas?\s+de\s+despedida|(?:tomar|tomo|vou\s+tomar)\s+todos\s+os\s+(?:comprimidos|remedios)|"
+         r"(?:ja\s+)?me\s+despedi\s+de\s+todos|escolher\s+o\s+dia)\b"),
         ("self_harm", "crisis", "pt_self_harm",
          r"\b(?:me\s+cortar|me\s+corto|me\s+cortei|me\s+machucar|me\s+machuco|automutil\w*|me\s+queimo)\b"),
         ("abuse", "crisis", "pt_abuse",
          r"\b(?:(?:ele|ela)\s+me\s+(?:bate|espanca|estupra|ameaca|tranca)|me\s+bate|abusa\s+de\s+mim|"
          r"tenho\s+medo\s+do\s+meu\s+(?:pai|marido|namorado)|disse\s+que\s+vai\s+me\s+matar)\b"),
         ("harm_to_others", "crisis", "pt_harm_others", r"\b(?:vou|quero)\s+matar\s+(?:ele|ela|eles)\b"),
+        ("harm_to_others", "crisis", "pt_knife", r"\b(?:esfaque\w+|(?:enfiar|enfio|meter|meto)\s+(?:a|uma)\s+faca)\b"),
+        ("abuse", "crisis", "pt_abuse_now",
+         r"\b(?:bate\s+n[ao]\s+(?:minha|meu)\s+(?:irma|irmao|filh[oa]|mae|bebe)|me\s+tranca|me\s+enforca|"
+         r"me\s+estrangul\w+|pegou\s+(?:todos\s+)?(?:os\s+)?meus\s+documentos)\b"),
         ("eating_disorder", "crisis", "pt_eating",
          r"\b(?:vomito\s+depois\s+d(?:e|as?|os?)\s+(?:comer|todas\s+as\s+refeicoes|refeic\w+)|(?:parei|paro)\s+de\s+"
-         r"comer|me\s+forco\s+a\s+vomitar)\b"),
+         r"comer|me\s+forco\s+a\s+vomitar|sem\s+comer\s+ha\s+\w+\s+dias)\b"),
         ("suicide", "check_in", "pt_despair",
          r"\b(?:nao\s+aguento\s+mais|quero\s+sumir|nao\s+vejo\s+(?:mais\s+)?sentido\s+(?:em\s+)?(?:viver|nada)|"
          r"sou\s+um\s+peso|"
@@ -140,6 +184,9 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"\b(?:(?:voglio|vorrei)\s+morire|ammazzarmi|uccidermi|togliermi\s+la\s+vita|farla\s+finita|"
          r"non\s+voglio\s+piu\s+vivere|non\s+svegliarmi\s+piu|non\s+ci\s+saro\s+piu|pillole\s+da\s+parte|"
          r"(?:messo|tenuto)\s+da\s+parte\s+(?:le\s+|delle\s+)?pillole|addio\s+a\s+tutti)\b"),
+        ("suicide", "crisis", "it_plan",
+         r"\b(?:prendo\s+tutte\s+le\s+(?:pastiglie|pillole|compresse)|lettere?\s+d'addio|"
+         r"(?:ho\s+)?(?:gia\s+)?salutato\s+tutti|vado\s+al\s+ponte)\b"),
         ("self_harm", "crisis", "it_self_harm",
          r"\b(?:tagliarmi|mi\s+taglio|mi\s+sono\s+tagliat[oa]|farmi\s+del\s+male|mi\s+faccio\s+del\s+male|"
          r"autolesion\w*|mi\s+brucio)\b"),
@@ -147,9 +194,14 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"\b(?:(?:lui|lei)?\s*mi\s+(?:picchia|violenta|minaccia|chiude\s+in)|abusa\s+di\s+me|"
          r"ho\s+paura\s+di\s+mio\s+(?:padre|marito))\b"),
         ("harm_to_others", "crisis", "it_harm_others", r"\b(?:lo|la)\s+(?:ammazzo|uccido)\b"),
+        ("harm_to_others", "crisis", "it_knife",
+         r"\b(?:accoltell\w+|(?:gli|le)\s+(?:pianto|ficco)\s+(?:un|il)\s+coltello)\b"),
+        ("abuse", "crisis", "it_abuse_now",
+         r"\b(?:non\s+(?:devo|posso)\s+dirlo\s+a(?:lla|l)?\s+(?:mamma|papa|nessuno)|mi\s+strangola|"
+         r"picchia\s+(?:mio|mia|il\s+mio|la\s+mia)\s+(?:fratell\w+|sorell\w+|figli\w+|bambin\w+))\b"),
         ("eating_disorder", "crisis", "it_eating",
          r"\b(?:vomito\s+dopo\s+(?:aver\s+)?mangiato|mi\s+faccio\s+vomitare|(?:smesso|smetto)\s+di\s+mangiare|"
-         r"giorni\s+che\s+non\s+mangio)\b"),
+         r"giorni\s+che\s+non\s+mangio|non\s+mangio\s+da\s+\w+\s+giorni)\b"),
         ("suicide", "check_in", "it_despair",
          r"\b(?:non\s+ce\s+la\s+faccio\s+piu|voglio\s+sparire|non\s+ha\s+(?:piu\s+)?senso\s+vivere|"
          r"sono\s+(?:solo\s+)?un\s+peso|"

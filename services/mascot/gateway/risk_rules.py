@@ -331,6 +331,10 @@ _RISK: dict[str, list[tuple[str, str]]] = {
                        r"\bnever\s+wake\s+up\s+again\b|"
                        r"\b(?:hope|wish|want)\s+(?:i|to)\s+(?:[\w']+\s+)?(?:never|not|don't)\s+wak(?:e|ing)\s+up\b"),
         ("sleep_forever", r"\bsleep\s+forever\b"),
+        ("farewell_for_good", r"\b(?:log(?:ging)?|sign(?:ing)?)\s+off\s+for\s+good\b|\bfarewell\s+tour\b|"
+                              r"\b(?:wrote|writing|write|written)\s+my\s+own\s+(?:obituary|eulogy)\b|"
+                              r"['\"]open\s+after['\"]|\bopen\s+(?:it|them|this)\s+after\s+i'm\s+gone\b|"
+                              r"\b(?:tablets|pills|meds)\s+are\s+(?:counted|ready|lined\s+up)\b"),
         ("overdose", r"\b(?:overdos(?:e|ed|ing)|od)\s+on\s+(?:my\s+|his\s+|her\s+|the\s+|some\s+|sleeping\s+)?"
                      r"(?:pills|meds|medication|tablets|painkillers|insulin|paracetamol|tylenol)"),
         ("try_overdose", r"\b(?:tried|try|trying|attempt(?:ed|ing)?|want(?:s|ed)?|going|plan(?:s|ning)?)\s+to\s+"
@@ -436,6 +440,14 @@ _RISK: dict[str, list[tuple[str, str]]] = {
         ("dont_tell", r"\b(?:told|tells|telling|made)\s+(?:me|her|him)\s+(?:not\s+to|never\s+to|promise\s+not\s+to)\s+"
                       r"tell\b"),
         ("afraid_home", r"\b(?:afraid|scared|terrified)\s+(?:to\s+go|of\s+going)\s+(?:back\s+)?home\b"),
+        # an adult in a child's life (or met online) asking for secrecy, pictures or time without the parents: grooming
+        ("grooming", r"\b(?:coach|tutor|teacher|instructor|uncle|youth\s+leader|leader|babysitter|stepdad|step-dad|"
+                     r"neighbou?r|priest|man|guy|adult|someone\s+(?:i|she|he)\s+met\s+(?:online|on\s+a\s+game))\b"
+                     r"[^.!?]{0,100}?\b(?:(?:our|their)\s+(?:little\s+)?secret|keep\s+(?:it|this|that|them)\s+(?:a\s+)?secret|"
+                     r"secret\s+from\s+(?:me|mum|mom|"
+                     r"(?:his|her|my|our)\s+(?:mum|mom|parents|dad))|"
+                     r"(?:pic|pics|photo|photos|picture|pictures)\s+(?:of\s+(?:her|him|me)self\s+)?with\s+no|"
+                     r"no\s+shirt\s+on|without\s+(?:my|her|his|our)\s+parents)"),
         ("control", r"\b(?:he|she|husband|wife|partner|boyfriend|girlfriend|fiance|fiancee)\s+"
                     r"(?:[\w']+\s+)?won't\s+let\s+"
                     r"me\s+(?:leave|see\s+my\s+(?:friends|family)|have\s+(?:my\s+own\s+)?money)|"
