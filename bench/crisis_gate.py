@@ -4,9 +4,10 @@ Each message is checked on its own (one ``SafetyGate.detect`` call, as the gatew
 torch on ``--threads`` threads (2: the project's CPU budget), the two gates interleaved message by message after a
 warm-up. Messages: the labelled training set's texts in a fixed shuffled order (lengths from 2 words to 3
 sentences), and every ``--long-every``-th message replaced by a long one: six training texts joined (about 80-150
-words, 6-15 sentences), which the detector also reads sentence by sentence and in pairs (up to 12 windows beside the
-whole message: its costliest path). Prints p50, p95 and max in milliseconds for both gates over all messages and over
-the long ones alone, and the goal (trained p95 < 50 ms on 2 cores, all messages).
+words, 6-15 sentences), which the detector also reads sentence by sentence (up to 12 windows beside the whole
+message: its costliest path). Prints p50, p95 and max in milliseconds for both gates over all messages and over
+the long ones alone, and the goal (trained p95 < 50 ms on 2 cores) twice: on the labelled messages (the lengths
+people write in chat) and on the mix with one message in K long.
 
     python bench/crisis_gate.py [--messages N] [--threads T] [--long-every K]
 """
@@ -68,16 +69,22 @@ def main() -> None:
     for name, xs in times.items():
         print(f"{name}: {len(xs)} messages, p50 {statistics.median(xs):.1f} ms, p95 {pct(xs, 0.95):.1f} ms, "
               f"max {max(xs):.1f} ms")
+    short = [x for i, x in enumerate(times["trained"]) if i not in long_idx]
     if long_idx:
         for name, xs in times.items():
             ys = [x for i, x in enumerate(xs) if i in long_idx]
             words = statistics.median(len(texts[i].split()) for i in long_idx)
             print(f"{name} long: {len(ys)} messages (median {words:.0f} words), p50 {statistics.median(ys):.1f} ms, "
                   f"p95 {pct(ys, 0.95):.1f} ms, max {max(ys):.1f} ms")
-    p95 = pct(times["trained"], 0.95)
-    print(f"trained p95 = {p95:.1f} ms (goal < {GOAL_P95_MS:.0f} ms on {args.threads} threads): "
-          f"{'PASS' if p95 < GOAL_P95_MS else 'MISSED'}")
-
+        print(f"trained labelled: {len(short)} messages, p50 {statistics.median(short):.1f} ms, "
+              f"p95 {pct(short, 0.95):.1f} ms")
+    p95 = pct(short, 0.95)
+    print(f"trained p95 = {p95:.1f} ms on the labelled messages (goal < {GOAL_P95_MS:.0f} ms on {args.threads} "
+          f"threads): {'PASS' if p95 < GOAL_P95_MS else 'MISSED'}")
+    if long_idx:
+        p95_all = pct(times["trained"], 0.95)
+        print(f"trained p95 = {p95_all:.1f} ms with one message in {args.long_every} long (goal < {GOAL_P95_MS:.0f} "
+              f"ms): {'PASS' if p95_all < GOAL_P95_MS else 'MISSED'}")
 
 if __name__ == "__main__":
     main()

@@ -120,17 +120,22 @@ def test_engine_cpu_bench_fast_paths_are_faster_and_exact(real_model_dir, tmp_pa
 
 
 def test_crisis_gate_bench_times_both_gates():
-    """bench/crisis_gate.py at a small size: the trained gate's per-message latency beside the rules'."""
+    """bench/crisis_gate.py at a small size: the trained gate's per-message latency beside the rules', on the labelled
+    messages and on long ones (the sentence windows)."""
     import re
 
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "crisis_gate.py"), "--messages", "60"],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "crisis_gate.py"), "--messages", "60", "--long-every",
+                          "5"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
-    p95 = {m.group(1): float(m.group(2)) for m in re.finditer(r"(trained|rules): 60 messages, p50 [\d.]+ ms, "
+    p95 = {m.group(1): float(m.group(2)) for m in re.finditer(r"(trained|rules|trained long|rules long|trained "
+                                                             r"labelled): \d+ messages[^,]*, p50 [\d.]+ ms, "
                                                              r"p95 ([\d.]+) ms", text)}
-    assert set(p95) == {"trained", "rules"}, text
-    # the goal (< 50 ms on 2 threads) is the full-size figure, measured 24 ms; a regression bound on a shared CI
-    # machine: the encoder must stay one short forward pass per message, and it costs more than the rules
-    assert p95["rules"] < p95["trained"] < 150, text
-    assert re.search(r"trained p95 = [\d.]+ ms \(goal < 50 ms on 2 threads\): (PASS|MISSED)", text), text
+    assert set(p95) == {"trained", "rules", "trained long", "rules long", "trained labelled"}, text
+    # the goal (< 50 ms on 2 threads) is the full-size figure on the labelled messages, measured 31 ms; a regression
+    # bound on a shared CI machine: a short message stays one encoder pass, a long one a few (measured 176 ms median)
+    assert p95["rules"] < p95["trained labelled"] < 150, text
+    assert p95["trained labelled"] < p95["trained long"] < 1500, text
+    assert re.search(r"trained p95 = [\d.]+ ms on the labelled messages \(goal < 50 ms on 2 threads\): "
+                     r"(PASS|MISSED)", text), text
+    assert re.search(r"trained p95 = [\d.]+ ms with one message in 5 long \(goal < 50 ms\): (PASS|MISSED)", text), text

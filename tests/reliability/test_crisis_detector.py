@@ -57,23 +57,23 @@ def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_
     """197 messages (107 at risk) written after an earlier detector was frozen. That detector: recall 0.897 at any
     tier (0.757 crisis tier), lowest kind 0.80; on the 79 look-alikes 1 crisis template (1.3%) and 8 check-ins
     (10.1%); on all 90 harmless messages 1.1% / 8.9%. The shipped detector (its misses were read, so these are no
-    longer held-out figures; the third set is): recall 0.925 (0.757), lowest kind 0.80 (other languages); look-alikes
-    1 crisis (1.3%) and 5 check-ins (6.3%); all harmless 1.1% / 5.6%."""
+    longer held-out figures; the third set is): recall 0.925 (0.748), lowest kind 0.80 (other languages); look-alikes
+    1 crisis (1.3%) and 4 check-ins (5.1%); all harmless 1.1% / 4.4%."""
     examples = cm.load_examples([HOLDOUT_V2])
     table = _table(gate, examples)
     _print("crisis_holdout_v2 (default gate)", table, record_property)
     t = table["total"]
     assert t["recall_any"] >= 0.92 and t["lowest_kind_recall"] >= 0.8, t
     assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]
-    assert t["fp_crisis"] <= 0.012 and t["fp_check_in"] <= 0.06, t
+    assert t["fp_crisis"] <= 0.012 and t["fp_check_in"] <= 0.05, t
     look = [table["kinds"][k] for k in LOOK_ALIKES]
     n, crisis, check_in = sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look)
     print(f"  look-alikes n={n} crisis={crisis} check_in={check_in}")
-    assert n == 79 and crisis <= 1 and check_in <= 5, (n, crisis, check_in)
+    assert n == 79 and crisis <= 1 and check_in <= 4, (n, crisis, check_in)
 
 
 def test_held_out_recall_and_false_positives(gate, record_property):
-    """Measured on 250 messages (144 at risk): recall 0.896 at any tier (0.708 at the crisis tier), lowest kind 0.75,
+    """Measured on 250 messages (144 at risk): recall 0.896 at any tier (0.681 at the crisis tier), lowest kind 0.75,
     false positives 1.9% crisis tier and 6.6% check-in tier (rules alone: recall 0.34, false positives 36% crisis
     tier). Before the voices-e data and the 0.92 development recall: 0.903, 1.9%, 11.3%; before the voices-d data,
     sentence windows and the self-harm rule floor: 0.910, 3.8%, 16.0%. This set was read while the gate changed, so
@@ -95,8 +95,8 @@ def _ed_texts(shared_data: Path) -> list[str]:
 
 
 def test_ordinary_openings_are_rarely_interrupted(gate, shared_data, record_property):
-    """The 312 EmpatheticDialogues test openings (ordinary emotional stories, none a disclosure): measured 4 crisis
-    templates (1.3%) and 14 check-ins (4.5%) (the detector before the voices-e data: 1.0% and 6.4%)."""
+    """The 312 EmpatheticDialogues test openings (ordinary emotional stories, none a disclosure): measured 3 crisis
+    templates (1.0%) and 13 check-ins (4.2%) (the detector before the voices-e data: 1.0% and 6.4%)."""
     texts = _ed_texts(shared_data)
     tiers = [d.tier if d else "none" for d in gate.detect_many(texts)]
     crisis, check_in = tiers.count("crisis") / len(texts), tiers.count("check_in") / len(texts)
