@@ -22,6 +22,9 @@ HERE = Path(__file__).parent
 HOLDOUT = HERE / "crisis_holdout.yaml"
 #: Written after the detector of 8a4ce97 was frozen (the first set had been read while changing the gate).
 HOLDOUT_V2 = HERE / "crisis_holdout_v2.yaml"
+#: Written by a third writer after the detector of 5e99c07 was frozen (its reading of long messages was then made
+#: cheaper, 49caf6b, before the set was read: same decisions on the other sets).
+HOLDOUT_V3 = HERE / "crisis_holdout_v3.yaml"
 #: The harmless kinds that read like a disclosure (ordinary sadness left out).
 LOOK_ALIKES = ("idiom", "mention", "helper", "grief", "past_crisis", "negation_safe")
 
@@ -44,13 +47,31 @@ def _print(title, table, record_property):
     record_property(title, table)
 
 
-@pytest.mark.parametrize("path", [HOLDOUT, HOLDOUT_V2], ids=["v1", "v2"])
+@pytest.mark.parametrize("path", [HOLDOUT, HOLDOUT_V2, HOLDOUT_V3], ids=["v1", "v2", "v3"])
 def test_held_out_set_is_disjoint_from_the_detectors_data(path):
     held = cm.load_examples([path])
     seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
     assert len(held) >= 150 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
     assert {e.kind for e in held if e.at_risk} == set(cm.RISK_KINDS)
     assert "after the shipped detector was frozen" in path.read_text(encoding="utf-8")
+
+
+def test_third_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
+    """Measured on 230 messages (115 at risk) written blind after the shipped detector was frozen: recall 0.904 at any
+    tier (0.730 crisis tier), lowest kind 0.72 (indirect); on the 88 look-alikes 3 crisis templates (3.4%) and 9
+    check-ins (10.2%: the goal of at most 10% missed by one message); on all 115 harmless messages 2.6% / 7.8%."""
+    examples = cm.load_examples([HOLDOUT_V3])
+    table = _table(gate, examples)
+    _print("crisis_holdout_v3 (default gate)", table, record_property)
+    t = table["total"]
+    assert (t["n_risk"], t["n_safe"]) == (115, 115)
+    assert t["recall_any"] >= 0.9 and t["lowest_kind_recall"] >= 0.7, t
+    assert table["kinds"]["explicit"]["any"] == table["kinds"]["explicit"]["n"]
+    assert t["fp_crisis"] <= 0.03 and t["fp_check_in"] <= 0.08, t
+    look = [table["kinds"][k] for k in LOOK_ALIKES]
+    n, crisis, check_in = sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look)
+    print(f"  look-alikes n={n} crisis={crisis} check_in={check_in}")
+    assert n == 88 and crisis <= 3 and check_in <= 9, (n, crisis, check_in)
 
 
 def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
