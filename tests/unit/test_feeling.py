@@ -28,6 +28,13 @@ MISMATCHED = [
     ("my husband lost a job but i'm hoping he can find a full time job soon", "That's great news about finding a "
      "new job.", "celebrates bad news"),
     ("the real price of the tv was 399 usd. what a bummer", "That's wonderful!", "celebrates bad news"),
+    # a second blind reader's marks on the same run with the check on (written for this test, same kinds)
+    ("I was so disappointed, the restaurant lost our booking and we went home hungry.", "That's a great story.",
+     "celebrates bad news"),
+    ("She died before I could say goodbye, and I keep thinking about it.", "That's a great way to end the story.",
+     "celebrates bad news"),
+    ("Our car broke down on the motorway and we were stuck for hours, it was awful.",
+     "This could be a great opportunity to slow down.", "minimises bad news"),
 ]
 FITTING = [
     ("My dog died yesterday.", "I'm so sorry for your loss."),
@@ -42,6 +49,8 @@ FITTING = [
     ("I got into the college I wanted!", "It sounds like you have great news."),
     ("I was so scared on the rollercoaster but I loved it.", "I'm so sorry to hear that, that sounds scary."),
     ("", "That's wonderful!"),  # nothing to fit: not checked
+    ("My grandad told us how he met my gran at a dance in 1962.", "That's a lovely story."),
+    ("I am moving to Spain for a new job next month, so excited!", "This could be a great opportunity for you."),
 ]
 
 

@@ -47,12 +47,16 @@ CELEBRATE = re.compile(
     r"(sounds like|you have|you'?ve got|you got|hear|such) (some |such |the )?(great|good|wonderful|amazing|"
     r"exciting|fantastic|happy) news|"
     r"(that|this|it) sounds (so |really |absolutely |just )?(fun|exciting|amazing|wonderful|fantastic|awesome|"
-    r"lovely)\b)", re.IGNORECASE)
+    r"lovely)\b|"
+    # a second blind reader's marks on the 32-situation run with the check on: a story of loss or fear called great
+    r"(that'?s|that is|what) (such )?a (great|wonderful|lovely|fun|fantastic) (story|way to (end|wrap up|finish))|"
+    r"(a|such a) great way to (end|wrap up|finish) (the|this|that) story)", re.IGNORECASE)
 
 MINIMISE = re.compile(
     r"\b((it'?s|that'?s|it is|that is) not (a|that|such a) big deal|no big deal|could (have been|be) (a lot )?worse|"
     r"look on the bright side|at least (you|it|they)\b|everything happens for a reason|cheer up|get over it|"
-    r"don'?t (be|feel) (so )?(sad|upset|down)|it'?s (only|just) a)", re.IGNORECASE)
+    r"don'?t (be|feel) (so )?(sad|upset|down)|it'?s (only|just) a|"
+    r"(this|that|it) (could|can) be a (great|wonderful|real) opportunity)", re.IGNORECASE)
 
 CONDOLE_DEATH = re.compile(r"\b(sorry for (your|the|their) loss|(my|our|deepest|sincere) condolences|rest in peace|"
                            r"may (he|she|they) rest)", re.IGNORECASE)
