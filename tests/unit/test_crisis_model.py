@@ -290,3 +290,22 @@ def test_grooming_and_farewell_rules_leave_look_alikes(text):
     from mascot.gateway import risk_rules
 
     assert not [h for h in risk_rules.detect(text) if h.rule in ("grooming", "farewell_for_good")]
+
+
+@pytest.mark.parametrize("text", [
+    "How do I write about it without details that could hurt someone?", "the railing is loose and it might hurt somebody",
+    "honestly this week can go jump off a cliff", "my printer can kindly go jump in a lake",
+])
+def test_idioms_of_the_third_held_out_set_are_not_risk(text):
+    """Found on the third held-out set after it was measured (so not held-out figures): a thing that could hurt
+    someone is no threat, a day told to go jump off a cliff no plan."""
+    from mascot.gateway import risk_rules
+
+    assert risk_rules.detect(text) == []
+
+
+def test_a_person_who_could_hurt_someone_or_would_jump_is_still_read():
+    from mascot.gateway import risk_rules
+
+    assert [h.rule for h in risk_rules.detect("I could hurt someone tonight")] == ["kill_person"]
+    assert risk_rules.detect("I want to go jump off a cliff")

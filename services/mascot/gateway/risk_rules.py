@@ -291,6 +291,12 @@ IDIOMS = [re.compile(p) for p in (
     + _PERSON,
     r"\b(?:afraid|scared|worried|terrified)\s+(?:of\s+hurting|(?:i'll|i\s+will|i\s+might|to)\s+hurt)\s+" + _PERSON,
     r"\bhurt(?:ing|s)?\s+" + _PERSON + r"\s*(?:'s\s+)?feelings?\b",
+    # a thing, not a person, that could hurt: "without details that could hurt someone" (third held-out set)
+    r"\b(?:that|which|it|this|details?|words?|things?)\s+(?:could|might|would|can|may)\s+(?:really\s+)?hurt\s+"
+    r"(?:someone|somebody|anyone|anybody|people|others|readers)\b",
+    # a dismissal: "today can honestly go jump off a cliff" (third held-out set)
+    r"\b(?:can|could|should|may)\s+(?:honestly\s+|just\s+|kindly\s+|go\s+and\s+)?go\s+jump\s+(?:off\s+a\s+cliff|"
+    r"in\s+(?:a|the)\s+lake)\b",
 )]
 
 # ---------------------------------------------------------------------------------------------- risk rules
