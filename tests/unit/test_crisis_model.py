@@ -293,7 +293,8 @@ def test_grooming_and_farewell_rules_leave_look_alikes(text):
 
 
 @pytest.mark.parametrize("text", [
-    "How do I write about it without details that could hurt someone?", "the railing is loose and it might hurt somebody",
+    "How do I write about it without details that could hurt someone?",
+    "the railing is loose and it might hurt somebody",
     "honestly this week can go jump off a cliff", "my printer can kindly go jump in a lake",
 ])
 def test_idioms_of_the_third_held_out_set_are_not_risk(text):
