@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers.paths import ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 
 def test_turn_overhead_bench_prints_ratio(tiny_model_dir):

@@ -56,22 +56,26 @@ def test_held_out_set_is_disjoint_from_the_detectors_data(path):
     assert "after the shipped detector was frozen" in path.read_text(encoding="utf-8")
 
 
+def _held_out(gate, path, record_property):
+    """``(table, totals, (look-alikes, their crisis tiers, their check-ins))`` of the default gate on ``path``."""
+    table = _table(gate, cm.load_examples([path]))
+    _print(f"{path.stem} (default gate)", table, record_property)
+    look = [table["kinds"][k] for k in LOOK_ALIKES]
+    counts = (sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look))
+    print(f"  look-alikes n={counts[0]} crisis={counts[1]} check_in={counts[2]}")
+    return table, table["total"], counts
+
+
 def test_third_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
     """Measured on 230 messages (115 at risk) written blind after the shipped detector was frozen: recall 0.904 at any
     tier (0.730 crisis tier), lowest kind 0.72 (indirect); on the 88 look-alikes 3 crisis templates (3.4%) and 9
     check-ins (10.2%: the goal of at most 10% missed by one message); on all 115 harmless messages 2.6% / 7.8%."""
-    examples = cm.load_examples([HOLDOUT_V3])
-    table = _table(gate, examples)
-    _print("crisis_holdout_v3 (default gate)", table, record_property)
-    t = table["total"]
+    table, t, look = _held_out(gate, HOLDOUT_V3, record_property)
     assert (t["n_risk"], t["n_safe"]) == (115, 115)
     assert t["recall_any"] >= 0.9 and t["lowest_kind_recall"] >= 0.7, t
     assert table["kinds"]["explicit"]["any"] == table["kinds"]["explicit"]["n"]
     assert t["fp_crisis"] <= 0.03 and t["fp_check_in"] <= 0.08, t
-    look = [table["kinds"][k] for k in LOOK_ALIKES]
-    n, crisis, check_in = sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look)
-    print(f"  look-alikes n={n} crisis={crisis} check_in={check_in}")
-    assert n == 88 and crisis <= 3 and check_in <= 9, (n, crisis, check_in)
+    assert look[0] == 88 and look[1] <= 3 and look[2] <= 9, look
 
 
 def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
@@ -80,17 +84,11 @@ def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_
     (10.1%); on all 90 harmless messages 1.1% / 8.9%. The shipped detector (its misses were read, so these are no
     longer held-out figures; the third set is): recall 0.925 (0.748), lowest kind 0.80 (other languages); look-alikes
     1 crisis (1.3%) and 4 check-ins (5.1%); all harmless 1.1% / 4.4%."""
-    examples = cm.load_examples([HOLDOUT_V2])
-    table = _table(gate, examples)
-    _print("crisis_holdout_v2 (default gate)", table, record_property)
-    t = table["total"]
+    table, t, look = _held_out(gate, HOLDOUT_V2, record_property)
     assert t["recall_any"] >= 0.92 and t["lowest_kind_recall"] >= 0.8, t
     assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]
     assert t["fp_crisis"] <= 0.012 and t["fp_check_in"] <= 0.05, t
-    look = [table["kinds"][k] for k in LOOK_ALIKES]
-    n, crisis, check_in = sum(k["n"] for k in look), sum(k["crisis"] for k in look), sum(k["check_in"] for k in look)
-    print(f"  look-alikes n={n} crisis={crisis} check_in={check_in}")
-    assert n == 79 and crisis <= 1 and check_in <= 4, (n, crisis, check_in)
+    assert look[0] == 79 and look[1] <= 1 and look[2] <= 4, look
 
 
 def test_held_out_recall_and_false_positives(gate, record_property):

@@ -33,7 +33,7 @@ from tests.helpers.engine import ScriptedEngine
 from tests.helpers.rpc import code_of, collect
 from tests.helpers.wire import field as wire_field, varint
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.asyncio(loop_scope="module")]
 
 SERVICE = "/mascot.api.conversation.v1.ConversationService"
 LIMIT = ServerConfig().max_request_bytes  # server.max_request_bytes (the default)

@@ -342,6 +342,7 @@ def test_stage_writes_lora_adapters_and_resumes(catalog: PersonaCatalog, tiny_mo
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.serial
 def test_grpo_step_bench_prints_ratio(tiny_model_dir: Path) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "grpo_step.py"), "--size", "small", "--model",
                           str(tiny_model_dir)], capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.paths import ROOT
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial]
 
 
 def load_bench(name: str):
