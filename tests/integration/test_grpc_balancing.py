@@ -28,7 +28,7 @@ from tests.helpers.config import make_config
 from tests.helpers.engine import ScriptedEngine
 from tests.helpers.paths import need
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # times replicas answering and stopping
 REQUEST = spb.GenerateReplyRequest(
     persona_id="anchor", directive=dpb.Directive(persona_id="anchor", action="Comfort the user.", tone="Warm"),
     history=[dpb.Turn(role=dpb.ROLE_USER, text="hello there")], max_tokens=12)
