@@ -91,7 +91,6 @@ from mascot.app.stack import parse_model_components
 log = logging.getLogger(__name__)
 
 
-
 def _register_kserve_routes(rest: RESTServer, app: FastAPI) -> None:
     """KServe's REST routes (live, ``/metrics``, V1 and V2 inference) on ``app``, without its OpenAI routes.
 
@@ -107,6 +106,7 @@ def _register_kserve_routes(rest: RESTServer, app: FastAPI) -> None:
     app.include_router(root)
     register_v1_endpoints(app, rest.dataplane, rest.model_repository_extension)
     register_v2_endpoints(app, rest.dataplane, rest.model_repository_extension)
+
 
 class _ReadinessDataPlane(DataPlane):
     """KServe's data plane whose server readiness (``/v2/health/ready``, ServerReady) is every model's readiness

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -22,7 +21,7 @@ from mascot.api.conversation.v1 import conversation_pb2_grpc as cpb_grpc
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.dialogue import directive_source_name
 from mascot.core.enums import enum_name, enum_value
-from mascot.core.files import atomic_write_text, jsonl_text
+from mascot.core.files import append_jsonl, atomic_write_text, jsonl_text, read_jsonl, write_jsonl
 from mascot.core.situations import Situation
 
 
@@ -216,19 +215,6 @@ class RunIncomplete(Exception):
 JOURNAL = ".transcripts.partial.jsonl"
 
 
-def _read_lines(path: Path) -> list[dict]:
-    """JSON objects of ``path``, one per line; a torn or unreadable line (a run killed mid-write) is skipped."""
-    out = []
-    for x in path.read_text(encoding="utf-8").splitlines():
-        try:
-            ln = json.loads(x)
-        except ValueError:
-            continue
-        if isinstance(ln, dict):
-            out.append(ln)
-    return out
-
-
 def previous_lines(out: Path, situations: list[Situation], mode: str) -> dict[int, dict]:
     """The transcript lines of an earlier run in ``out`` to keep: those of an incomplete run (its ``summary.json``
     lists failed conversations) and those of an interrupted run (its journal, :data:`JOURNAL`, is still there), each
@@ -242,12 +228,12 @@ def previous_lines(out: Path, situations: list[Situation], mode: str) -> dict[in
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         if isinstance(summary, dict) and summary.get("failed"):
-            lines = _read_lines(out / "transcripts.jsonl")
+            lines = read_jsonl(out / "transcripts.jsonl")
     except (OSError, ValueError):
         pass
     try:
-        lines += _read_lines(out / JOURNAL)
-    except OSError:
+        lines += read_jsonl(out / JOURNAL)  # a line torn by a kill is cut off
+    except (OSError, ValueError):
         pass
     kept: dict[int, dict] = {}
     for ln in lines:
@@ -296,11 +282,8 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
     out.mkdir(parents=True, exist_ok=True)
     kept = previous_lines(out, situations, mode) if resume else {}
     lines: list[dict | None] = [kept.get(i) for i in range(len(situations))]
-    journal_path = out / JOURNAL
-    journal = journal_path.open("w", encoding="utf-8")  # rewritten with what is kept: a torn line goes
-    for i in sorted(kept):
-        journal.write(json.dumps(kept[i]) + "\n")
-    journal.flush()
+    journal = out / JOURNAL
+    write_jsonl(journal, [kept[i] for i in sorted(kept)])  # rewritten with what is kept
     failed: list[dict] = []
     gate = asyncio.Semaphore(concurrency)
     async with channel(target, max_message_bytes) as ch:
@@ -325,9 +308,7 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
                 line = transcript_line(resp, mode, model, reason)
                 line["situation_index"] = i
                 lines[i] = line
-                journal.write(json.dumps(line) + "\n")
-                journal.flush()
-                os.fsync(journal.fileno())
+                append_jsonl(journal, line)
                 if progress:
                     progress()
 
@@ -342,15 +323,13 @@ async def run_job(target: str, situations: list[Situation], mode: str, out_dir: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        finally:
-            journal.close()
     done = [ln for ln in lines if ln is not None]
     summary = summarize(done)
     summary["resumed"] = len(kept)
     summary["failed"] = sorted(failed, key=lambda f: f["index"])
     _atomic_write(out / "transcripts.jsonl", jsonl_text(done))
     _atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    journal_path.unlink(missing_ok=True)
+    journal.unlink(missing_ok=True)
     if failed:
         raise RunIncomplete(summary)
     return summary

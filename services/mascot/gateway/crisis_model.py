@@ -316,8 +316,11 @@ def embed_by_length(encoder: Any, texts: Sequence[str]) -> "np.ndarray":
     the next text is shorter than :data:`BUCKET_RATIO` of the bucket's longest."""
     import numpy as np
 
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i].split()))
-    out = np.zeros((len(texts), 384), dtype=np.float32)
+    from mascot.core.embedding import MINILM_DIM
+
+    words = [len(t.split()) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: -words[i])
+    out = np.zeros((len(texts), MINILM_DIM), dtype=np.float32)
     bucket: list[int] = []
 
     def flush() -> None:
@@ -327,7 +330,7 @@ def embed_by_length(encoder: Any, texts: Sequence[str]) -> "np.ndarray":
 
     for i in order:
         if bucket and (len(bucket) >= BUCKET_SIZE
-                       or len(texts[i].split()) < BUCKET_RATIO * len(texts[bucket[0]].split())):
+                       or words[i] < BUCKET_RATIO * words[bucket[0]]):
             flush()
         bucket.append(i)
     flush()
