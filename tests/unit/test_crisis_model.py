@@ -310,3 +310,22 @@ def test_a_person_who_could_hurt_someone_or_would_jump_is_still_read():
 
     assert [h.rule for h in risk_rules.detect("I could hurt someone tonight")] == ["kill_person"]
     assert risk_rules.detect("I want to go jump off a cliff")
+
+
+def test_packed_embeddings_equal_one_by_one_embeddings():
+    """SentenceEncoder.embed_packed lays texts end to end under a block-diagonal mask: each text, short, long or over
+    the 256-piece limit, gets the embedding it gets alone (cosine 1 to float rounding), in the caller's order, across
+    several rows and passes; bad sizes are refused."""
+    import numpy as np
+
+    enc = cm.shared_encoder()
+    texts = ["I want to go home now.", "ok", "We walked the dog along the river and it rained the whole way back. " * 8,
+             "My week was long and tiring but I am fine.", "x " * 400, "Thank you."]
+    alone = np.vstack([enc.embed([t]) for t in texts])
+    for row_tokens, rows_per_pass in ((512, 8), (256, 1)):  # one pass; one row per pass (the long ones alone)
+        packed = enc.embed_packed(texts, row_tokens=row_tokens, rows_per_pass=rows_per_pass)
+        assert packed.shape == (len(texts), 384)
+        assert np.allclose((packed * alone).sum(1), 1.0, atol=1e-4), (packed * alone).sum(1)
+    assert enc.embed_packed([]).shape == (0, 384)
+    with pytest.raises(ValueError, match="row_tokens must be >= 256"):
+        enc.embed_packed(texts, row_tokens=100)

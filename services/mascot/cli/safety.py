@@ -33,6 +33,10 @@ def train_cmd(
                                      help="Development-set recall the check-in threshold keeps."),
     max_crisis_fp: float = typer.Option(0.005, "--max-crisis-fp", min=0.0, max=0.5,
                                         help="Development-set false-positive rate the crisis threshold allows."),
+    crisis_threshold: float = typer.Option(0.88, "--crisis-threshold", min=0.0, max=1.0,
+                                           help="Crisis threshold to keep (the shipped detector's)."),
+    choose_crisis: bool = typer.Option(False, "--choose-crisis", help="Choose the crisis threshold on the "
+                                                                      "development set with --max-crisis-fp instead."),
 ) -> None:
     """Fit the crisis detector and choose its thresholds on the development set; write it atomically."""
     from mascot.gateway import crisis_model as cm
@@ -40,7 +44,8 @@ def train_cmd(
     target = out or cm.DETECTOR_FILE
     try:
         det = cm.train(cm.load_examples(data or None), cm.load_examples(dev or cm.DEV_FILES), target,
-                       min_recall=min_recall, max_crisis_fp=max_crisis_fp)
+                       min_recall=min_recall, max_crisis_fp=max_crisis_fp,
+                       crisis_threshold=None if choose_crisis else crisis_threshold)
     except ValueError as e:
         console.print(f"[red]cannot train:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None

@@ -243,6 +243,11 @@ _PERSON = (rf"(?:him|her|them|you|someone|somebody|anyone|anybody|people|everyon
            rf"(?:my|his|her|their|our|your|the|that|this)\s+(?:[\w']+\s+)?{_REL}|"
            rf"(?:that|this|the)\s+(?:guy|girl|man|woman|kid|bitch|bastard|asshole|idiot|person|teacher|bully|bullies)|"
            rf"the\s+(?:kids|people|bullies|guys)\s+who)\b")
+#: A first-person present state ("i'm", "i think im", "i feel", "i've been feeling", with a few degree words): past,
+#: negated and third-person states do not match ("I was anorexic", "I'm not suicidal", "my sister is bulimic").
+_I_AM = (r"(?:i\s*['\u2019]?\s*m|i\s+am|i\s+feel|i\s*['\u2019]?\s*(?:ve|m)\s+(?:been\s+)?feeling)\s+"
+         r"(?:(?:so|really|very|pretty|kind\s+of|kinda|a\s+bit|quite|still|getting|becoming|probably|actually|"
+         r"honestly|literally|just)\s+)*")
 _SELF = r"(?:myself|himself|herself|themselves|themself|theirselves)"
 #: Intent or habit before a verb: "want to", "going to", "keep", "thinking about" ...
 _INTENT = (r"(?:want(?:s|ed)?\s+to|going\s+to|plan(?:s|ning|ned)?\s+(?:to|on)|will|'ll|would|'d|could|might|"
@@ -302,6 +307,7 @@ IDIOMS = [re.compile(p) for p in (
 # ---------------------------------------------------------------------------------------------- risk rules
 _RISK: dict[str, list[tuple[str, str]]] = {
     "suicide": [
+        ("i_am_suicidal", rf"\b{_I_AM}suicidal\b"),
         ("suicide_word", r"\bsuicid(?:e|al|ality|es)\b"),
         ("kill_self", rf"\bkill(?:s|ed|ing)?\s+{_SELF}"),
         ("kms", r"\b(?:to|i'll|might|just|should|could|will|gonna)\s+kms\b"),
@@ -400,6 +406,7 @@ _RISK: dict[str, list[tuple[str, str]]] = {
     "eating_disorder": [
         ("ed_word", r"\b(?:anorexi[ac]\w*|bulimi[ac]\w*|eating\s+disorders?|pro[\s-]?(?:ana|mia)|thinspo\w*|"
                     r"meanspo|binge[\s-]eating\s+disorder)\b"),
+        ("i_am_ed", rf"\b{_I_AM}(?:anorexi[ac]|bulimi[ac])\b"),
         ("starve_self", rf"\bstarv(?:e|es|ing|ed)\s+{_SELF}"),
         ("purge", r"\bbinge\w*\s+(?:and|then|&)\s+purg\w*|\b(?:been|keep|kept|started|start|stop(?:ped)?|urge\s+to|"
                   r"need\s+to|have\s+to|want\s+to)\s+purg\w*|\bpurg(?:e|ing|ed)\s+(?:after|again|every|when|what|"
