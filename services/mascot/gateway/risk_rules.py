@@ -289,7 +289,16 @@ IDIOMS = [re.compile(p) for p in (
     r"\bshot\s+my\s+shot\b", r"\bshoot\s+(?:my|your|his|her)\s+shot\b",
     r"\bmurder\s+(?:this|that|the|a|my)\s+(?:pizza|burger|song|cake|workout|karaoke|meal|dinner|food|plate)\b",
     r"\b(?:is|are|was|'s)\s+going\s+to\s+kill\s+me\s+(?:when|if)\b",
-    r"\bchok(?:e|es|ed|ing)\s+up\b", r"\bshot\s+" + _SELF + r"\s+in\s+the\s+foot\b",
+    r"\bchok(?:e|es|ed|ing)\s+up\b", r"\b(?:shot|shoot|shoots|shooting)\s+" + _SELF + r"\s+in\s+the\s+foot\b",
+    # after the fourth held-out set (in-sample there): a relative's or a boss's "will murder me when", "literally
+    # died when", "hang us out to dry", a machine strangled; a partner's threat is not in the list of who says it
+    r"\b(?:mum|mom|mother|mama|dad|father|sister|sis|brother|bro|boss|teacher|coach|nan|gran|grandma|aunt|manager|"
+    r"flatmate|roommate)\s+(?:is|'s|will|'ll|would|'d)\s+(?:literally\s+)?(?:going\s+to\s+|gonna\s+)?"
+    r"(?:kill|murder)\s+me\s+(?:when|if)\b",
+    r"\b(?:literally|nearly|almost)\s+died\s+(?:when|at|laughing|of)\b",
+    r"\bhang\s+(?:us|me|you|him|her|them)\s+out\s+to\s+dry\b",
+    r"\b(?:strangle|murder|kill|throttle)\s+(?:my|the|this|that)\s+(?:printer|laptop|computer|pc|phone|router|wifi|"
+    r"tv|alarm|keyboard|microwave|code)\b",
     r"\bshoot\s+(?:you|him|her|them|me|us)\s+(?:a|an)\s+(?:quick\s+)?(?:text|message|email|mail|note|line|dm|call)\b",
     # emotional hurt is not violence: "I don't want to hurt my mom by moving away", "hurt her feelings"
     r"\b(?:don't|do\s+not|never|didn't|did\s+not|not)\s+(?:want|mean|meant|wanted|trying|try)\s+to\s+hurt\s+"
