@@ -145,10 +145,12 @@ RULE_FLOOR = 0.5
 #: on the development set and the three earlier held-out sets, topic words the model read between half and this share
 #: of its threshold were all look-alikes (a novel, a definition asked for, grief, a past crisis, a helper; 12 check-ins,
 #: no disclosure), while a first-person state ("i think im anerexic") is an act rule that keeps :data:`RULE_FLOOR`.
+#: The abuse topic word is exempt (see :data:`OTHERS_FLOOR`).
 MENTION_FLOOR = 0.7
-#: A rule hit on danger to or from others the model reads below this share of its check-in threshold is dropped
-#: (a social worker's question, an anger long managed, "I'd never hurt my kids": read by the model as no risk at all,
-#: p < 0.09); above it the rule keeps its check-in, as danger from others is the model's weakest kind.
+#: A rule hit on harm to others the model reads below this share of its check-in threshold is dropped (an anger long
+#: managed, "I'd never hurt my kids", "I could have strangled my brother, but we've made up": read by the model as no
+#: risk at all, p < 0.09); above it the rule keeps its check-in. Abuse is never dropped: "i was molestd by my coach"
+#: reads as no risk to the model, and a disclosure of abuse always gets at least a check-in.
 OTHERS_FLOOR = 0.2
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
@@ -178,8 +180,8 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
       the hits on harm to oneself (:data:`SELF_CATEGORIES`) and on topic words (:data:`MENTION_RULES`) are dropped:
       the model reads the same normalised words, and on the development set every such hit was a look-alike (an
       idiom, a mention, a helper, grief, a past crisis or a denial: 25 hits, none on a disclosure; docs/safety.md).
-      A topic-word hit needs ``mention_floor``; rules on danger to or from others (the model's weakest kind) keep a
-      check-in down to ``others_floor``.
+      A topic-word hit needs ``mention_floor`` (abuse excepted); rules on harm to others keep a check-in down to
+      ``others_floor``; rules on abuse keep it at any probability (danger from others is the model's weakest kind).
 
     Args:
         hits: The rules' hits.
@@ -195,8 +197,8 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
     if not model_fires:  # a rule hit the model reads as (almost) no risk
         p = assessment.p_risk
         hits = [h for h in hits if not (p < rule_floor and (h.category in SELF_CATEGORIES or h.rule in MENTION_RULES))
-                and not (p < mention_floor and h.rule in MENTION_RULES)
-                and not (p < others_floor and h.category not in SELF_CATEGORIES)]
+                and not (p < mention_floor and h.rule in MENTION_RULES and h.category != "abuse")
+                and not (p < others_floor and h.category == "harm_to_others")]
     rules = bool(hits)
     if not rules and not model_fires:
         return None
