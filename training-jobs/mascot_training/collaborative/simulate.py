@@ -570,7 +570,7 @@ class RolloutRunner:
             if o.directive is not None:
                 try:
                     check_decision(o.directive, self.roster, recent, choosable, r.history, rules,
-                                   [c.name for c in self.roster])
+                                   [c.name for c in self.roster], r.prefix.context)
                 except DirectiveError as e:
                     o.directive, o.error = None, str(e)
             outs.append(o)
