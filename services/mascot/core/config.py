@@ -159,11 +159,10 @@ class DirectorDecoding(_Section):
     type and these defaults).
 
     The default samples (temperature 0.7, nucleus 0.9, seeded per decision, so a conversation replays the same):
-    greedy decoding let the prompt's likeliest words decide every turn (one Tone in 92% of directives, three personas
-    taking almost every turn), and GRPO needs the rollouts of one prefix to differ, so a director trained on samples
-    and served greedily would be served a policy it was not trained as. The nucleus cuts the tail of unlikely tokens,
-    where a small model's garbled Actions come from. Temperature 0 (greedy) is allowed for serving; phase 2 refuses
-    it.
+    greedy decoding let the prompt's likeliest words decide every turn (one Tone in 92% of directives, whoever spoke),
+    and GRPO needs the rollouts of one prefix to differ, so a director trained on samples and served greedily would be
+    served a policy it was not trained as. The nucleus cuts the tail of unlikely tokens
+    that sampling would otherwise let through. Temperature 0 (greedy) is allowed for serving; phase 2 refuses it.
     """
 
     #: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature). A retry of a greedy director samples at

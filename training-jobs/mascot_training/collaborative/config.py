@@ -126,7 +126,7 @@ class DirectorPolicyConfig(_S):
     #: The serving cap: a directive giving a persona more turns in a row is invalid.
     max_consecutive_turns: int = Field(2, ge=1, le=16)
     #: How the policy's directives are sampled in GRPO and measured: ``serving`` = under serving's grammar for the
-    #: turn (the personas it may pick, an Action opening with a fresh verb, the tone vocabulary) and refused when
+    #: turn (the personas it may pick, an Action opening with a fresh verb, the persona's tone words) and refused when
     #: serving's checks would refuse a first attempt (rest, cap, content), as the served director decides, with the
     #: loss on the tokens the grammar left a choice for; ``free`` = unconstrained, only parsed and capped (a small
     #: model then mostly learns the format). ``serving`` needs the transformers generation backend.
