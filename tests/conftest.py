@@ -21,6 +21,9 @@ os.environ.setdefault("MASCOT_ENGINE__MODEL", "tiny")
 os.environ.setdefault("MASCOT_GUARD__ENABLED", "false")
 os.environ.setdefault("MASCOT_DIRECTOR__CHECK_CONTENT", "false")
 os.environ.setdefault("MASCOT_DIRECTOR__REST_TURNS", "0")
+# The stacks of these tests decode directives greedily, as they were written against; the product default samples
+# (director.decoding), which the tests of the decoding and the real-model dialogue set explicitly.
+os.environ.setdefault("MASCOT_DIRECTOR__DECODING__TEMPERATURE", "0")
 # One torch process with two threads per test session (a second one, e.g. a CLI subprocess, gets one thread).
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 

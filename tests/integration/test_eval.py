@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 import os
 import signal
@@ -322,9 +323,19 @@ async def test_judge_free_run_reports_measures_with_paired_statistics(engine, ti
     assert set(m["systems"]["mascot"]["moves_per_persona"]) == set(m["roster"])
     dist = m["systems"]["mascot"]["distinguishability"]
     assert dist["accuracy"] is None and "needs 2+ personas with 10+ replies" in dist["reason"]
+    # who speaks and in what tone: pooled figures with intervals for every system, in the JSON and the report table
+    team = m["systems"]["mascot"]["team"]
+    assert team["agent_turns"] == sum(s["n"] for s in team["persona_shares"].values()) > 0
+    entropy = team["persona_entropy_bits"]
+    assert 0.0 <= entropy["value"] <= entropy["max"] == round(math.log2(5), 6) and entropy["lo"] is not None
+    assert team["directives"] > 0 and team["tone_top"]["tone"] and team["fallback_share"]["share"] is not None
+    assert "supporter" in m["systems"]["multiagentesc"]["team"]["persona_shares"]  # a speaker outside the roster
+    assert m["systems"]["mascot"]["values"]["moves_per_round"]["n"] == 3
     rows = [json.loads(x) for x in (out / "measures.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {r["system"] for r in rows} == set(systems)
+    assert all("moves_per_round" in r and "round_redundancy" in r for r in rows)
     md = (out / "report.md").read_text()
+    assert "### Who speaks and in what tone" in md and "Moves/round ↑" in md and "Round redundancy ↓" in md
     assert "## Measures without a judge" in md and "Paired differences: MASCOT minus each system" in md
     assert "MASCOT-P" in md and "Agent-specific scores" not in md and "No LLM judge ran" in md
     assert (out / "confusion_mascot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

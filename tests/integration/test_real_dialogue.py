@@ -7,6 +7,7 @@ import pytest
 
 from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
+from mascot.core.config import DirectorDecoding
 from mascot.core.personas import PersonaCatalog
 from mascot.director.directive import tone_words
 from mascot.eval.defects import analyse
@@ -19,7 +20,8 @@ from tests.helpers.rpc import collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PRODUCT = {"guard": {"enabled": True}, "director": {"check_content": True, "rest_turns": 2}}
+PRODUCT = {"guard": {"enabled": True},
+           "director": {"check_content": True, "rest_turns": 2, "decoding": DirectorDecoding().model_dump()}}
 
 
 async def test_real_model_self_play_delivers_no_defect(real_engine, real_model_dir, tmp_path):
@@ -42,10 +44,38 @@ async def test_real_model_self_play_delivers_no_defect(real_engine, real_model_d
     fig = analyse([line], prompts, {i: c.name for i, c in cards.items()})
     assert fig["agent_turns"] >= 2, line
     assert (fig["echoes"], fig["loops"], fig["near_duplicates"], fig["empty"]) == (0, 0, 0, 0), fig["examples"]
-    vocab = set(tone_words(list(cards.values())))  # the Tone under the grammar: words of the vocabulary only
-    tones = [t.directive.tone for t in got.conversation.turns if t.HasField("directive")]
-    assert tones and all(set(re.findall(r"[a-z]+", x.lower())) - {"and"} <= vocab for x in tones), tones
+    # the Tone under the grammar: words of the speaking persona's own vocabulary only
+    tones = [(t.persona_id, t.directive.tone) for t in got.conversation.turns if t.HasField("directive")]
+    assert tones and all(set(re.findall(r"[a-z]+", x.lower())) - {"and"} <= set(tone_words(cards[p]))
+                         for p, x in tones), tones
     words = [w for t in line["turns"][1:] for w in t["text"].split()]
     assert len(words) >= 20 and sum(w.isalpha() for w in words) / len(words) > 0.7  # English words, not noise
     await client.ch.close()
     await stack.stop(0)
+
+
+async def test_greedy_director_gives_each_persona_its_default_tone(real_engine):
+    """Under the grammar of a decision that must pick one persona, the default model decoding greedily writes that
+    persona's default tone: the prompt names it and the grammar offers that persona's words only (with one shared
+    vocabulary it wrote "Gentle and calm" for nearly every persona)."""
+    from mascot.core.config import DirectorConfig
+    from mascot.core.dialogue import HistoryTurn
+    from mascot.core.engine import GenerationRequest, SamplingParams, StructuredOutput
+    from mascot.director.decide import decision_regex
+    from mascot.director.directive import parse_directive
+    from mascot.director.prompts import fit_messages
+
+    roster = PersonaCatalog.load().in_set("support")
+    history = [HistoryTurn("user", "I have been so stressed at work, my boss keeps piling on tasks.")]
+    cfg = DirectorConfig()
+    msgs = fit_messages(roster, history, [], cfg.max_consecutive_turns, [], real_engine.render_chat,
+                        real_engine.count_tokens, real_engine.max_context_tokens - cfg.max_tokens)
+    prompt = real_engine.render_chat(msgs)
+    got = {}
+    for card in roster:
+        regex = decision_regex(roster, [card], history, cfg)
+        result = await real_engine.generate(GenerationRequest(
+            prompt, SamplingParams(max_tokens=cfg.max_tokens, temperature=0.0), structured=StructuredOutput(regex)))
+        d = parse_directive(result.text, roster)
+        got[d.persona_id] = d.tone
+    assert got == {c.id: c.default_tone for c in roster}

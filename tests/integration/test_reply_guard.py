@@ -195,6 +195,35 @@ async def test_degenerate_directives_are_reprompted_with_the_reason(tmp_path):
     await stack.stop(0)
 
 
+async def test_directives_to_someone_else_or_about_absent_people_are_reprompted_with_the_reason(tmp_path):
+    answers = iter([directive_for("The Anchor", "Offer a kind message to the man's family and friends."),
+                    directive_for("The Anchor", "Acknowledge how scared the user's sister must have been."),
+                    directive_for("The Anchor", "Acknowledge how frightening being followed home was.")])
+    prompts = []
+
+    def director(prompt):
+        prompts.append(prompt)
+        return next(answers)
+
+    stack, client, eng, metrics = await guarded_stack(tmp_path, director, lambda p: GOOD[persona_of(p)],
+                                                      dialogue={"agent_turns_per_round": 1})
+    conv = await client.start(persona_ids=ROSTER)
+    events = await client.send(conv.id, "A man followed me home from the store and I was terrified.")
+    turns = [e.turn_completed.turn for e in events if e.HasField("turn_completed")]
+    assert [(t.persona_id, t.directive.action, t.directive.source) for t in turns] == [
+        ("anchor", "Acknowledge how frightening being followed home was.", dpb.DIRECTIVE_SOURCE_RETRY)]
+    assert "speak to the user, not to 'the man's family'" in prompts[1] and "'sister'" in prompts[2]
+    # the refused answers are not shown back, only their reasons
+    assert "Offer a kind message" not in prompts[1] and "scared the user's sister" not in prompts[2]
+    reg = metrics.registry
+    for reason in ("directive_addressee", "directive_person"):
+        assert reg.get_sample_value("mascot_reply_rejections_total", {"component": "director", "persona": "director",
+                                                                      "reason": reason, "action": "reprompt"}) == 1
+    assert (await client.get(conv.id)).director_retries == 2
+    await client.ch.close()
+    await stack.stop(0)
+
+
 async def test_a_supporter_like_simulated_user_is_regenerated(tmp_path):
     n = Counter()
 

@@ -13,7 +13,7 @@ from mascot.core.config import DirectorConfig
 from mascot.core.dialogue import HistoryTurn
 from mascot.core.personas import PersonaCatalog
 from mascot.director.decide import choosable_personas, decision_regex
-from mascot.director.directive import action_verbs, tone_words
+from mascot.director.directive import action_verbs, match_persona, tone_words
 from mascot_training.collaborative.simulate import (
     PolicyDirector,
     Prefix,
@@ -30,7 +30,7 @@ PREFIX = Prefix("sit-1#0", "sit-1", OPENING, "ashamed", 1,
                 [HistoryTurn("user", OPENING),
                  HistoryTurn("agent", "That sounds really frustrating.", "catalyst",
                              "Agent: The Catalyst\nAction: Ask what went wrong on the test.\nTone: Gentle")])
-RULES = DirectorConfig(max_consecutive_turns=2, max_tokens=64, temperature=1.0)
+RULES = DirectorConfig(max_consecutive_turns=2, max_tokens=64, decoding={"temperature": 1.0, "top_p": 1.0})
 SPEAKER_LINE = "Failing a test three times does not make you an idiot."
 
 
@@ -58,7 +58,6 @@ def test_the_real_model_writes_served_directives_under_the_grammar_and_not_free(
     recent, choosable = choosable_personas(ROSTER, PREFIX.history, RULES)
     assert recent == {"catalyst"} and "catalyst" not in {c.id for c in choosable}
     regex = decision_regex(ROSTER, choosable, PREFIX.history, RULES)
-    tones = set(tone_words(ROSTER))
     verbs = action_verbs(PREFIX.history, RULES.fresh_verbs)
     assert "Ask" not in verbs  # the Catalyst's Action opened with it
 
@@ -68,12 +67,13 @@ def test_the_real_model_writes_served_directives_under_the_grammar_and_not_free(
         served.start(r)
     outs = served.policy_decisions(policy, rs, seed=1)
     for o in outs:
-        # the serving grammar held: three lines, a choosable persona, a fresh verb, tone words of the vocabulary
+        # the serving grammar held: three lines, a choosable persona, a fresh verb, tone words of that persona
         assert o.stopped and re.fullmatch(regex, o.text), o.text
-        agent, action, tone = o.text.split("\n")
+        agent, action, tone = o.text.strip("\n").split("\n")
         assert agent.removeprefix("Agent: ") not in ("The Catalyst", "Catalyst")
         assert any(action.startswith(f"Action: {v} ") for v in verbs), action
-        assert set(re.findall(r"[a-z]+", tone.removeprefix("Tone: ").lower())) - {"and"} <= tones, tone
+        own = set(tone_words(CAT.get(match_persona(agent.removeprefix("Agent: "), ROSTER))))
+        assert set(re.findall(r"[a-z]+", tone.removeprefix("Tone: ").lower())) - {"and"} <= own, tone
         # a choice per generated token; at least the persona name, the Action's words and the stop were chosen,
         # and some template token was forced
         assert len(o.choices) == len(o.token_ids) and 0 < sum(o.choices) < len(o.choices)

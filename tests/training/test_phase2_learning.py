@@ -79,7 +79,7 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
         model=str(director_base), personas=[c.id for c in ROSTER],
         phase2={"num_generations": 8, "suffix_agent_turns": 1, "user_speak_prob": 0.0, "eta": 0.0,
                 "min_distinct": 1},
-        director={"max_tokens": 24, "temperature": 1.0},
+        director={"max_tokens": 24, "decoding": {"temperature": 1.0, "top_p": 1.0}},
         director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0,
                        "heldout_samples": 12})
     loop = LoopThread()

@@ -128,6 +128,8 @@ def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_overr
     ({"phase2.eta": float("nan")}, "phase2.eta"),
     ({"phase2.eta": -0.5}, "phase2.eta"),
     ({"max_model_len": 128}, "max_model_len"),
+    ({"director.decoding.temperature": 0.0}, "director.decoding.temperature is 0"),  # GRPO needs samples
+    ({"director.temperature": 1.0}, "director.temperature"),  # the decoding is one setting: director.decoding
 ])
 def test_more_config_mistakes_are_caught_before_work(tmp_path, shared_data, over, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
@@ -204,3 +206,28 @@ def test_cpu_recipe_group_rm_holds_its_longest_possible_block(real_model_dir):
                          cfg["speakers"]["max_tokens"], cfg["user"]["max_tokens"])
     max_length = cfg["phase2"]["group_reward"]["rm"]["max_length"]
     assert check_rm_length(tok, max_length, cards, [block]) <= max_length
+
+
+def test_directives_are_sampled_at_the_serving_decoding_everywhere(tmp_path):
+    """One setting, ``director.decoding``, with serving's default: the serving director of the rollouts, the policy's
+    samples (GRPO and the measures) and TRL's log-probabilities all read it."""
+    from types import SimpleNamespace
+
+    from mascot.core.config import DirectorConfig, DirectorDecoding, MascotConfig
+    from mascot_training.collaborative.config import CollaborativeConfig
+    from mascot_training.collaborative.director_grpo import grpo_args, policy_decider_factory
+    from mascot_training.collaborative.rollouts import serving_director_config
+
+    assert CollaborativeConfig().director.decoding == DirectorConfig().decoding == DirectorDecoding()
+    assert MascotConfig.model_fields["director"].default.decoding == DirectorDecoding()
+    assert DirectorDecoding().temperature > 0  # served sampled, so it can be trained as served
+    cfg = CollaborativeConfig(director={"decoding": {"temperature": 0.5, "top_p": 0.8}})
+    assert serving_director_config(cfg).decoding == DirectorDecoding(temperature=0.5, top_p=0.8)
+    args = grpo_args(cfg, tmp_path)
+    assert (args.temperature, args.top_p) == (0.5, 0.8)
+    tok = SimpleNamespace(eos_token_id=0, pad_token_id=0)
+    model = SimpleNamespace(generation_config=None)
+    trainer = SimpleNamespace(model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    runner = SimpleNamespace(tokenizer=tok, policy_decider=lambda director, seed: director)
+    director = policy_decider_factory(runner, cfg, vllm=False)(trainer, 0)
+    assert (director.temperature, director.top_p) == (0.5, 0.8)

@@ -229,3 +229,120 @@ def test_judge_spread_flags_a_judge_whose_scores_do_not_vary():
     # 19 of 20 the same score: flagged although the std is not zero.
     almost = {("m", "s"): {"j": verdicts([1] * 19 + [5])}}
     assert judge_spread(almost, ["j"])["j"]["informative"] is False
+
+
+def _rounds(*rounds: list[tuple[str, str]], user: str = "I lost my job today and I feel awful.") -> dict:
+    """A transcript of rounds: each a user message then the round's (persona, reply) agent turns."""
+    turns = []
+    for replies in rounds:
+        turns.append({"role": "user", "persona_id": None, "text": user})
+        turns += [{"role": "agent", "persona_id": pid, "text": text} for pid, text in replies]
+    return {"system": "x", "situation_id": "s", "situation": "", "turns": turns}
+
+
+#: Replies whose card moves are known (the detectors of the support cards' required moves, mascot.core.moves).
+HARD = "That sounds so hard."  # feeling_label
+STEP = "Tonight, write down three things you want to ask your manager."  # concrete_step
+HERE = "I'm here with you. Anyone would feel shaken after losing a job."  # presence_language, normalising
+
+
+def test_moves_per_round_counts_the_distinct_moves_of_each_round(mctx):
+    from mascot.core.moves import assess
+
+    user = "I lost my job today and I feel awful."
+    assert [set(assess(mctx.round_moves, t, user).required) for t in (HARD, STEP, HERE)] == [
+        {"feeling_label"}, {"concrete_step"}, {"presence_language", "normalising"}]
+    # a round of three complementary turns (4 moves), one of the same turn three times (1), one of a single turn (2)
+    d = _rounds([("anchor", HARD), ("action_guide", STEP), ("beacon", HERE)],
+                [("anchor", HARD), ("catalyst", HARD), ("beacon", HARD)],
+                [("empathetic_listener", HERE)])
+    v = dialogue_measures(d, mctx, 7)["values"]
+    assert v["moves_per_round"] == pytest.approx((4 + 1 + 2) / 3)
+    # redundancy within rounds: the repeated turn gives 1, the single-turn round none
+    from mascot.eval.automatic import mean_pairwise_cosine
+
+    first = mean_pairwise_cosine(mctx.embed([HARD, STEP, HERE]))
+    assert first < 0.9 and v["round_redundancy"] == pytest.approx((first + 1.0) / 2)
+    # the safety gate's reply and empty replies are not a persona's moves; a dialogue of one-turn rounds has no
+    # round redundancy (the whole-dialogue redundancy pairs turns across rounds)
+    gated = _rounds([("anchor", HERE)], [("catalyst", STEP)], [("beacon", HARD)])
+    gated["turns"][1]["safety"] = True
+    v = dialogue_measures(gated, mctx, 3)["values"]
+    assert v["moves_per_round"] == 1.0 and v["round_redundancy"] is None and v["embedding_redundancy"] is not None
+
+
+def test_round_figures_compare_systems_pair_by_pair(roster, embedder):
+    """Complementary rounds against rounds of one move said three times: more moves per round and less redundancy,
+    both paired differences with intervals that exclude 0."""
+    from mascot.eval.assemble import measures_block
+
+    dialogues = []
+    for k in range(12):
+        for system, replies in (("mascot", [("anchor", HERE), ("action_guide", STEP), ("catalyst", HARD)]),
+                                ("zero-shot", [("anchor", HARD), ("beacon", HARD), ("catalyst", HARD)])):
+            d = _rounds(replies, replies)
+            d.update(system=system, situation_id=f"s{k}", split="negative")
+            dialogues.append(d)
+    opts = SimpleNamespace(systems=["mascot", "zero-shot"], seed=0)
+    block, rows = measures_block(opts, roster, dialogues, embedder, 6, lambda *_: None)
+    assert all("moves_per_round" in r and "round_redundancy" in r for r in rows)
+    values = {s: block["systems"][s]["values"] for s in ("mascot", "zero-shot")}
+    assert values["mascot"]["moves_per_round"]["mean"] == 4.0 and values["zero-shot"]["moves_per_round"]["mean"] == 1.0
+    assert values["zero-shot"]["round_redundancy"]["mean"] == pytest.approx(1.0)
+    moves = block["paired"]["systems"]["zero-shot"]["moves_per_round"]
+    assert moves["mean_diff"] == 3.0 and moves["lo"] == moves["hi"] == 3.0
+    red = block["paired"]["systems"]["zero-shot"]["round_redundancy"]
+    assert red["mean_diff"] < 0 and red["hi"] < 0
+    assert block["better"]["moves_per_round"] == "higher" and block["better"]["round_redundancy"] == "lower"
+    from mascot.eval.report import render_markdown
+
+    md = render_markdown({"mode": "support", "judges": [], "systems": {}, "measures": block})
+    assert "Moves/round ↑" in md and "Round redundancy ↓" in md and "| 4.000 [4.000, 4.000] |" in md
+
+
+def _team_dialogue(speakers: list[str], tones: list[str], sources: list[str], safety: int = -1) -> dict:
+    turns = [{"role": "user", "persona_id": None, "text": "My dog died last week."}]
+    for i, (pid, tone, src) in enumerate(zip(speakers, tones, sources)):
+        turns.append({"role": "agent", "persona_id": pid, "text": "A reply.", "safety": i == safety,
+                      "directive": {"persona_id": pid, "action": "Acknowledge the loss.", "tone": tone,
+                                    "source": src}})
+    return {"turns": turns}
+
+
+def test_team_figures_give_planted_shares_entropy_tone_and_fallback(roster):
+    import math
+
+    from mascot.eval.measures import team_figures
+
+    ids = [c.id for c in roster]
+    tones = ["Calm and empathetic", "calm and  empathetic", "Calm and empathetic", "Warm and upbeat", "Curious"]
+    sources = ["model", "model", "retry", "model", "model"]
+    even = [_team_dialogue(ids, tones, sources if k % 2 else [*sources[:4], "fallback"]) for k in range(10)]
+    # a safety-gate turn (the gate's template, no director's choice) is left out of everything
+    even[0]["turns"].append({"role": "agent", "persona_id": "anchor", "text": "Are you safe?", "safety": True,
+                             "directive": {"tone": "Calm", "source": "safety"}})
+    got = team_figures(even, ids, seed=0)
+    assert got["agent_turns"] == 50 and got["directives"] == 50
+    assert {p: s["share"] for p, s in got["persona_shares"].items()} == dict.fromkeys(ids, 0.2)
+    ent = got["persona_entropy_bits"]
+    assert ent["value"] == ent["lo"] == ent["hi"] == ent["max"] == round(math.log2(5), 6)  # every dialogue even
+    top = got["tone_top"]
+    assert (top["tone"], top["n"], top["share"], top["distinct"]) == ("Calm and empathetic", 30, 0.6, 3)
+    assert top["lo"] == top["hi"] == 0.6
+    fb = got["fallback_share"]
+    assert (fb["n"], fb["share"]) == (5, 0.1) and fb["lo"] < 0.1 < fb["hi"]
+
+    # one persona speaking everywhere: share 1, entropy 0; two speakers in different proportions per dialogue
+    alone = team_figures([_team_dialogue(["anchor"] * 4, ["Calm"] * 4, ["model"] * 4) for _ in range(3)], ids)
+    assert alone["persona_shares"]["anchor"]["share"] == 1.0 and alone["persona_entropy_bits"]["value"] == 0.0
+    assert alone["persona_shares"]["beacon"] == {"n": 0, "share": 0.0, "lo": 0.0, "hi": 0.0}
+    mixed = team_figures([_team_dialogue(["anchor", "beacon", "beacon", "beacon"], ["Calm"] * 4, ["model"] * 4),
+                          _team_dialogue(["anchor", "anchor", "anchor", "beacon"], ["Calm"] * 4, ["model"] * 4)], ids)
+    assert mixed["persona_shares"]["anchor"]["share"] == 0.5 and mixed["persona_entropy_bits"]["value"] == 1.0
+    lo, hi = mixed["persona_shares"]["anchor"]["lo"], mixed["persona_shares"]["anchor"]["hi"]
+    assert lo == 0.25 and hi == 0.75  # resamples of two dialogues: both first, one each, both second
+    one = team_figures(even[:1], ids)
+    assert one["persona_entropy_bits"]["lo"] is None and one["tone_top"]["hi"] is None  # no interval from one
+    empty = team_figures([], ids)
+    assert empty["agent_turns"] == 0 and empty["persona_entropy_bits"]["value"] is None
+    assert empty["tone_top"]["share"] is None and empty["fallback_share"]["share"] is None

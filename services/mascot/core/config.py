@@ -151,6 +151,27 @@ class SelfPlayConfig(_Section):
     user_max_tokens: int = Field(40, ge=1, le=4096)
 
 
+class DirectorDecoding(_Section):
+    """How a directive is sampled: the one setting read wherever directives are sampled. Serving
+    (:func:`mascot.director.decide.decide`), phase 2's rollouts (the policy's directives and the serving director's
+    prefixes and group-reward blocks) and phase 2's measures (first-decision shares, held-out reward) all decode with
+    it, so the director is trained and measured as it is served (the phase 2 config's ``director.decoding`` has this
+    type and these defaults).
+
+    The default samples (temperature 0.7, nucleus 0.9, seeded per decision, so a conversation replays the same):
+    greedy decoding let the prompt's likeliest words decide every turn (one Tone in 92% of directives, whoever spoke),
+    and GRPO needs the rollouts of one prefix to differ, so a director trained on samples and served greedily would be
+    served a policy it was not trained as. The nucleus cuts the tail of unlikely tokens
+    that sampling would otherwise let through. Temperature 0 (greedy) is allowed for serving; phase 2 refuses it.
+    """
+
+    #: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature). A retry of a greedy director samples at
+    #: ``director.retry_temperature``.
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    #: Nucleus mass in (0, 1]; 1 = the whole distribution. Applied after the grammar's mask.
+    top_p: float = Field(0.9, gt=0.0, le=1.0)
+
+
 class DirectorConfig(_Section):
     """Director decoding, retries, fallback and cap."""
 
@@ -158,7 +179,8 @@ class DirectorConfig(_Section):
     max_retries: int = Field(3, ge=0, le=10)
     max_consecutive_turns: int = Field(2, ge=1, le=64)
     max_tokens: int = Field(160, ge=8, le=4096)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    #: Temperature and top-p of every directive (:class:`DirectorDecoding`).
+    decoding: DirectorDecoding = DirectorDecoding()
     max_action_chars: int = Field(120, ge=8, le=400)
     max_tone_chars: int = Field(32, ge=4, le=200)
     max_think_chars: int = Field(0, ge=0, le=20000)
@@ -172,12 +194,12 @@ class DirectorConfig(_Section):
     #: Under ``constrained``: the Action opens with an imperative verb (``mascot.director.directive.ACTION_VERBS``)
     #: other than those of the last ``fresh_verbs`` directives (0 = any verb).
     action_verbs: bool = True
-    #: Under ``constrained``: the Tone's words come from a fixed vocabulary (``mascot.director.directive.TONE_WORDS``
-    #: and the roster's default-tone words) instead of any letters.
+    #: Under ``constrained``: the Tone is made of the chosen persona's words (its card's ``default_tone`` and
+    #: ``tone_words``, :func:`mascot.director.directive.tone_words`) instead of any letters.
     tone_vocabulary: bool = True
     fresh_verbs: int = Field(2, ge=0, le=10)
     min_action_words: int = Field(4, ge=1, le=50)
-    #: Temperature of a re-prompt when ``temperature`` is 0 (a greedy retry of the same prompt changes little).
+    #: Temperature of a re-prompt when ``decoding.temperature`` is 0 (a greedy retry of the same prompt changes little).
     retry_temperature: float = Field(0.7, gt=0.0, le=2.0)
     #: Optional LoRA adapter name (loaded by the engine) used for director decisions.
     adapter: str = ""

@@ -50,7 +50,8 @@ _LABEL_RE = re.compile(r"^\s*[\*#\-\s]*(action|tone|agent|director|directive|ins
 
 #: Reasons a reply or sentence is rejected (the ``reason`` label of ``mascot_reply_rejections_total``).
 REASONS = ("empty", "short", "echo", "loop", "duplicate", "meta", "feeling", "unfinished", "supporter",
-           "directive_name", "directive_voice", "directive_copy", "directive_invalid")
+           "directive_name", "directive_voice", "directive_addressee", "directive_person", "directive_copy",
+           "directive_invalid")
 
 #: Sentences about the text or the task rather than to the person, as SmolLM2-135M writes them in a supporter's place
 #: (read in phase 1 candidates): "Here's a rewritten version of your message:", "Your English is too informal",

@@ -138,7 +138,8 @@ class Metrics:
             "mascot_reply_rejections_total",
             "Replies and directives refused by the reply checks, by who produced them (a persona id, user or "
             "director), the check (empty, short, echo, loop, duplicate, unfinished, supporter, directive_name, "
-            "directive_voice, directive_copy, directive_invalid) and what followed (regenerate, exclude, cut, "
+            "directive_voice, directive_addressee, directive_person, directive_copy, directive_invalid) and what "
+            "followed (regenerate, exclude, cut, "
             "reprompt).",
             ["component", "persona", "reason", "action"], registry=r)
         self.safety_events = Counter(

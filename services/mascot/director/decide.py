@@ -19,7 +19,6 @@ from mascot.director.directive import (
     directive_regex,
     fallback_directive,
     parse_directive,
-    tone_words,
 )
 
 from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
@@ -27,7 +26,7 @@ from mascot.director.prompts import EXAMPLE_ACTION, fit_messages
 MODEL, RETRY, FALLBACK, RANDOM = "model", "retry", "fallback", "random"
 #: Reasons of the content rules (:func:`mascot.director.directive.check_content`): the re-prompt states the reason
 #: without the refused answer.
-CONTENT_REASONS = ("directive_name", "directive_voice", "directive_copy")
+CONTENT_REASONS = ("directive_name", "directive_voice", "directive_addressee", "directive_person", "directive_copy")
 
 
 @dataclass
@@ -88,21 +87,21 @@ def decision_regex(roster: Sequence[PersonaCard], choosable: Sequence[PersonaCar
                    history: Sequence[HistoryTurn], cfg: Any) -> str:
     """The grammar a constrained decision samples under (:func:`~mascot.director.directive.directive_regex`):
     ``Agent`` among ``choosable``, an Action opening with a verb no recent directive opened with (``cfg.action_verbs``),
-    a Tone from the roster's vocabulary (``cfg.tone_vocabulary``), lengths from ``cfg``."""
+    a Tone of the chosen persona's words (``cfg.tone_vocabulary``), lengths from ``cfg``."""
     return directive_regex(
         choosable, max_action_chars=cfg.max_action_chars, max_tone_chars=cfg.max_tone_chars,
         max_think_chars=cfg.max_think_chars,
         verbs=action_verbs(history, cfg.fresh_verbs) if cfg.action_verbs else None,
-        tones=tone_words(roster) if getattr(cfg, "tone_vocabulary", True) else ())
+        persona_tones=getattr(cfg, "tone_vocabulary", True))
 
 
 def check_decision(parsed: ParsedDirective, roster: Sequence[PersonaCard], recent: set[str],
                    choosable: Sequence[PersonaCard], history: Sequence[HistoryTurn], cfg: Any,
-                   names: Sequence[str]) -> None:
+                   names: Sequence[str], context: Sequence[tuple[str, str]] = ()) -> None:
     """The rules a parsed directive must pass to be served: the consecutive-turn cap, a rest for the ``recent``
     personas (while another is ``choosable``) and, with ``cfg.check_content``, the content rules
-    (:func:`~mascot.director.directive.check_content` against every name in ``names``, the prompt's example and the
-    cards' goals).
+    (:func:`~mascot.director.directive.check_content` against every name in ``names``, the prompt's example, the
+    cards' goals, and the people of ``history`` and the seed ``context``).
 
     Raises:
         DirectiveError: the first rule broken, with its reason.
@@ -111,7 +110,8 @@ def check_decision(parsed: ParsedDirective, roster: Sequence[PersonaCard], recen
     if parsed.persona_id in recent and len(choosable) < len(roster):
         raise DirectiveError(f"{parsed.persona_id} spoke in the last {len(recent)} agent turns; pick another agent")
     if cfg.check_content:
-        check_content(parsed, names, history, (EXAMPLE_ACTION, *(c.goal for c in roster)), cfg.min_action_words)
+        check_content(parsed, names, history, (EXAMPLE_ACTION, *(c.goal for c in roster)), cfg.min_action_words,
+                      context=context)
 
 
 async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[HistoryTurn],
@@ -126,7 +126,8 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         context: Seed context lines.
         cfg: :class:`~mascot.core.config.DirectorConfig` (constrained, max_retries, max_consecutive_turns, ...).
         adapter: Director LoRA adapter name, or None.
-        seed: Sampling seed (used when ``cfg.temperature > 0``; a retry samples at ``cfg.retry_temperature``).
+        seed: Sampling seed (used when ``cfg.decoding.temperature > 0``; a retry of a greedy director samples at
+            ``cfg.retry_temperature``).
         exclude: Persona ids that may not be chosen (their reply was refused for this turn); the prompt lists and
             the grammar allows only the others. Personas of the last ``cfg.rest_turns`` agent turns and those at
             the consecutive-turn cap are left out of the grammar too (while another persona remains).
@@ -165,8 +166,9 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         msgs = fit_messages(roster, shown, context, cfg.max_consecutive_turns, failed, engine.render_chat,
                             engine.count_tokens, engine.max_context_tokens - cfg.max_tokens, all_names)
         # a retry must change something that takes effect: at temperature 0 it samples at retry_temperature
-        temp = cfg.temperature if attempt == 0 or cfg.temperature > 0 else cfg.retry_temperature
-        sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp,
+        dec = cfg.decoding
+        temp = dec.temperature if attempt == 0 or dec.temperature > 0 else cfg.retry_temperature
+        sp = SamplingParams(max_tokens=cfg.max_tokens, temperature=temp, top_p=dec.top_p,
                             seed=None if seed is None else seed + attempt)
         result = await engine.generate(GenerationRequest(engine.render_chat(msgs), sp, adapter=adapter,
                                                          structured=structured))
@@ -176,7 +178,7 @@ async def decide(engine: Any, roster: Sequence[PersonaCard], history: Sequence[H
         try:
             parsed = parse_directive(text, roster)
             decision.model_choice = parsed.persona_id
-            check_decision(parsed, roster, recent, choosable, history, cfg, list(all_names.values()))
+            check_decision(parsed, roster, recent, choosable, history, cfg, list(all_names.values()), context)
         except DirectiveError as e:
             decision.parse_errors.append(str(e))
             decision.rejection_reasons.append(e.reason)

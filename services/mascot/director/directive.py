@@ -31,7 +31,9 @@ class DirectiveError(ValueError):
     Attributes:
         reason: ``directive_invalid`` (format, unknown agent, cap), ``directive_name`` (Action or Tone is only a
             helper's name, or too short), ``directive_voice`` (Action speaks to the person in the first person
-            instead of instructing a helper) or ``directive_copy`` (Action repeats an earlier one or the example).
+            instead of instructing a helper), ``directive_addressee`` (Action has the helper speak to someone other
+            than the user), ``directive_person`` (Action names someone the conversation does not mention) or
+            ``directive_copy`` (Action repeats an earlier one or the example).
     """
 
     def __init__(self, message: str, reason: str = "directive_invalid") -> None:
@@ -58,17 +60,216 @@ def earlier_actions(history: Sequence[HistoryTurn]) -> list[str]:
 FIRST_PERSON = frozenset({"i", "i'm", "im", "i've", "i'll", "i'd", "me", "my", "mine", "myself"})
 
 
+#: How directives name the one the helpers talk with ("Ask the user what ...", "the person's fear").
+USER_WORDS = frozenset({"user", "person"})
+#: Words naming a person the conversation may speak of, by kind: a word of a kind counts as mentioned when any word of
+#: that kind is ("your partner" after "my husband", "the child" after "my son"). Plurals and possessives are reduced
+#: to these ("parents'", "kids").
+PEOPLE_KINDS: dict[str, str] = {
+    **dict.fromkeys(("mother", "mom", "mum", "mommy", "mummy", "mama", "father", "dad", "daddy", "papa", "parent",
+                     "stepmother", "stepfather", "stepmom", "stepdad"), "parent"),
+    **dict.fromkeys(("child", "children", "kid", "son", "daughter", "baby", "toddler", "teenager", "stepson",
+                     "stepdaughter"), "child"),
+    **dict.fromkeys(("husband", "wife", "partner", "spouse", "boyfriend", "girlfriend", "fiance", "fiancee"),
+                    "partner"),
+    **dict.fromkeys(("brother", "sister", "sibling"), "sibling"),
+    **dict.fromkeys(("grandmother", "grandma", "granny", "grandfather", "grandpa", "grandparent"), "grandparent"),
+    **dict.fromkeys(("uncle", "aunt", "cousin", "niece", "nephew", "relative", "stepbrother", "stepsister"),
+                    "relative"),
+    **dict.fromkeys(("friend", "bestie", "buddy", "pal"), "friend"),
+    **dict.fromkeys(("boss", "manager", "supervisor", "employer"), "boss"),
+    **dict.fromkeys(("colleague", "coworker", "co-worker", "teammate"), "colleague"),
+    **dict.fromkeys(("teacher", "professor", "tutor", "coach", "classmate", "student"), "school"),
+    **dict.fromkeys(("neighbour", "neighbor"), "neighbour"),
+    **dict.fromkeys(("doctor", "therapist", "counsellor", "counselor", "nurse"), "carer"),
+    **dict.fromkeys(("roommate", "flatmate", "housemate", "landlord"), "housemate"),
+    "ex": "ex",
+}
+#: Words for people in general or a group: someone other than the user when addressed ("Share it with others"), but
+#: too vague to count as naming a person the conversation lacks.
+OTHER_PEOPLE = frozenset({"him", "her", "himself", "herself", "themselves", "yourself", "yourselves", "others",
+                          "everyone", "everybody", "someone", "somebody", "anyone", "anybody", "people", "family",
+                          "team", "group", "relatives"})
+#: Pronouns that are a whole addressee ("tell them it will pass": "them", not "them it will pass").
+_PRONOUNS = frozenset({"them", "him", "her", "you", "us", "himself", "herself", "themselves", "yourself", "yourselves",
+                       "others", "everyone", "everybody", "someone", "somebody", "anyone", "anybody"})
+#: Verbs whose object is who the helper speaks to ("Ask the user ...", "Tell the child's parents ...").
+ADDRESS_VERBS = frozenset({"ask", "tell", "remind", "invite", "encourage", "urge", "reassure", "thank", "praise",
+                           "advise", "warn", "comfort", "console", "congratulate", "compliment", "assure", "contact",
+                           "call", "text", "email", "message", "greet"})
+#: Verbs whose "to"/"with" phrase is who the helper speaks to ("Offer a kind message to the child's parents",
+#: "Reach out to her sister", "Share it with others").
+TO_VERBS = frozenset({"offer", "give", "send", "say", "write", "share", "explain", "suggest", "pass", "deliver",
+                      "extend", "express", "show", "recommend", "read", "convey", "bring", "address", "direct",
+                      "present", "describe", "reach", "speak", "talk", "reply", "respond", "apologise", "apologize",
+                      "turn"})
+#: Words that may come between a clause's start and its verb ("and gently ask", ", then tell").
+_ADVERBS = frozenset({"gently", "directly", "kindly", "softly", "carefully", "warmly", "calmly", "briefly", "also",
+                      "then", "now", "first", "next", "finally", "just", "simply", "clearly", "quietly"})
+_CLAUSE_START = frozenset({",", ";", ":", "and", "then", "or", "but"})
+#: Words that end the noun phrase of an addressee ("the user *who* ...", "them *to* ...").
+_PHRASE_END = frozenset({",", ";", ":", "who", "whom", "which", "that", "what", "how", "why", "when", "where",
+                         "whether", "if", "to", "about", "for", "of", "with", "and", "or", "in", "on", "at", "by",
+                         "from", "so", "as", "because", "than", "into", "is", "are", "was", "were", "has", "have",
+                         "had"})
+_DETERMINERS = frozenset({"the", "a", "an", "his", "her", "their", "your", "my", "our", "its", "this", "that", "these",
+                          "those", "some", "any", "all", "every", "each", "them", "him", "us", "you"})
+#: Subjects of a clause of the user's own ("suggest they speak to ...", "how you've helped someone with ...").
+_SUBJECTS = frozenset({"they", "you", "he", "she", "we", "they're", "you're", "he's", "she's", "we're", "they've",
+                       "you've", "we've", "they'd", "you'd", "they'll", "you'll"})
+_TOKEN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9'’-]*[A-Za-z0-9])?|[,;:]")
+
+
+def _people_word(token: str) -> str | None:
+    """The kind (:data:`PEOPLE_KINDS`) of a lower-case token, its plural or possessive ("parents'", "kids",
+    "sister's"), or None."""
+    t = token.replace("’", "'").removesuffix("'s").removesuffix("'")
+    for form in (t, t[:-1] if t.endswith("s") else "", t[:-2] if t.endswith("es") else ""):
+        if form in PEOPLE_KINDS:
+            return PEOPLE_KINDS[form]
+    return None
+
+
+def _addressee(phrase: Sequence[str], raw: Sequence[str], user_before: bool) -> str | None:
+    """Who a noun phrase addresses, when it is not the user: the phrase (as written) for a person or group other
+    than the user (its last person word decides: "the user's parents" is the parents), an ambiguous "them" with no
+    mention of the user before it in the Action, or a name; None for the user or no person at all ("a story")."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    head = None
+    for i, (t, r) in enumerate(zip(phrase, raw)):
+        bare = t.removesuffix("'s").removesuffix("'")
+        loved_ones = t == "loved" and i + 1 < len(phrase) and phrase[i + 1] in ("one", "ones")
+        if bare in USER_WORDS:
+            head = "user"
+        elif _people_word(t) or bare in OTHER_PEOPLE or loved_ones or (t == "them" and not user_before):
+            head = "other"
+        elif r[:1].isupper() and t not in _DETERMINERS and t not in ENGLISH_STOP_WORDS:
+            head = "other"  # a name ("Tell Maria ...")
+    return " ".join(raw) if head == "other" else None
+
+
+def _phrase(tokens: Sequence[str], start: int, limit: int = 6) -> tuple[int, int]:
+    """``(start, end)`` of the noun phrase at ``start`` (up to :data:`_PHRASE_END` or ``limit`` tokens; a pronoun
+    alone, "her" with the person word after it: "tell them it will pass", "ask her sister")."""
+    first = tokens[start] if start < len(tokens) else ""
+    if first in _PRONOUNS:
+        nxt = tokens[start + 1] if start + 1 < len(tokens) else ""
+        return start, start + (2 if first == "her" and _people_word(nxt) else 1)
+    end = start
+    while end < len(tokens) and end - start < limit and tokens[end] not in _PHRASE_END:
+        end += 1
+    return start, end
+
+
+def wrong_addressee(action: str) -> str | None:
+    """Whom the Action has the helper speak to, when that is someone other than the user, or None.
+
+    An imperative verb (at the start of the Action or of a clause after ",", ";", "and", "then", an adverb such as
+    "gently" allowed between) of :data:`ADDRESS_VERBS` takes its object as the addressee; one of :data:`TO_VERBS`
+    the phrase after its first "to" or "with" when that phrase starts with a determiner, a pronoun or a person word
+    ("Offer a kind word to the child's parents", not "Suggest a way to talk to their sister", whose "to" opens a
+    step for the user). The addressee is someone else when its last person word names another person or group
+    (:data:`PEOPLE_KINDS`, :data:`OTHER_PEOPLE`, a capitalised name), or it is "them" and the Action has not named
+    the user before it (among several helpers "them" may be the others). Verbs after "to" or a subject ("Encourage
+    the user to ask their sister", "suggest they call a friend") are the user's steps, not an address.
+
+    "and" after such an infinitive joins the user's steps ("Encourage the user to reflect and share it with
+    others").
+
+    Returns:
+        The addressee as written ("the child's parents", "them"), or None when the Action speaks to the user or to
+        no one.
+    """
+    raw = _TOKEN_RE.findall(action)
+    tokens = [t.lower().replace("’", "'") for t in raw]
+    clause_start, infinitive = True, False
+    for i, t in enumerate(tokens):
+        if t in (",", ";", ":"):
+            clause_start, infinitive = True, False
+            continue
+        if t in _CLAUSE_START:
+            # "Encourage the user to reflect and share them with others": after an infinitive, "and" joins the
+            # user's steps, it opens no instruction of the helper's
+            clause_start = not infinitive
+            continue
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if t == "to" and nxt not in _DETERMINERS and nxt not in OTHER_PEOPLE and nxt not in USER_WORDS:
+            infinitive = True
+        if clause_start and t in _ADVERBS:
+            continue
+        imperative, clause_start = clause_start, False
+        if not imperative:
+            continue
+        user_before = any(x.removesuffix("'s") in USER_WORDS for x in tokens[:i])
+        if t in ADDRESS_VERBS:
+            a, b = _phrase(tokens, i + 1)
+            who = _addressee(tokens[a:b], raw[a:b], user_before)
+            if who:
+                return who
+        if t in TO_VERBS:
+            for j in range(i + 1, len(tokens)):
+                nxt = tokens[j + 1] if j + 1 < len(tokens) else ""
+                # a new clause: punctuation, "and"/"then" before a verb, or a subject ("suggest they speak to ...")
+                if tokens[j] in (",", ";", ":") or tokens[j] in _SUBJECTS or (
+                        tokens[j] in _CLAUSE_START and (nxt in _VERBS or nxt in _ADVERBS)):
+                    break
+                if tokens[j] in ("to", "with"):
+                    if nxt in _DETERMINERS or nxt in OTHER_PEOPLE or nxt in USER_WORDS or _people_word(nxt) \
+                            or raw[min(j + 1, len(raw) - 1)][:1].isupper():
+                        a, b = _phrase(tokens, j + 1)
+                        who = _addressee(tokens[a:b], raw[a:b], user_before)
+                        if who:
+                            return who
+                    break
+    return None
+
+
+def people_not_mentioned(action: str, conversation: Sequence[str]) -> list[str]:
+    """The people the Action names that ``conversation`` (its texts) does not mention, as written, in order.
+
+    A person word (:data:`PEOPLE_KINDS`) counts as mentioned when a word of its kind occurs in the conversation ("the
+    child's parents" after "my friend has a child" names the parents, who are not mentioned); a capitalised word after
+    "to", "with", "about" or one of :data:`ADDRESS_VERBS`, or before "'s", is a name and counts when it occurs (any
+    case). Words for people in general (:data:`OTHER_PEOPLE`, "the user") are never counted.
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    seen_kinds, seen_words = set(), set()
+    for text in conversation:
+        for w in _TOKEN_RE.findall(text):
+            w = w.lower().replace("’", "'")
+            seen_words.add(w.removesuffix("'s"))
+            if (k := _people_word(w)) is not None:
+                seen_kinds.add(k)
+    raw = _TOKEN_RE.findall(action)
+    out = []
+    for i, r in enumerate(raw):
+        t = r.lower().replace("’", "'")
+        k = _people_word(t)
+        if k is not None and k not in seen_kinds:
+            out.append(r)
+        before = raw[i - 1].lower() if i else ""
+        named = i > 0 and r[:1].isupper() and t.removesuffix("'s") not in ENGLISH_STOP_WORDS and (
+            before in ("to", "with", "about") or before in ADDRESS_VERBS or t.endswith("'s"))
+        if k is None and named and t.removesuffix("'s") not in seen_words:
+            out.append(r)
+    return list(dict.fromkeys(out))
+
+
 def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequence[HistoryTurn],
                   forbidden_copies: Sequence[str] = (), min_action_words: int = 4,
-                  copy_jaccard: float = 0.8) -> None:
+                  copy_jaccard: float = 0.8, context: Sequence[tuple[str, str]] = ()) -> None:
     """The content rules: Action has ``min_action_words``+ words that are not a helper's name and none of
-    :data:`FIRST_PERSON`, Tone is not a helper's name, and Action is no copy (character 5-gram Jaccard >=
-    ``copy_jaccard``, :func:`mascot.core.guard.jaccard`) of an earlier directive's Action or of ``forbidden_copies``
-    (the prompt's example).
+    :data:`FIRST_PERSON`, Tone is not a helper's name, the Action has the helper speak to the user
+    (:func:`wrong_addressee`) and names nobody the conversation (``context`` texts and ``history`` turns) does not
+    mention (:func:`people_not_mentioned`), and Action is no copy (character 5-gram Jaccard >= ``copy_jaccard``,
+    :func:`mascot.core.guard.jaccard`) of an earlier directive's Action or of ``forbidden_copies`` (the prompt's
+    example).
 
     Raises:
-        DirectiveError: with reason ``directive_name``, ``directive_voice`` or ``directive_copy`` and a message for
-            the retry prompt.
+        DirectiveError: with reason ``directive_name``, ``directive_voice``, ``directive_addressee``,
+            ``directive_person`` or ``directive_copy`` and a message for the retry prompt.
     """
     from mascot.core.guard import char_ngrams, jaccard, words
 
@@ -90,6 +291,14 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     if not [w for w in tone.split() if w not in {"the", "agent", "helper", "and"}]:
         raise DirectiveError("the Tone must describe a tone (e.g. 'Warm and calm'), not name a helper",
                              "directive_name")
+    who = wrong_addressee(d.action)
+    if who:
+        raise DirectiveError(f"the Action must have the helper speak to the user, not to '{who}' (name the user: "
+                             "e.g. 'Ask the user what ...')", "directive_addressee")
+    missing = people_not_mentioned(d.action, [c for _, c in context] + [t.text for t in history])
+    if missing:
+        raise DirectiveError(f"the Action names {', '.join(repr(m) for m in missing)}, whom the conversation does not "
+                             "mention; speak of the user and of the people they mentioned", "directive_person")
     grams = char_ngrams(d.action)
     for earlier in [*earlier_actions(history), *forbidden_copies]:
         if jaccard(grams, char_ngrams(earlier)) >= copy_jaccard:
@@ -185,6 +394,8 @@ def fallback_directive(card: PersonaCard) -> ParsedDirective:
 ACTION_VERBS = ("Acknowledge", "Ask", "Reflect", "Name", "Validate", "Reassure", "Suggest", "Offer", "Encourage",
                 "Explore", "Celebrate", "Point out", "Normalise", "Praise", "Remind", "Share", "Gently ask",
                 "Recognise")
+#: Verbs that open a new clause after "and" or "then".
+_VERBS = ADDRESS_VERBS | TO_VERBS | frozenset(v.split()[-1].lower() for v in ACTION_VERBS)
 
 
 def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
@@ -194,41 +405,47 @@ def action_verbs(history: Sequence[HistoryTurn], recent: int = 2) -> list[str]:
     return verbs or list(ACTION_VERBS)
 
 
-#: Tone words a constrained directive may use (with the roster's default-tone words, :func:`tone_words`). Letters
-#: alone let SmolLM2-135M spell new words ("Gentle and uncertain, Amentaeclanteflo"), which then reached the speaker's
-#: prompt and the next directives.
-TONE_WORDS = ("gentle", "calm", "warm", "kind", "soft", "steady", "patient", "attentive", "empathetic", "caring",
-              "tender", "thoughtful", "curious", "open", "honest", "sincere", "respectful", "supportive",
-              "reassuring", "encouraging", "hopeful", "positive", "upbeat", "cheerful", "bright", "playful", "light",
-              "friendly", "relaxed", "quiet", "serious", "grounded", "practical", "clear", "direct", "firm",
-              "confident", "concise", "neutral", "precise", "constructive", "organised", "compassionate", "lively")
+def tone_words(card: PersonaCard) -> list[str]:
+    """The words a Tone for ``card`` is made of under the grammar (:func:`tone_regex`): the words of its
+    ``default_tone`` (lower-case letters, "and" left out), then its ``tone_words``, without repeats. A persona's own
+    words only: with one vocabulary for every persona (about forty adjectives), the default model gave "Gentle and
+    calm" to 92% of directives, whoever spoke, and a "Gentle and calm" Catalyst or Action Guide is pulled off its
+    card."""
+    own = [w for w in re.findall(r"[a-z]+", card.default_tone.lower()) if w != "and"]
+    return list(dict.fromkeys([*own, *card.tone_words]))
 
 
-def tone_words(roster: Sequence[PersonaCard] = ()) -> list[str]:
-    """:data:`TONE_WORDS` and the words of the roster's default tones (lower-case, letters only, in that order, no
-    repeats; "and" left out), the vocabulary of :func:`tone_regex`."""
-    extra = [w for c in roster for w in re.findall(r"[a-z]+", c.default_tone.lower()) if w != "and"]
-    return list(dict.fromkeys([*TONE_WORDS, *extra]))
+def tone_regex(max_chars: int, vocabulary: Sequence[str] = (), default: str = "") -> str:
+    """A Tone under the grammar. With ``vocabulary`` (lower-case words; :func:`tone_words`): one word, or two different
+    words joined by " and " or ", " ("Calm and steady", "Warm, hopeful"), the first capitalised, every word of the
+    vocabulary (those longer than ``max_chars`` left out); ``default`` (the persona's default tone), when those words
+    cannot spell it, is one more alternative as written. Without ``vocabulary``: one to four words, each a letter and
+    then lower-case letters, at most ``min(16, max_chars)`` characters. Free text let a small model run on ("Gentle and
+    calm, no more than 2-"), a free third word let it repeat one ("Calm and empathetic, empathetic").
 
-
-def tone_regex(max_chars: int, vocabulary: Sequence[str] = ()) -> str:
-    """A Tone under the grammar: one to three words joined by " and " or ", " ("Gentle and calm", "Warm, curious"),
-    the first capitalised. With ``vocabulary`` (lower-case words; :func:`tone_words`) every word is one of them (those
-    longer than ``max_chars`` left out); without it, a word is a letter and then lower-case letters, at most
-    ``min(16, max_chars)`` characters. Free text let a small model run on ("Gentle and calm, no more than 2-").
+    The words are listed alphabetically, and their order decides nothing: the grammar only masks the tokens that
+    cannot continue a Tone, and the model's logits choose among the rest (greedy decoding takes the most likely allowed
+    token at each step). Which Tone a greedy director writes therefore comes from the prompt, which names each helper's
+    default tone (:func:`mascot.director.prompts.roster_block`), and from this vocabulary, which holds only the chosen
+    persona's words.
 
     Raises:
         ValueError: ``vocabulary`` holds no word of at most ``max_chars`` characters.
     """
-    if vocabulary:
-        kept = sorted({w for w in vocabulary if w.isalpha() and len(w) <= max_chars}, key=lambda w: (-len(w), w))
-        if not kept:
-            raise ValueError(f"no tone word fits director.max_tone_chars={max_chars}")
-        first = "(" + "|".join(w[0].upper() + w[1:] for w in kept) + ")"
-        word = "(" + "|".join(kept) + ")"
-        return rf"{first}(( and |, ){word}){{0,2}}"
-    w = rf"[A-Za-z][a-z]{{0,{max(0, min(16, max_chars) - 1)}}}"
-    return rf"{w}(,? {w}){{0,3}}"
+    if not vocabulary:
+        w = rf"[A-Za-z][a-z]{{0,{max(0, min(16, max_chars) - 1)}}}"
+        return rf"{w}(,? {w}){{0,3}}"
+    kept = sorted({w for w in vocabulary if w.isalpha() and len(w) <= max_chars})
+    if not kept:
+        raise ValueError(f"no tone word fits director.max_tone_chars={max_chars}")
+    # one alternative per first word, its second word any other (a repeated word is what a greedy model wrote)
+    phrases = [w[0].upper() + w[1:] + ("(( and |, )(" + "|".join(x for x in kept if x != w) + "))?"
+                                       if len(kept) > 1 else "") for w in kept]
+    alternatives = "|".join(phrases)
+    if default.strip() and not re.fullmatch(alternatives, default.strip()):
+        alternatives += "|" + regex_escape(default.strip())
+    return f"({alternatives})"
+
 
 #: Characters an Action must have after its verb under the grammar ("a solution" is too short to be an instruction).
 ACTION_MIN_CHARS = 16
@@ -236,19 +453,24 @@ ACTION_MIN_CHARS = 16
 
 def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max_tone_chars: int,
                     max_think_chars: int = 0, verbs: Sequence[str] | None = None,
-                    tones: Sequence[str] = ()) -> str:
+                    persona_tones: bool = False) -> str:
     """Regex for constrained decoding: exactly the three lines, ``Agent:`` restricted to the roster names.
 
     An optional ``<think>`` block of at most ``max_think_chars`` characters may come first (0 disables it). With
     ``verbs`` the Action opens with one of them and is one sentence (then a space and at least
     :data:`ACTION_MIN_CHARS` more characters, no sentence end but an optional last one), so a small model can neither
     run on into a second sentence nor stop at a bare "Offer a solution." that the content rules refuse. With
-    ``tones`` the Tone's words come from that vocabulary (:func:`tone_regex`).
+    ``persona_tones`` the regex branches on the persona the ``Agent`` line names (it comes first), and the Tone is
+    made of that persona's words (:func:`tone_words`, :func:`tone_regex` with its default tone); without it the Tone
+    is any one to four short words. A newline may end the answer: a greedy model that wanted to end the line after
+    a complete Tone otherwise took the likeliest continuation the grammar still allowed (", empathetic").
+
+    Raises:
+        ValueError: ``persona_tones`` and a persona has no tone word of at most ``max_tone_chars`` characters.
     """
     # Every name with or without a leading "The " (match_persona accepts both): with the names as written ("The Anchor",
     # "The Catalyst", "The Beacon", "Empathetic Listener", "Action Guide") a model's likely first token "The" would
     # leave only the "The" personas reachable, and constrained decoding would never pick the other two.
-    names = "|".join(sorted({regex_escape(_bare(c.name)) for c in roster}))
     head = rf"(<think>[^<]{{0,{max_think_chars}}}</think>\n)?" if max_think_chars > 0 else ""
     if verbs:  # one sentence: no sentence end inside, an optional one at the end
         opening = "(" + "|".join(regex_escape(v) for v in verbs) + ")"
@@ -256,5 +478,10 @@ def directive_regex(roster: Sequence[PersonaCard], *, max_action_chars: int, max
         action = rf"{opening} [^\n<\t .!?][^\n<.!?]{{{ACTION_MIN_CHARS - 1},{longest}}}[.!?]?"
     else:
         action = rf"[^\n<\t ][^\n<]{{0,{max_action_chars - 1}}}"
-    return (rf"{head}Agent: (The )?({names})\nAction: {action}\n"
-            rf"Tone: {tone_regex(max_tone_chars, tones)}")
+    if not persona_tones:
+        names = "|".join(sorted({regex_escape(_bare(c.name)) for c in roster}))
+        return rf"{head}Agent: (The )?({names})\nAction: {action}\nTone: {tone_regex(max_tone_chars)}\n?"
+    branches = [rf"(The )?{regex_escape(_bare(c.name))}\nAction: {action}\n"
+                rf"Tone: {tone_regex(max_tone_chars, tone_words(c), c.default_tone)}"
+                for c in sorted(roster, key=lambda c: _bare(c.name))]
+    return rf"{head}Agent: ({'|'.join(branches)})\n?"

@@ -24,12 +24,12 @@ Helpers:
 Answer with exactly three lines and nothing else:
 Agent: <the name of one helper>
 Action: <one sentence telling that helper what to do now about what was just said>
-Tone: <two or three words>
+Tone: <that helper's tone, in two or three words>
 
 Example, after the person said "My dog died last week and the house feels so empty.":
 Agent: {example_agent}
 Action: Acknowledge how empty the house feels without the dog and stay with that sadness.
-Tone: Gentle and calm
+Tone: {example_tone}
 
 Rules:
 - The Action names something from the conversation; it is never just a helper's name.
@@ -41,8 +41,9 @@ RETRY_TEMPLATE = ("Your answer was invalid: {error}. Answer again with exactly t
 
 
 def roster_block(roster: Sequence[PersonaCard]) -> str:
-    """One line per persona: ``- Name (Role): goal``."""
-    return "\n".join(f"- {c.name} ({c.role}): {c.goal}" for c in roster)
+    """One line per persona: ``- Name (Role): goal Tone: default tone.`` (the Tone a directive gives that persona
+    unless the turn calls for another of its tone words)."""
+    return "\n".join(f"- {c.name} ({c.role}): {c.goal} Tone: {c.default_tone.strip().rstrip('.')}." for c in roster)
 
 
 def speaker_tag(turn: HistoryTurn, names: dict[str, str]) -> str:
@@ -100,6 +101,7 @@ def build_messages(roster: Sequence[PersonaCard], history: Sequence[HistoryTurn]
     names.update(dict(all_names or {}))
     msgs = [{"role": "system", "content": SYSTEM_TEMPLATE.format(roster=roster_block(roster),
                                                                   example_agent=roster[0].name,
+                                                                  example_tone=roster[0].default_tone,
                                                                   max_consecutive=max_consecutive)}]
     chunk: list[tuple[str, str]] = []
     first = True

@@ -105,7 +105,8 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
                    progress: Callable[[str, int, int], None],
                    extra_cards: list | None = None) -> tuple[dict, list[dict]]:
     """The judge-free measures (:mod:`mascot.eval.measures`): per system a mean with a 95% bootstrap interval for
-    every measure and the identifiability breakdown, and the paired comparisons of ``mascot`` (or the first system)
+    every measure, the identifiability breakdown, who speaks and in what tone (``team``,
+    :func:`mascot.eval.measures.team_figures`), and the paired comparisons of ``mascot`` (or the first system)
     against every other system over the situations both ran. Also returns the per-dialogue values (one row per
     dialogue, for ``measures.jsonl``). ``extra_cards``: speakers outside the roster (the baselines' supporter), whose
     prompts count as echo sources too. The few-shot examples of the prompting baselines are an echo source for every
@@ -113,7 +114,8 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
     rows written out are rounded."""
     from mascot.core.embedding import IDENTITY_FIELDS
     from mascot.eval.defects import echo_sources
-    from mascot.eval.measures import DEFINITIONS, MEASURES, MeasureContext, dialogue_measures, identification_summary
+    from mascot.eval.measures import (DEFINITIONS, MEASURES, MeasureContext, dialogue_measures,
+                                      identification_summary, team_figures)
     from mascot.eval.stats import LEVEL, N_RESAMPLES, bootstrap_mean, paired_difference
 
     from mascot.eval.baselines import FEW_SHOT
@@ -141,6 +143,8 @@ def measures_block(opts: Any, roster: list, dialogues: list[dict], embedder: Any
                       "values": {k: bootstrap_mean([r[k] for r in mine if r[k] is not None], seed=opts.seed)
                                  for k in MEASURES},
                       "identification": identification_summary(identified[s], mctx.card_ids),
+                      "team": team_figures([d for i in ids for d in dialogues
+                                            if d["system"] == s and d["situation_id"] == i], mctx.card_ids, opts.seed),
                       **persona_moves(moved[s], mctx.card_ids, opts.seed)}
     def paired_against(reference: str) -> dict:
         paired: dict = {}

@@ -23,6 +23,12 @@ Measures (``better``: which direction is good):
 * ``self_bleu`` (lower) and ``embedding_redundancy`` (lower): :mod:`mascot.eval.automatic`; ``distinct_2`` (higher).
 * ``echo_rate``, ``loop_rate``, ``near_duplicate_rate``, ``empty_rate`` (lower): share of the dialogue's agent turns
   flagged by the fixed detectors of :mod:`mascot.eval.defects`.
+* ``moves_per_round`` (higher): the distinct card moves of a round, mean over the dialogue's rounds. A round is the
+  agent turns between two user messages; a reply's moves are the required moves of every roster card
+  (:mod:`mascot.core.moves`, one detector each) that fire on it, whoever spoke, so a round where one persona validates,
+  another asks and a third suggests a step counts 3, and one where three personas validate counts 1.
+* ``round_redundancy`` (lower): mean pairwise MiniLM cosine between the agent turns of one round, mean over the
+  dialogue's rounds of two or more turns (``embedding_redundancy`` pairs turns across the whole dialogue).
 * ``early_end`` (lower): 1 when the dialogue delivered fewer agent turns than were asked for, else 0.
 * ``reply_words``: mean words per agent reply, empty ones included (no direction; a length difference explains many
   others).
@@ -30,6 +36,10 @@ Measures (``better``: which direction is good):
 Safety-gate turns (the gate's fixed reply, not a persona's) count in the defect rates but not in identifiability,
 relevance, Self-BLEU, redundancy, distinct-2 or reply length. Replies by a speaker outside the roster (the single
 supporter of ``multiagentesc``) have no identifiability. ``early_end`` counts replies with at least one word.
+
+Who speaks and in what tone are system-level figures (:func:`team_figures`): each persona's share of the agent turns
+and their entropy in bits, the share of the most common Tone among the directives, and the share of fallback
+directives, pooled over the system's dialogues, with intervals from resampling dialogues.
 
 Identifiability depends on who speaks: a system whose director (or fixed order) gives the turns to the personas whose
 cards attract most replies scores higher without sounding more distinct. :func:`identification_summary` therefore also
@@ -57,6 +67,7 @@ MEASURES: dict[str, str] = {
     "relevance_situation": "higher", "self_bleu": "lower", "embedding_redundancy": "lower", "distinct_2": "higher",
     "echo_rate": "lower", "loop_rate": "lower", "near_duplicate_rate": "lower", "empty_rate": "lower",
     "early_end": "lower", "reply_words": "", "move_compliance": "higher", "forbidden_move_rate": "lower",
+    "moves_per_round": "higher", "round_redundancy": "lower",
 }
 #: One-line definitions, copied into ``report.json`` so a reader of the file alone knows what each number is.
 DEFINITIONS: dict[str, str] = {
@@ -75,6 +86,9 @@ DEFINITIONS: dict[str, str] = {
     "reply_words": "mean words per agent reply",
     "move_compliance": "share of persona replies with a required card move and no forbidden one (mascot.core.moves)",
     "forbidden_move_rate": "share of persona replies with a forbidden card move",
+    "moves_per_round": "distinct card moves (required moves of any roster card) in the agent turns of a round, mean "
+                       "over rounds",
+    "round_redundancy": "mean pairwise MiniLM cosine of the agent turns of one round, mean over rounds of 2+ turns",
 }
 class MeasureContext:
     """What the measures of one run share: the roster's card embeddings, the detectors' echo sources and an
@@ -103,6 +117,7 @@ class MeasureContext:
         self._cache: dict[str, Any] = {}
         self.card_emb = self.embed([identity_text(c) for c in cards])
         self.echo_sources = {k: list(v) for k, v in (echo_sources or {}).items()}
+        self.round_moves = round_moves(cards)
 
     @property
     def chance(self) -> float:
@@ -120,6 +135,56 @@ class MeasureContext:
         if not texts:
             return np.zeros((0, self.card_emb.shape[1]))
         return np.stack([self._cache[t] for t in texts])
+
+
+def round_moves(cards: Sequence[PersonaCard]) -> Any:
+    """The moves a round is read for: every required move of the ``cards`` (the first card's parameters where two
+    name the same detector), as one :class:`mascot.core.moves.CardMoves` whose verdict names the moves a reply shows;
+    None when no card has moves."""
+    from mascot.core.moves import CardMoves
+
+    specs = {}
+    for c in cards:
+        for spec in (c.moves.required if c.moves is not None else ()):
+            specs.setdefault(spec.detector, spec)
+    return CardMoves(required=list(specs.values())) if specs else None
+
+
+def rounds(turns: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """The rounds of a transcript: ``(latest user message, agent turns)`` per maximal run of agent turns (the agent
+    turns between two user messages; "" before the first user message). Runs without an agent turn are left out."""
+    out: list[tuple[str, list[Mapping[str, Any]]]] = []
+    user, run = "", []
+    for t in turns:
+        if t["role"] == "agent":
+            run.append(t)
+            continue
+        if run:
+            out.append((user, run))
+        user, run = t["text"], []
+    if run:
+        out.append((user, run))
+    return out
+
+
+def round_figures(turns: Sequence[Mapping[str, Any]], mctx: MeasureContext) -> tuple[float | None, float | None]:
+    """``(moves_per_round, round_redundancy)`` of one transcript (definitions: :data:`DEFINITIONS`): persona replies
+    only (safety-gate turns and empty replies left out); None where no round qualifies (no reply, no card with
+    moves, or no round of two replies)."""
+    from mascot.core.moves import assess
+    from mascot.eval.automatic import mean_pairwise_cosine
+
+    moves, redundancy = [], []
+    for user, run in rounds(turns):
+        texts = [t["text"] for t in run if words(t["text"]) and not t.get("safety")]
+        if not texts:
+            continue
+        if mctx.round_moves is not None:
+            moves.append(len({m for text in texts for m in assess(mctx.round_moves, text, user).required}))
+        if len(texts) >= 2:
+            redundancy.append(mean_pairwise_cosine(mctx.embed(texts)))
+    return (sum(moves) / len(moves) if moves else None,
+            sum(redundancy) / len(redundancy) if redundancy else None)
 
 
 def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_turns: int) -> dict[str, Any]:
@@ -191,6 +256,7 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
     }
     if len(texts) >= 2:
         values["embedding_redundancy"] = mean_pairwise_cosine(mctx.embed(texts))
+    values["moves_per_round"], values["round_redundancy"] = round_figures(turns, mctx)
     identified: list[tuple[str, str, float]] = []
     if scored:
         import numpy as np
@@ -258,3 +324,77 @@ def identification_summary(identified: Sequence[tuple[str, str, float]], card_id
             "balanced_accuracy": round(sum(spoken) / len(spoken), 6) if spoken else None, "margin": m,
             "per_persona": {pid: dict(zip(("accuracy", "margin"), acc(per[pid])), n=len(per[pid])) for pid in ids},
             "confusion": {"labels": ids, "matrix": matrix}}
+
+
+def _tone_key(tone: str) -> str:
+    return " ".join(tone.lower().replace(",", " , ").split()).replace(" ,", ",").rstrip(".")
+
+
+def team_figures(dialogues: Sequence[Mapping[str, Any]], card_ids: Sequence[str], seed: int = 0) -> dict[str, Any]:
+    """Who speaks and in what tone over one system's dialogues: pooled figures, each with a 95% percentile-bootstrap
+    interval over dialogues (:func:`mascot.eval.stats.bootstrap_pooled`).
+
+    Agent turns are those with a persona and no safety-gate reply; directives are theirs (the Tone compared lower-cased,
+    spaces normalised).
+
+    Args:
+        dialogues: The system's transcripts: ``turns`` with ``role``, ``persona_id``, optional ``safety`` and
+            ``directive`` (``tone``, ``source``).
+        card_ids: Roster ids: a share for each (0 when it never spoke; other speakers are added after them), and the
+            entropy's maximum, log2 N.
+        seed: Bootstrap seed.
+
+    Returns:
+        ``{"agent_turns", "persona_shares": {id: {"n", "share", "lo", "hi"}}, "persona_entropy_bits": {"value", "lo",
+        "hi", "max"}, "directives", "tone_top": {"tone", "n", "share", "lo", "hi", "distinct"}, "fallback_share": {"n",
+        "share", "lo", "hi"}}``: shares in [0, 1], entropy in [0, log2 N] bits (the shares of the N roster personas;
+        log2 N when every one has the same share), ``tone_top.share`` the share of the most common Tone (resampled, the
+        most common Tone of each resample), ``fallback_share`` that of fallback directives. Values are None without
+        turns (or directives); ``lo``/``hi`` None with fewer than two dialogues.
+    """
+    import math
+
+    import numpy as np
+    from scipy.stats import entropy
+
+    from mascot.eval.stats import bootstrap_pooled
+
+    turns = [[t for t in d["turns"] if t["role"] == "agent" and t.get("persona_id") and not t.get("safety")]
+             for d in dialogues]
+    speakers = list(dict.fromkeys([*card_ids, *(t["persona_id"] for ts in turns for t in ts)]))
+    spoke = np.array([[sum(t["persona_id"] == p for t in ts) for p in speakers] for ts in turns], dtype=float)
+    spoke = spoke.reshape(len(turns), len(speakers))
+    directives = [[t["directive"] for t in ts if (t.get("directive") or {}).get("tone")] for ts in turns]
+    written: dict[str, Counter] = defaultdict(Counter)
+    for ds in directives:
+        for d in ds:
+            written[_tone_key(d["tone"])][d["tone"].strip()] += 1
+    tones = sorted(written, key=lambda k: (-sum(written[k].values()), k))
+    toned = np.array([[sum(_tone_key(d["tone"]) == k for d in ds) for k in tones] for ds in directives], dtype=float)
+    toned = toned.reshape(len(directives), len(tones))
+    fell = [sum(d.get("source") == "fallback" for d in ds) for ds in directives]
+    sources = np.array([[f, len(ds) - f] for f, ds in zip(fell, directives)], dtype=float)
+    sources = sources.reshape(len(directives), 2)
+    n_turns, n_dir = int(spoke.sum()), int(toned.sum())
+    r = round
+
+    def share(rows: Any, k: int, n: int) -> dict[str, Any]:
+        lo, hi = bootstrap_pooled(rows, lambda s: s[..., k] / s.sum(-1), seed) if n else (None, None)
+        return {"n": int(rows[:, k].sum()), "share": r(float(rows[:, k].sum()) / n, 6) if n else None, "lo": lo,
+                "hi": hi}
+
+    if n_turns:
+        value = float(entropy(spoke[:, :len(card_ids)].sum(0), base=2)) if spoke[:, :len(card_ids)].sum() else 0.0
+        lo, hi = bootstrap_pooled(spoke[:, :len(card_ids)], lambda s: entropy(s, base=2, axis=-1), seed)
+        ent = {"value": r(value, 6), "lo": lo, "hi": hi}
+    else:
+        ent = {"value": None, "lo": None, "hi": None}
+    top = {"tone": None, "n": 0, "share": None, "lo": None, "hi": None, "distinct": len(tones)}
+    if n_dir:
+        lo, hi = bootstrap_pooled(toned, lambda s: s.max(-1) / s.sum(-1), seed)
+        n_top = int(toned[:, 0].sum())
+        top.update(tone=written[tones[0]].most_common(1)[0][0], n=n_top, share=r(n_top / n_dir, 6), lo=lo, hi=hi)
+    return {"agent_turns": n_turns,
+            "persona_shares": {p: share(spoke, k, n_turns) for k, p in enumerate(speakers)},
+            "persona_entropy_bits": {**ent, "max": r(math.log2(len(card_ids)), 6) if card_ids else None},
+            "directives": n_dir, "tone_top": top, "fallback_share": share(sources, 0, n_dir)}

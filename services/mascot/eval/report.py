@@ -363,6 +363,7 @@ MEASURE_COLUMNS = (("move_compliance", "Move compliance"), ("forbidden_move_rate
                    ("identifiability", "MiniLM identifiability (diagnostic)"), ("identity_margin", "Identity margin"),
                    ("relevance_user", "Relevance (user)"), ("relevance_situation", "Relevance (situation)"),
                    ("self_bleu", "Self-BLEU"), ("embedding_redundancy", "Redundancy"), ("distinct_2", "Distinct-2"),
+                   ("moves_per_round", "Moves/round"), ("round_redundancy", "Round redundancy"),
                    ("echo_rate", "Echo"), ("loop_rate", "Loop"), ("near_duplicate_rate", "Near-dup"),
                    ("empty_rate", "Empty"), ("early_end", "Early end"), ("reply_words", "Words/reply"))
 
@@ -383,11 +384,13 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
              f"({', '.join(block.get('roster') or [])}); chance identifiability {_num(block.get('chance')) or 0:.3f}. "
              "Arrows: which direction is better.", ""]
     cols = [(k, t) for k, t in MEASURE_COLUMNS if k in better]
+    groups = [cols[i:i + 7] for i in range(0, len(cols), 7)]
     arrow = {"higher": " ↑", "lower": " ↓"}
-    for group in (cols[:7], cols[7:]):
+    for group in groups:
         rows = [[system_label(s), str(systems[s].get("n", DASH))]
                 + [_ci((systems[s].get("values") or {}).get(k)) for k, _ in group] for s in order]
         lines += _table(["System", "n"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
+    lines += _team(block, order)
     lines += _adherence(block, order)
     lines += ["### MiniLM identifiability by persona (a training-signal diagnostic)", "",
               "Not an independent measure of persona: the metrics judge's persona criterion (and so a reward trained "
@@ -425,11 +428,45 @@ def _measures(report: Mapping[str, Any]) -> list[str]:
                   f"Per situation (same situation and seed), {ref} minus the system; mean difference, its "
                   "95% paired-bootstrap interval and the Wilcoxon signed-rank p-value. A difference in the arrow's "
                   "direction favours " + system_label(ref) + ".", ""]
-        for group in (cols[:7], cols[7:]):
+        for group in groups:
             rows = [[system_label(s)] + [_diff((comps[s] or {}).get(k)) for k, _ in group]
                     for s in _systems_in_order(comps)]
             lines += _table(["System"] + [t + arrow.get(better.get(k, ""), "") for k, t in group], rows)
     return lines
+
+
+def _share(stat: Any, key: str = "share", digits: int = 2) -> str:
+    """"share [lo, hi]" of a ``{key, "lo", "hi"}`` dict; "–" without a value."""
+    if not isinstance(stat, Mapping) or _num(stat.get(key)) is None:
+        return DASH
+    return _ci({"mean": stat.get(key), "lo": stat.get("lo"), "hi": stat.get("hi")}, digits)
+
+
+def _team(block: Mapping[str, Any], order: list[str]) -> list[str]:
+    """Who speaks and in what tone, per system: each persona's share of the agent turns, their entropy, the most
+    common Tone's share and the fallback share, each with its interval."""
+    systems = block.get("systems") or {}
+    if not any("team" in (systems.get(s) or {}) for s in order):
+        return []
+    roster = list(block.get("roster") or [])
+    top = next((t.get("persona_entropy_bits", {}).get("max") for s in order if (t := systems[s].get("team"))), None)
+    lines = ["### Who speaks and in what tone", "",
+             "Pooled over the system's dialogues, with a 95% percentile-bootstrap interval over dialogues: each "
+             "persona's share of the agent turns (safety-gate turns left out), the entropy of the roster's shares in "
+             f"bits (at most {_num(top) or 0:.3f}, when every persona speaks as often), the share of the most common "
+             "Tone among the directives (which Tone), and the share of fallback directives.", ""]
+    rows = []
+    for s in order:
+        t = systems[s].get("team") or {}
+        shares = t.get("persona_shares") or {}
+        tone = t.get("tone_top") or {}
+        rows.append([system_label(s), str(t.get("agent_turns", DASH))]
+                    + [_share(shares.get(pid)) for pid in roster]
+                    + [_share(t.get("persona_entropy_bits"), "value"),
+                       DASH if tone.get("share") is None else f"{_share(tone)} ({_esc(tone.get('tone'))})",
+                       _share(t.get("fallback_share"), digits=3)])
+    return lines + _table(["System", "Agent turns"] + roster + ["Entropy (bits)", "Top Tone share", "Fallback"],
+                          rows)
 
 
 def _adherence(block: Mapping[str, Any], order: list[str]) -> list[str]:

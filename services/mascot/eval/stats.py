@@ -9,7 +9,7 @@ number.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 #: Decimal places kept in report values.
 ROUND = 6
@@ -133,3 +133,38 @@ def paired_difference(a: Iterable[float], b: Iterable[float], seed: int = 0) -> 
     r = _rounded
     return {"n": len(d), "mean_diff": r(sum(d) / len(d)), "lo": r(lo), "hi": r(hi),
             "p": None if p is None else float(f"{p:.4g}")}
+
+
+def bootstrap_pooled(counts: Sequence[Sequence[float]], statistic: Callable[[Any], Any],
+                     seed: int = 0) -> tuple[float | None, float | None]:
+    """95% percentile-bootstrap interval of a statistic of pooled counts (2000 resamples, seeded): the rows (one per
+    dialogue) are resampled with replacement and summed, and ``statistic`` maps the sums to the figure, as
+    :func:`bootstrap_mean` does for a mean of per-dialogue values (``scipy.stats.bootstrap``, percentile method).
+
+    Args:
+        counts: ``[D, K]`` non-negative counts, one row per dialogue (e.g. agent turns per persona).
+        statistic: Vectorised: maps sums of shape ``[..., K]`` to figures of shape ``[...]`` (e.g. the entropy of the
+            shares).
+
+    Returns:
+        ``(lo, hi)`` rounded to 6 decimals; ``(None, None)`` for fewer than two rows with a count (rows of zeros add
+        nothing to the pool and are left out).
+
+    Raises:
+        ValueError: a NaN or infinite count, or rows of different lengths.
+    """
+    import numpy as np
+
+    rows = np.asarray(counts, dtype=np.float64)
+    if rows.size and not np.isfinite(rows).all():
+        raise ValueError("bootstrap_pooled got a NaN or infinite count")
+    if rows.ndim == 2:
+        rows = rows[rows.sum(axis=1) > 0]  # they add nothing to the pool, and would leave some resamples empty
+    if rows.ndim != 2 or len(rows) < 2:
+        return None, None
+    from scipy.stats import bootstrap
+
+    res = bootstrap((np.arange(len(rows)),), lambda idx, axis=-1: statistic(rows[idx].sum(axis=-2)),
+                    n_resamples=N_RESAMPLES, confidence_level=LEVEL, method="percentile", vectorized=True,
+                    rng=np.random.default_rng(seed))
+    return _rounded(float(res.confidence_interval.low)), _rounded(float(res.confidence_interval.high))

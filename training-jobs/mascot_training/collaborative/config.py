@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from mascot.core.adapters.store import AdapterStore, backend_errors, open_store
-from mascot.core.config import GuardConfig
+from mascot.core.config import DirectorDecoding, GuardConfig
 from mascot_training.common.config import (
     GrpoOptimConfig,
     JudgeStageConfig,
@@ -118,12 +118,15 @@ class DirectorPolicyConfig(_S):
     init_adapter: str = ""
     #: Tokens per directive (a directive cut here is usually invalid and ends the rollout).
     max_tokens: int = Field(64, ge=8, le=2048)
-    temperature: float = Field(1.0, gt=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    #: Temperature and top-p of every directive of the run: the policy's in GRPO and in the measures (first-decision
+    #: shares, held-out reward) and the serving director's (prefixes, group-reward blocks). The serving config's
+    #: ``director.decoding`` (same keys, same defaults): the director is trained and measured as it is served.
+    #: GRPO needs samples, so the temperature must be above 0.
+    decoding: DirectorDecoding = DirectorDecoding()
     #: The serving cap: a directive giving a persona more turns in a row is invalid.
     max_consecutive_turns: int = Field(2, ge=1, le=16)
     #: How the policy's directives are sampled in GRPO and measured: ``serving`` = under serving's grammar for the
-    #: turn (the personas it may pick, an Action opening with a fresh verb, the tone vocabulary) and refused when
+    #: turn (the personas it may pick, an Action opening with a fresh verb, the persona's tone words) and refused when
     #: serving's checks would refuse a first attempt (rest, cap, content), as the served director decides, with the
     #: loss on the tokens the grammar left a choice for; ``free`` = unconstrained, only parsed and capped (a small
     #: model then mostly learns the format). ``serving`` needs the transformers generation backend.
@@ -238,6 +241,10 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
                        "set personas to those the store holds, or set speakers.missing: base to let them speak "
                        "with the base model as serving does (the quick stand-ins are made only when no adapters "
                        "are given at all)")
+    if cfg.director.decoding.temperature <= 0:
+        out.append("director.decoding.temperature is 0 (greedy): GRPO compares several sampled rollouts of one "
+                   "prefix, and greedy ones would not differ; use a temperature above 0 (the serving default is "
+                   f"{DirectorDecoding().temperature}) and serve the director at the same decoding")
     if cfg.director.init_adapter and not (Path(cfg.director.init_adapter) / "adapter_config.json").is_file():
         out.append(f"director.init_adapter {cfg.director.init_adapter} has no adapter_config.json")
     try:

@@ -184,11 +184,11 @@ def policy_decider_factory(runner: RolloutRunner, cfg: CollaborativeConfig, vllm
 
     def factory(trainer: Any, seed: int) -> DecideFn:
         model = trainer.accelerator.unwrap_model(trainer.model)
-        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens, temperature=d.temperature,
-                                  top_p=d.top_p)
+        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens,
+                                  temperature=d.decoding.temperature, top_p=d.decoding.top_p)
         if vllm and getattr(trainer, "use_vllm", False):  # TRL synced the policy's weights into vLLM before this
             director = VllmDirector(trainer.vllm_generation.llm, director.stop_ids, max_tokens=d.max_tokens,
-                                    temperature=d.temperature, top_p=d.top_p)
+                                    temperature=d.decoding.temperature, top_p=d.decoding.top_p)
         return runner.policy_decider(director, seed)
 
     return factory
@@ -379,7 +379,8 @@ def grpo_args(cfg: CollaborativeConfig, output_dir: str | Path) -> Any:
                       per_device_train_batch_size=g.batch_size, learning_rate=g.lr,
                       max_completion_length=cfg.max_model_len, num_train_epochs=g.epochs, max_steps=g.max_steps,
                       beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards,
-                      temperature=cfg.director.temperature, seed=g.seed, bf16=False,
+                      temperature=cfg.director.decoding.temperature, top_p=cfg.director.decoding.top_p,
+                      seed=g.seed, bf16=False,
                       gradient_checkpointing=g.gradient_checkpointing,
                       use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", logging_steps=1,
                       disable_tqdm=True,
@@ -445,7 +446,8 @@ def train_director(base_model: str, prefixes: dict[str, Prefix], runner: Rollout
 
     def dist() -> dict:
         director = PolicyDirector(trainer.accelerator.unwrap_model(trainer.model), runner.tokenizer,
-                                  max_tokens=d.max_tokens, temperature=d.temperature, top_p=d.top_p)
+                                  max_tokens=d.max_tokens, temperature=d.decoding.temperature,
+                                  top_p=d.decoding.top_p)
         return persona_distribution(runner, director, plist, g.distribution_samples, g.seed)
 
     measured_flips = measured_refused = 0

@@ -67,12 +67,12 @@ def _refused(why: str) -> bool:
 
 
 def serving_director_config(cfg: CollaborativeConfig) -> Any:
-    """The serving :class:`~mascot.core.config.DirectorConfig` used for prefixes and blocks (sampled at
-    ``director.temperature`` so the K blocks of a prefix differ)."""
+    """The serving :class:`~mascot.core.config.DirectorConfig` used for prefixes and blocks, at the run's
+    ``director.decoding`` (sampled, so the K blocks of a prefix differ)."""
     from mascot.core.config import DirectorConfig
 
     return DirectorConfig(max_consecutive_turns=cfg.director.max_consecutive_turns, max_tokens=cfg.director.max_tokens,
-                          temperature=cfg.director.temperature)
+                          decoding=cfg.director.decoding)
 
 
 def plan(cfg: CollaborativeConfig) -> list[tuple[str, Any, int]]:

@@ -551,7 +551,7 @@ class RolloutRunner:
     def policy_decisions(self, director: PolicyDirector, active: Sequence[Rollout], seed: int) -> list[DirectorOutput]:
         """One decision of ``director`` per rollout, continuing its director sequence. With
         ``settings.director_rules`` each is sampled under serving's grammar for that turn
-        (:func:`mascot.director.decide.decision_regex`: the personas it may pick, fresh verbs, the tone vocabulary)
+        (:func:`mascot.director.decide.decision_regex`: the personas it may pick, fresh verbs, their tone words)
         and checked as serving checks a first attempt (:func:`mascot.director.decide.check_decision`); a directive
         breaking a rule is invalid (serving would retry it). Without rules it is sampled free, parsed and capped
         later by :meth:`run`."""
@@ -570,7 +570,7 @@ class RolloutRunner:
             if o.directive is not None:
                 try:
                     check_decision(o.directive, self.roster, recent, choosable, r.history, rules,
-                                   [c.name for c in self.roster])
+                                   [c.name for c in self.roster], r.prefix.context)
                 except DirectiveError as e:
                     o.directive, o.error = None, str(e)
             outs.append(o)

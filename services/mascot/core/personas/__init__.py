@@ -3,7 +3,7 @@
 A persona file holds ``persona_set`` and a list ``personas`` of cards. Unknown keys are rejected, and
 a bad file raises :class:`PersonaFileError` naming the file, the line and the field. The text fields that prompts
 show on one line (``name``, ``role``, ``goal``, ``default_tone`` and each item of ``expertise``, ``allowed_moves``,
-``forbidden_moves``, ``style``) must be single lines. The support and
+``forbidden_moves``, ``style``) must be single lines; ``tone_words`` are single lower-case words. The support and
 meeting sets ship with the package; users add their own files (``personas.extra_files``).
 """
 
@@ -50,6 +50,8 @@ def _single_line(v: str) -> str:
 
 #: A card text shown on one line of a prompt.
 OneLine = Annotated[str, AfterValidator(_single_line)]
+#: A tone word of a card (``tone_words``): lower-case letters only, as the director's Tone grammar spells them.
+ToneWord = Annotated[str, Field(pattern=r"^[a-z]{1,32}$")]
 
 
 class Disposition(BaseModel):
@@ -80,6 +82,10 @@ class PersonaCard(BaseModel):
     forbidden_moves: list[OneLine] = Field(default_factory=list)
     style: list[OneLine] = Field(default_factory=list)
     default_tone: OneLine = Field(min_length=1, max_length=200)
+    #: Tone words that fit the persona besides those of ``default_tone``: the director's Tone for this persona is made
+    #: of these and the default tone's words (:func:`mascot.director.directive.tone_words`). Empty: the default
+    #: tone's words only.
+    tone_words: list[ToneWord] = Field(default_factory=list, max_length=64)
     max_answer_words: int = Field(80, ge=5, le=2000)
     #: The card's moves as detectors (:mod:`mascot.core.moves`): what a reply must do and must not. Optional: a card
     #: without them has no move compliance in the evaluation.
