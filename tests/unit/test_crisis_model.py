@@ -4,6 +4,7 @@ and the shipped detector's provenance (its digest is the labelled set's)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -194,23 +195,40 @@ def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
     assert 0 < s.checkin_threshold <= s.crisis_threshold < 1
     assert s.dev["recall_any"] >= s.dev["min_recall"] and s.dev["fp_crisis"] <= s.dev["max_crisis_fp"], s.dev
     assert len(det.vocabulary) == len(det.idf) and len(det.risk_coef) == 384 + len(det.vocabulary)
+    assert s.fine_tune and s.adapter and (cm.DATA_DIR / s.adapter).is_file()
+    assert hashlib.sha256((cm.DATA_DIR / s.adapter).read_bytes()).hexdigest() == s.adapter_sha256
     assert len(det.category_coef) == 5 and all(len(r) == len(det.risk_coef) for r in det.category_coef)
 
 
 def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
-    """A small real training run (MiniLM embeddings, scikit-learn): the written file reloads to the same
-    probabilities, thresholds come from the development set, and a failed write leaves the old file."""
+    """A small real training run (a LoRA fine-tuned on MiniLM, scikit-learn): the detector file and its adapter
+    reload to the same probabilities, thresholds come from the development set, the fine-tuned encoder is not the
+    shared one, a changed adapter is refused, and a failed write leaves the old file."""
+    import numpy as np
+
     examples = cm.load_examples()
     train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160]
     dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60]
     out = tmp_path / "det.json"
-    det = cm.train(train, dev, out, min_recall=0.9, max_crisis_fp=0.1)
+    det = cm.train(train, dev, out, settings=cm.DetectorSettings(epochs=2), min_recall=0.9, max_crisis_fp=0.1)
     again = cm.Detector.load(out)
     assert again == det and det.settings.examples == len(train)
+    assert det.settings.adapter == "det.adapter.safetensors" and len(det.settings.adapter_sha256) == 64
     assert det.settings.dev["examples"] == len(dev) and det.settings.dev["recall_any"] >= 0.9
     clf = cm.CrisisClassifier(out)
-    p, cat = clf.p_risk(["I want to kill myself", "this traffic is killing me, lol"])
+    assert clf.encoder is not cm.shared_encoder()
+    texts = ["I want to kill myself", "this traffic is killing me, lol"]
+    p, cat = clf.p_risk(texts)
     assert p[0] > 0.5 > p[1] and cm.CATEGORIES[cat[0]] == "suicide"
+    assert np.allclose(cm.CrisisClassifier(det).p_risk(texts)[0], p, atol=1e-5)  # as fitted == as reloaded
+    pretrained = cm.shared_encoder().embed([cm.model_text(texts[0])])
+    assert float((clf.encoder.embed([cm.model_text(texts[0])]) * pretrained).sum()) < 0.9999  # the LoRA is merged
+    adapter = tmp_path / det.settings.adapter
+    blob = adapter.read_bytes()
+    adapter.write_bytes(blob[:-8] + b"\x00" * 8)
+    with pytest.raises(ValueError, match="SHA-256 differs.*mascot safety train"):
+        cm.CrisisClassifier(out)
+    adapter.write_bytes(blob)
     before = out.read_bytes()
 
     def broken(*a, **kw):
@@ -219,7 +237,8 @@ def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
     monkeypatch.setattr(cm.os, "replace", broken)
     with pytest.raises(OSError, match="disk full"):
         det.model_copy(update={"risk_intercept": 9.0}).save(out)
-    assert out.read_bytes() == before and [f.name for f in tmp_path.iterdir()] == ["det.json"]
+    assert out.read_bytes() == before and sorted(f.name for f in tmp_path.iterdir()) == [
+        "det.adapter.safetensors", "det.json"]
     with pytest.raises(ValueError, match="rebuild it with `mascot safety train`"):
         cm.Detector.load(tmp_path / "missing.json")
 

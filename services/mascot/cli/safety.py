@@ -33,19 +33,22 @@ def train_cmd(
                                      help="Development-set recall the check-in threshold keeps."),
     max_crisis_fp: float = typer.Option(0.005, "--max-crisis-fp", min=0.0, max=0.5,
                                         help="Development-set false-positive rate the crisis threshold allows."),
-    crisis_threshold: float = typer.Option(0.88, "--crisis-threshold", min=0.0, max=1.0,
-                                           help="Crisis threshold to keep (the shipped detector's)."),
-    choose_crisis: bool = typer.Option(False, "--choose-crisis", help="Choose the crisis threshold on the "
-                                                                      "development set with --max-crisis-fp instead."),
+    crisis_threshold: Optional[float] = typer.Option(None, "--crisis-threshold", min=0.0, max=1.0,
+                                                     help="Crisis threshold to keep instead of choosing it on the "
+                                                          "development set with --max-crisis-fp."),
+    pretrained: bool = typer.Option(False, "--pretrained", help="Keep the pretrained encoder (no fine-tuning: about "
+                                                                "a minute instead of 9 on 2 cores)."),
 ) -> None:
-    """Fit the crisis detector and choose its thresholds on the development set; write it atomically."""
+    """Fine-tune the encoder, fit the crisis detector and choose its thresholds on the development set; write it
+    (and its encoder adapter) atomically."""
     from mascot.gateway import crisis_model as cm
 
     target = out or cm.DETECTOR_FILE
     try:
         det = cm.train(cm.load_examples(data or None), cm.load_examples(dev or cm.DEV_FILES), target,
                        min_recall=min_recall, max_crisis_fp=max_crisis_fp,
-                       crisis_threshold=None if choose_crisis else crisis_threshold)
+                       crisis_threshold=crisis_threshold,
+                       settings=cm.DetectorSettings(fine_tune=not pretrained))
     except ValueError as e:
         console.print(f"[red]cannot train:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None

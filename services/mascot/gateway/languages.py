@@ -50,7 +50,7 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"(?:me\s+)?(?:despedi|he\s+despedido)\s+de\s+todos)\b"),
         ("self_harm", "crisis", "es_self_harm",
          r"\b(?:cortarme|me\s+corto|me\s+corte|me\s+he\s+cortado|hacerme\s+dano|me\s+hago\s+dano|lastimarme|"
-         r"me\s+lastimo|autolesion\w*|me\s+quemo)\b"),
+         r"me\s+lastimo|autolesion\w*|me\s+quemo|volvi\s+a\s+cortarme|me\s+volvi\s+a\s+cortar)\b"),
         ("self_harm", "crisis", "es_self_harm_more",
          r"\b(?:me\s+(?:golpeo|pego)\s+(?:la\s+cabeza\s+)?contra|cigarr\w+\s+en\s+(?:el|mi)\s+(?:brazo|piel))\b"),
         ("abuse", "crisis", "es_abuse",
@@ -58,7 +58,7 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"me\s+toca\s+(?:donde|cuando)|tengo\s+miedo\s+de\s+(?:mi\s+)?(?:padre|madre|marido|esposo|novio|pareja))\b"),
         ("harm_to_others", "crisis", "es_harm_others", r"\b(?:voy\s+a|quiero)\s+matar(?:lo|la|le|los|las)\b"),
         ("harm_to_others", "crisis", "es_knife",
-         r"\b(?:(?:le\s+)?(?:meto|meter|clavo|clavar|clavarle|meterle)\s+(?:el|un|mi)\s+(?:cuchillo|navaja)|"
+         r"\b(?:escondido\s+un\s+cuchillo|(?:le\s+)?(?:meto|meter|clavo|clavar|clavarle|meterle)\s+(?:el|un|mi)\s+(?:cuchillo|navaja)|"
          r"apunal\w+|acuchill\w+)\b"),
         ("abuse", "crisis", "es_abuse_now",
          r"\b(?:(?:esta\s+)?peg(?:a|ando|o)\s+a\s+mi\s+(?:hermanit[oa]|herman[oa]|hij[oa]|mama|madre|bebe)|"
@@ -121,22 +121,25 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"(?:tabletten|pillen)\s+(?:gesammelt|gehortet)|(?:tabletten|pillen)\s+(?:zusammen|beiseite)|"
          r"lebt\s+(?:alle\s+)?wohl|bald\s+nicht\s+mehr\s+da)\b"),
         ("suicide", "crisis", "de_plan",
-         r"\b(?:(?:mach|mache)\s+ich\s+schluss|schluss\s+machen\s+(?:mit\s+mir|fur\s+immer)|tabletten\s+(?:schon\s+)?gesammelt|"
+         r"\b(?:sammle\b[^.!?]{0,30}\btabletten|(?:mach|mache)\s+ich\s+schluss|schluss\s+machen\s+(?:mit\s+mir|fur\s+immer)|tabletten\s+(?:schon\s+)?gesammelt|"
          r"(?:von\s+allen|mich)\s+verabschiedet|geh\w*\s+(?:ich\s+)?(?:zur|auf\s+die)\s+brucke|"
          r"abschiedsbrief\w*|alle\s+tabletten\s+(?:nehmen|schlucken))\b"),
         ("self_harm", "crisis", "de_self_harm",
-         r"\b(?:ritze\s+mich|mich\s+(?:ritzen|schneiden|verletzen)|selbstverletz\w*|schneide\s+mich|geritzt|"
+         r"\b(?:ritze\s+mich|(?:schneide|ritze)\s+ich\s+mich(?!\s+(?:\w+\s+){0,2}nicht)|aufgeritzt|mich\s+(?:ritzen|schneiden|verletzen)|selbstverletz\w*|schneide\s+mich|geritzt|"
          r"verletze\s+mich|zigaretten?\s+auf\s+(?:meinem|meiner|der|dem)\s+(?:arm|haut|hand)|"
-         r"(?:schlage|schlag|haue)\s+(?:meinen\s+)?kopf\s+gegen)\b"),
+         r"(?:schlage|schlag|haue)\s+(?:meinen\s+)?kopf\s+gegen|(?:wieder|absichtlich|extra)\b[^.!?]{0,40}\bverbrannt|"
+         r"mich\s+wieder\s+verbrannt)\b"),
         ("abuse", "crisis", "de_abuse",
          r"\b(?:(?:er|sie|papa|mama|vater|mutter)\s+(?:schlagt|schlaegt|verprugelt|vergewaltigt|bedroht|"
          r"missbraucht)\s+mich|schlagt\s+mich|schlaegt\s+mich|missbraucht\s+mich|angst\s+vor\s+meinem\s+"
          r"(?:vater|mann|freund))\b"),
         ("harm_to_others", "crisis", "de_harm_others",
-         r"\b(?:ich\s+)?(?:bringe?|will)\s+(?:ihn|sie)\s+um(?:bringen)?\b"),
+         r"\b(?:(?:ich\s+)?(?:bringe?|will)\s+(?:ihn|sie)\s+um(?:bringen)?|(?:werde|will)\s+(?:ihm|ihr|meinem\s+\w+|"
+         r"meiner\s+\w+)\s+wehtun)\b"),
         ("harm_to_others", "crisis", "de_knife",
          r"\b(?:steche?\s+ich\s+(?:ihn|sie)|(?:ihn|sie)\s+(?:ab)?stechen|abstechen|mit\s+dem\s+messer\s+ab|"
-         r"messer\s+in\s+(?:den|die)\s+(?:bauch|brust|rucken))\b"),
+         r"messer\s+in\s+(?:den|die)\s+(?:bauch|brust|rucken)|(?:nehme|nehm|hole|hol)\s+ich\s+(?:das|ein|mein)\s+"
+         r"(?:kuchen)?messer)\b"),
         ("abuse", "crisis", "de_abuse_now",
          r"\b(?:wurgt\s+mich|wuergt\s+mich|(?:hat|hatte)\s+mich\s+gewurgt|sperrt\s+mich\s+ein|"
          r"(?:das|es)\s+sei(?:\s+unser)?\s+geheimnis|(?:unser|ihr)\s+geheimnis|"
@@ -158,14 +161,16 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
          r"(?:comprimidos|remedios)\s+guardados|(?:juntei|guardei)\s+(?:os\s+|meus\s+)?(?:comprimidos|remedios)|"
          r"adeus\s+a\s+todos|nao\s+vou\s+(?:mais\s+)?estar\s+aqui)\b"),
         ("suicide", "crisis", "pt_plan",
-         r"\b(?:cartas?\s+de\s+despedida|(?:tomar|tomo|vou\s+tomar)\s+todos\s+os\s+(?:comprimidos|remedios)|"
+         r"\b(?:ja\s+escolhi\s+o\s+dia|depois\s+que\s+eu\s+(?:partir|morrer|me\s+for)|cartas?\s+de\s+despedida|(?:tomar|tomo|vou\s+tomar)\s+todos\s+os\s+(?:comprimidos|remedios)|"
          r"(?:ja\s+)?me\s+despedi\s+de\s+todos|escolher\s+o\s+dia)\b"),
         ("self_harm", "crisis", "pt_self_harm",
          r"\b(?:me\s+cortar|me\s+corto|me\s+cortei|me\s+machucar|me\s+machuco|automutil\w*|me\s+queimo)\b"),
         ("abuse", "crisis", "pt_abuse",
-         r"\b(?:(?:ele|ela)\s+me\s+(?:bate|espanca|estupra|ameaca|tranca)|me\s+bate|abusa\s+de\s+mim|"
+         r"\b(?:(?:ele|ela)\s+me\s+(?:bate|espanca|estupra|ameaca|tranca)|me\s+bate|vai\s+me\s+bater|usou\s+o\s+cinto|"
+         r"(?:pedindo|pede|pediu)\s+fotos?\b[^.!?]{0,60}\bsegredo|abusa\s+de\s+mim|"
          r"tenho\s+medo\s+do\s+meu\s+(?:pai|marido|namorado)|disse\s+que\s+vai\s+me\s+matar)\b"),
-        ("harm_to_others", "crisis", "pt_harm_others", r"\b(?:vou|quero)\s+matar\s+(?:ele|ela|eles)\b"),
+        ("harm_to_others", "crisis", "pt_harm_others", r"\b(?:vou|quero)\s+matar\s+(?:ele|ela|eles|aquel[ea]|ess[ea]|"
+                                                       r"est[ea])\b"),
         ("harm_to_others", "crisis", "pt_knife", r"\b(?:esfaque\w+|(?:enfiar|enfio|meter|meto)\s+(?:a|uma)\s+faca)\b"),
         ("abuse", "crisis", "pt_abuse_now",
          r"\b(?:bate\s+n[ao]\s+(?:minha|meu)\s+(?:irma|irmao|filh[oa]|mae|bebe)|me\s+tranca|me\s+enforca|"
@@ -181,7 +186,7 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
     "it": [
         ("suicide", "crisis", "it_suicide", r"\b(?:suicidarmi|pensieri\s+suicid\w+)\b"),
         ("suicide", "crisis", "it_want_die",
-         r"\b(?:(?:voglio|vorrei)\s+morire|ammazzarmi|uccidermi|togliermi\s+la\s+vita|farla\s+finita|"
+         r"\b(?:(?:voglio|vorrei)\s+morire|ammazzarmi|mi\s+(?:ammazzo|uccido)(?!\s+(?:dalle|dal|di|per\s+(?:il|la)\s+(?:lavoro|studio)))|uccidermi|togliermi\s+la\s+vita|farla\s+finita|"
          r"non\s+voglio\s+piu\s+vivere|non\s+svegliarmi\s+piu|non\s+ci\s+saro\s+piu|pillole\s+da\s+parte|"
          r"(?:messo|tenuto)\s+da\s+parte\s+(?:le\s+|delle\s+)?pillole|addio\s+a\s+tutti)\b"),
         ("suicide", "crisis", "it_plan",
@@ -193,14 +198,16 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
         ("abuse", "crisis", "it_abuse",
          r"\b(?:(?:lui|lei)?\s*mi\s+(?:picchia|violenta|minaccia|chiude\s+in)|abusa\s+di\s+me|"
          r"ho\s+paura\s+di\s+mio\s+(?:padre|marito))\b"),
-        ("harm_to_others", "crisis", "it_harm_others", r"\b(?:lo|la)\s+(?:ammazzo|uccido)\b"),
+        ("harm_to_others", "crisis", "it_harm_others", r"\b(?:(?:lo|la)\s+(?:ammazzo|uccido)|(?:voglio|vorrei)\s+fare\s+"
+                                                       r"del\s+male\s+(?:a|al|alla|ai)\b)"),
         ("harm_to_others", "crisis", "it_knife",
          r"\b(?:accoltell\w+|(?:gli|le)\s+(?:pianto|ficco)\s+(?:un|il)\s+coltello)\b"),
         ("abuse", "crisis", "it_abuse_now",
          r"\b(?:non\s+(?:devo|posso)\s+dirlo\s+a(?:lla|l)?\s+(?:mamma|papa|nessuno)|mi\s+strangola|"
          r"picchia\s+(?:mio|mia|il\s+mio|la\s+mia)\s+(?:fratell\w+|sorell\w+|figli\w+|bambin\w+))\b"),
         ("eating_disorder", "crisis", "it_eating",
-         r"\b(?:vomito\s+dopo\s+(?:aver\s+)?mangiato|mi\s+faccio\s+vomitare|(?:smesso|smetto)\s+di\s+mangiare|"
+         r"\b(?:vomito\s+dopo\s+(?:aver\s+)?mangiato|vomito\s+dopo\s+ogni\s+pasto|se\s+mangio\s+qualcosa\s+(?:poi\s+)?"
+         r"vomito|mi\s+faccio\s+vomitare|(?:smesso|smetto)\s+di\s+mangiare|"
          r"giorni\s+che\s+non\s+mangio|non\s+mangio\s+da\s+\w+\s+giorni)\b"),
         ("suicide", "check_in", "it_despair",
          r"\b(?:non\s+ce\s+la\s+faccio\s+piu|voglio\s+sparire|non\s+ha\s+(?:piu\s+)?senso\s+vivere|"
@@ -217,17 +224,19 @@ _MORE: dict[str, list[tuple[str, str, str, str]]] = {
     "es": [
         ("suicide", "crisis", "es_gone", r"\b(?:ya\s+no\s+voy\s+a\s+estar|manana\s+ya\s+no\s+estoy|"
                                           r"esta\s+noche\s+(?:lo\s+)?acabo\s+con\s+todo)\b"),
-        ("abuse", "crisis", "es_threat", r"\b(?:dijo|dice|ha\s+dicho|amenaza(?:do)?\s+con)\s+que\s+me\s+(?:mata|va\s+a\s+"
-                                         r"matar)\b"),
+        ("abuse", "crisis", "es_threat", r"\b(?:dijo|dice|ha\s+dicho|escribio|amenaza(?:do)?\s+con)\s+que\b[^.!?]{0,50}"
+                                         r"\bme\s+(?:mata|va\s+a\s+matar)\b"),
         ("eating_disorder", "crisis", "es_starving",
          r"\b(?:no\s+(?:he\s+)?com(?:o|ido)\s+(?:nada\s+)?(?:desde\s+hace|en)\s+\w+\s+dias|"
          r"hasta\s+(?:llegar\s+a|pesar)\s+\d+\s*(?:kg|kilos))\b"),
     ],
     "fr": [
         ("suicide", "check_in", "fr_gone", r"\b(?:je\s+ne\s+reviendrai\s+(?:pas|jamais)|demain\s+je\s+ne\s+serai\s+"
-                                           r"plus|je\s+ne\s+serai\s+plus\s+la)\b"),
-        ("abuse", "crisis", "fr_threat", r"\b(?:dit|a\s+dit|menace)\s+qu'(?:il|elle)\s+(?:va\s+me\s+tuer|me\s+tuera(?:it)?)"
-                                         r"\b"),
+                                           r"plus|je\s+ne\s+serai\s+plus\s+la|je\s+m'en\s+vais\s+pour\s+(?:de\s+bon|"
+                                           r"toujours)|j'arrete\s+tout\b[^.!?]{0,20}\bpour\s+de\s+bon|je\s+vais\s+"
+                                           r"(?:le|la|les)\s+rejoindre)\b"),
+        ("abuse", "crisis", "fr_threat", r"\b(?:dit|a\s+dit|ecrit|menace)\s+qu(?:e|')[^.!?]{0,50}\b(?:va\s+me\s+tuer|"
+                                         r"me\s+tuera(?:it)?)\b"),
         ("eating_disorder", "crisis", "fr_starving",
          r"\b(?:je\s+n'ai\s+(?:rien\s+)?mange\s+depuis\s+\w+\s+jours|jusqu'a\s+(?:atteindre\s+|peser\s+)?\d+\s*"
          r"(?:kg|kilos))\b"),
@@ -245,15 +254,17 @@ _MORE: dict[str, list[tuple[str, str, str, str]]] = {
         ("suicide", "check_in", "pt_gone", r"\b(?:amanha\s+(?:ja\s+)?nao\s+(?:vou\s+)?estar\s+(?:mais\s+)?aqui|"
                                            r"me\s+despedi\s+d(?:e|os|as)\s+(?:todos|meus|minhas)|"
                                            r"deixei\s+tudo\s+organizado)\b"),
-        ("abuse", "crisis", "pt_threat", r"\b(?:disse|diz|ameacou|ameaca)\s+que\s+(?:vai\s+)?me\s+mat(?:ar|a)\b"),
+        ("abuse", "crisis", "pt_threat", r"\b(?:disse|diz|dizendo|escreveu|ameacou|ameaca)\s+que\b[^.!?]{0,50}\b(?:vai\s+)?"
+                                         r"me\s+mat(?:ar|a)\b|\bse\s+eu\s+contar\s+(?:pra|para|a)\s+(?:alguem|ninguem)\b"),
         ("eating_disorder", "crisis", "pt_starving",
-         r"\b(?:nao\s+como\s+(?:nada\s+)?(?:ha|faz)\s+\w+\s+dias|ate\s+(?:chegar\s+(?:a|aos)|pesar)\s+\d+\s*"
+         r"\b(?:nao\s+como\s+(?:nada\s+)?(?:ha|faz)\s+\w+\s+dias|(?:to|tou|estou)\s+sem\s+comer\s+(?:ha|faz)\s+\w+\s+"
+         r"dias|ate\s+(?:chegar\s+(?:a|aos)|pesar)\s+\d+\s*"
          r"(?:kg|quilos))\b"),
     ],
     "it": [
         ("suicide", "crisis", "it_gone", r"\b(?:la\s+faccio\s+finita|domani\s+non\s+ci\s+saro\s+piu)\b"),
-        ("abuse", "crisis", "it_threat", r"\b(?:detto|dice|minaccia(?:to)?)\s+che\s+mi\s+(?:ammazza|uccide|ammazzera|"
-                                         r"uccidera)\b"),
+        ("abuse", "crisis", "it_threat", r"\b(?:detto|scritto|dice|minaccia(?:to)?)\s+che\b[^.!?]{0,50}\bmi\s+(?:ammazza|"
+                                         r"uccide|ammazzera|uccidera)\b"),
         ("eating_disorder", "crisis", "it_starving",
          r"\b(?:non\s+mangio\s+(?:niente\s+)?da\s+\w+\s+giorni|finche\s+non\s+(?:arrivo\s+a|peso)\s+\d+\s*"
          r"(?:kg|chili))\b"),
