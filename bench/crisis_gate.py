@@ -6,9 +6,9 @@ warm-up. Messages: the labelled training set's texts in a fixed shuffled order (
 sentences), and every ``--long-every``-th message replaced by a long one: six training texts joined (about 80-150
 words, 6-15 sentences), which the detector also reads sentence by sentence (up to 12 windows beside the whole
 message: its costliest path), then the held-out sets' messages as their writers wrote them
-(``tests/reliability/crisis_holdout*.yaml``). Prints p50, p95 and max in milliseconds for both gates over all messages and over
-the long ones alone, and the goal (trained p95 < 50 ms on 2 cores) three times: on the labelled messages (the lengths
-people write in chat), on the held-out messages and on the mix with one message in K long.
+(``tests/reliability/crisis_holdout*.yaml``). Prints p50, p95 and max in milliseconds for both gates over all
+messages and over the long ones alone, and the goal (trained p95 < 50 ms on 2 cores) three times: on the labelled
+messages (the lengths people write in chat), on the held-out messages and on the mix with one message in K long.
 
     python bench/crisis_gate.py [--messages N] [--threads T] [--long-every K]
 """

@@ -198,7 +198,8 @@ LEXICONS: dict[str, list[tuple[str, str, str, str]]] = {
         ("abuse", "crisis", "it_abuse",
          r"\b(?:(?:lui|lei)?\s*mi\s+(?:picchia|violenta|minaccia|chiude\s+in)|abusa\s+di\s+me|"
          r"ho\s+paura\s+di\s+mio\s+(?:padre|marito))\b"),
-        ("harm_to_others", "crisis", "it_harm_others", r"\b(?:(?:lo|la)\s+(?:ammazzo|uccido)|(?:voglio|vorrei)\s+fare\s+"
+        ("harm_to_others", "crisis", "it_harm_others",
+         r"\b(?:(?:lo|la)\s+(?:ammazzo|uccido)|(?:voglio|vorrei)\s+fare\s+"
                                                        r"del\s+male\s+(?:a|al|alla|ai)\b)"),
         ("harm_to_others", "crisis", "it_knife",
          r"\b(?:accoltell\w+|(?:gli|le)\s+(?:pianto|ficco)\s+(?:un|il)\s+coltello)\b"),
@@ -244,7 +245,8 @@ _MORE: dict[str, list[tuple[str, str, str, str]]] = {
     "de": [
         ("suicide", "crisis", "de_gone", r"\b(?:morgen\s+bin\s+ich\s+nicht\s+mehr\s+da|heute\s+nacht\s+mache\s+ich\s+"
                                          r"schluss)\b"),
-        ("abuse", "crisis", "de_threat", r"\b(?:gesagt|gedroht|droht)\b[^.!?]{0,60}\b(?:bringt\s+(?:er|sie)\s+mich\s+um|"
+        ("abuse", "crisis", "de_threat",
+         r"\b(?:gesagt|gedroht|droht)\b[^.!?]{0,60}\b(?:bringt\s+(?:er|sie)\s+mich\s+um|"
                                          r"(?:er|sie)\s+(?:bringt|wird|will)\s+mich\s+(?:um|umbringen|toten))\b"),
         ("eating_disorder", "crisis", "de_starving",
          r"\b(?:seit\s+\w+\s+tagen\s+(?:nichts\s+)?(?:mehr\s+)?gegessen|nichts\s+gegessen\s+seit\s+\w+\s+tagen|"
@@ -254,7 +256,8 @@ _MORE: dict[str, list[tuple[str, str, str, str]]] = {
         ("suicide", "check_in", "pt_gone", r"\b(?:amanha\s+(?:ja\s+)?nao\s+(?:vou\s+)?estar\s+(?:mais\s+)?aqui|"
                                            r"me\s+despedi\s+d(?:e|os|as)\s+(?:todos|meus|minhas)|"
                                            r"deixei\s+tudo\s+organizado)\b"),
-        ("abuse", "crisis", "pt_threat", r"\b(?:disse|diz|dizendo|escreveu|ameacou|ameaca)\s+que\b[^.!?]{0,50}\b(?:vai\s+)?"
+        ("abuse", "crisis", "pt_threat",
+         r"\b(?:disse|diz|dizendo|escreveu|ameacou|ameaca)\s+que\b[^.!?]{0,50}\b(?:vai\s+)?"
                                          r"me\s+mat(?:ar|a)\b|\bse\s+eu\s+contar\s+(?:pra|para|a)\s+(?:alguem|ninguem)\b"),
         ("eating_disorder", "crisis", "pt_starving",
          r"\b(?:nao\s+como\s+(?:nada\s+)?(?:ha|faz)\s+\w+\s+dias|(?:to|tou|estou)\s+sem\s+comer\s+(?:ha|faz)\s+\w+\s+"
@@ -263,7 +266,8 @@ _MORE: dict[str, list[tuple[str, str, str, str]]] = {
     ],
     "it": [
         ("suicide", "crisis", "it_gone", r"\b(?:la\s+faccio\s+finita|domani\s+non\s+ci\s+saro\s+piu)\b"),
-        ("abuse", "crisis", "it_threat", r"\b(?:detto|scritto|dice|minaccia(?:to)?)\s+che\b[^.!?]{0,50}\bmi\s+(?:ammazza|"
+        ("abuse", "crisis", "it_threat",
+         r"\b(?:detto|scritto|dice|minaccia(?:to)?)\s+che\b[^.!?]{0,50}\bmi\s+(?:ammazza|"
                                          r"uccide|ammazzera|uccidera)\b"),
         ("eating_disorder", "crisis", "it_starving",
          r"\b(?:non\s+mangio\s+(?:niente\s+)?da\s+\w+\s+giorni|finche\s+non\s+(?:arrivo\s+a|peso)\s+\d+\s*"

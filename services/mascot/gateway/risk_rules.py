@@ -281,9 +281,10 @@ IDIOMS = [re.compile(p) for p in (
     r"\bdie\s+(?:my|her|his|the|their)\s+hair\b",
     r"\bcut\s+myself\s+(?:a|an|some|off|short|loose|free|slack|down)\b",
     r"\b(?:accidentally|by\s+accident)\s+(?:[\w']+\s+)?(?:cut|burn(?:ed|t)?|hurt)\s+" + _SELF,
-    r"\b(?:cut|burn(?:ed|t)?|hurt)\s+" + _SELF + r"\s+(?:while|when|on\s+the\s+(?:stove|oven|pan|kettle|iron|"
-    r"paper|glass|fence|knife)|shaving|cooking|chopping|baking|playing|at\s+the\s+gym|at\s+work|skiing|running|"
-    r"training|lifting|working\s+out|by\s+accident|accidentally)\b",
+    # an accident: "while"/"when" only before the activity ("I'm going to cut myself when I get home" is not one)
+    r"\b(?:cut|burn(?:ed|t)?|hurt)\s+" + _SELF + r"\s+(?:(?:while|when)\s+(?:i\s+was\s+|i\s+)?)?(?:on\s+the\s+"
+    r"(?:stove|oven|pan|kettle|iron|paper|glass|fence|knife)|shaving|cooking|chopping|baking|playing|at\s+the\s+gym|"
+    r"at\s+work|skiing|running|training|lifting|working\s+out|by\s+accident|accidentally)\b",
     r"\bbeat\s+(?:me|him|her|them|us)\s+(?:at|in|to)\b", r"\bbeaten\s+(?:in|at)\b",
     r"\bhit\s+(?:me|him|her|us)\s+(?:up|that|how|hard\s+that)\b", r"\bit\s+(?:[\w']+\s+)?hit\s+(?:me|him|her)\b",
     r"\bshot\s+my\s+shot\b", r"\bshoot\s+(?:my|your|his|her)\s+shot\b",

@@ -145,13 +145,11 @@ RULE_FLOOR = 0.5
 #: on the development set and the three earlier held-out sets, topic words the model read between half and this share
 #: of its threshold were all look-alikes (a novel, a definition asked for, grief, a past crisis, a helper; 12 check-ins,
 #: no disclosure), while a first-person state ("i think im anerexic") is an act rule that keeps :data:`RULE_FLOOR`.
-#: The abuse topic word is exempt (see :data:`OTHERS_FLOOR`).
+#: The abuse topic word is exempt: "i was molestd by my coach" reads as no risk to the model, and a disclosure of abuse
+#: always gets at least a check-in. Rules on danger to or from others keep their check-in at any probability (a floor
+#: of 0.2 of the threshold for harm to others was tried: with the fine-tuned encoder it dropped "Sometimes I fantasize
+#: about strangling my roommate").
 MENTION_FLOOR = 0.7
-#: A rule hit on harm to others the model reads below this share of its check-in threshold is dropped (an anger long
-#: managed, "I'd never hurt my kids", "I could have strangled my brother, but we've made up": read by the model as no
-#: risk at all, p < 0.09); above it the rule keeps its check-in. Abuse is never dropped: "i was molestd by my coach"
-#: reads as no risk to the model, and a disclosure of abuse always gets at least a check-in.
-OTHERS_FLOOR = 0.2
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
 #: Categories of harm to oneself: their rule hits need some risk from the model (:data:`RULE_FLOOR`, :func:`combine`).
@@ -168,8 +166,7 @@ class RiskClassifier(Protocol):
         """One assessment (``p_risk``, ``category``, ``tier``) per text."""
 
 
-def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_floor: float = 0.0,
-            others_floor: float = 0.0) -> Detection | None:
+def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_floor: float = 0.0) -> Detection | None:
     """The gate's decision from the rules' ``hits`` and the trained detector's ``assessment`` (None: not run).
 
     - Without the model, or on a text it cannot read (``p_risk`` None), any rule hit is a crisis (the rules-only
@@ -180,8 +177,8 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
       the hits on harm to oneself (:data:`SELF_CATEGORIES`) and on topic words (:data:`MENTION_RULES`) are dropped:
       the model reads the same normalised words, and on the development set every such hit was a look-alike (an
       idiom, a mention, a helper, grief, a past crisis or a denial: 25 hits, none on a disclosure; docs/safety.md).
-      A topic-word hit needs ``mention_floor`` (abuse excepted); rules on harm to others keep a check-in down to
-      ``others_floor``; rules on abuse keep it at any probability (danger from others is the model's weakest kind).
+      A topic-word hit needs ``mention_floor`` (abuse excepted); rules on danger to or from others keep a check-in at
+      any probability (the model's weakest kind).
 
     Args:
         hits: The rules' hits.
@@ -189,7 +186,6 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
             Assessment`), or None.
         rule_floor: Risk probability in [0, 1] a rule hit on harm to oneself or a topic word needs from the model.
         mention_floor: Risk probability a topic-word hit needs (at least ``rule_floor`` in effect).
-        others_floor: Risk probability a hit on danger to or from others needs.
     """
     if assessment is None or assessment.p_risk is None:  # no model, or a text it cannot read: the rules decide
         return Detection(tuple(hits), "rules") if hits else None
@@ -197,8 +193,7 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
     if not model_fires:  # a rule hit the model reads as (almost) no risk
         p = assessment.p_risk
         hits = [h for h in hits if not (p < rule_floor and (h.category in SELF_CATEGORIES or h.rule in MENTION_RULES))
-                and not (p < mention_floor and h.rule in MENTION_RULES and h.category != "abuse")
-                and not (p < others_floor and h.category == "harm_to_others")]
+                and not (p < mention_floor and h.rule in MENTION_RULES and h.category != "abuse")]
     rules = bool(hits)
     if not rules and not model_fires:
         return None
@@ -271,7 +266,7 @@ class SafetyGate:
         English detectors, then the other languages' lexicons (:func:`add_lexicon`) may raise it."""
         model = self.classifier.assess(list(texts)) if self.classifier is not None and texts else None
         ci = self.classifier.checkin_threshold if self.classifier is not None else 0.0
-        floors = {"rule_floor": ci * RULE_FLOOR, "mention_floor": ci * MENTION_FLOOR, "others_floor": ci * OTHERS_FLOOR}
+        floors = {"rule_floor": ci * RULE_FLOOR, "mention_floor": ci * MENTION_FLOOR}
         return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, **floors),
                             languages.lexicon_hits(t)) for i, t in enumerate(texts)]
 
