@@ -85,12 +85,13 @@ class ZeroEncoder:
 
 @pytest.fixture
 def alarmist(tmp_path, monkeypatch):
-    """A retrained detector file that puts every readable message in the crisis tier (risk intercept +30), served
-    with the stand-in encoder; the shared classifiers are dropped afterwards."""
+    """A retrained detector file that puts every readable message in the crisis tier (risk intercept +30), without an
+    encoder adapter, so served with the stand-in encoder; the shared classifiers are dropped afterwards."""
     monkeypatch.setattr(cm, "shared_encoder", lambda: ZeroEncoder())
     det = cm.Detector.load()
     path = tmp_path / "retrained.json"
-    det.model_copy(update={"risk_intercept": 30.0}).save(path)
+    plain = det.settings.model_copy(update={"adapter": "", "adapter_sha256": ""})
+    det.model_copy(update={"risk_intercept": 30.0, "settings": plain}).save(path)
     cm.shared_classifier.cache_clear()
     yield path
     cm.shared_classifier.cache_clear()

@@ -80,7 +80,9 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
         phase2={"num_generations": 8, "suffix_agent_turns": 1, "user_speak_prob": 0.0, "eta": 0.0,
                 "min_distinct": 1},
         director={"max_tokens": 24, "decoding": {"temperature": 1.0, "top_p": 1.0}},
-        director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 16, "distribution_samples": 12, "seed": 0,
+        # 28 steps: with the Tone grammar branching on the persona, 16 raised the target by 0.08 only (0.35 -> 0.43);
+        # a higher rate (4.5e-3, 6e-3) collapsed the policy to invalid directives
+        director_grpo={"batch_size": 16, "lr": 3e-3, "max_steps": 28, "distribution_samples": 12, "seed": 0,
                        "heldout_samples": 12})
     loop = LoopThread()
     engine = TransformersEngine(str(director_base), max_model_len=2048, batch_wait_ms=2)
@@ -104,7 +106,7 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
         loop.close()
     before, after = m["persona_distribution_before"], m["persona_distribution_after"]
     print(f"target {target}: before {before} after {after}; reward {m['reward_first']} -> {m['reward_last']}")
-    assert m["steps"] == 16 and m["rollouts"].get("complete", 0) > 0
+    assert m["steps"] == 28 and m["rollouts"].get("complete", 0) > 0
     assert before["invalid"] < 0.5, "the warm base should mostly write valid directives"
     assert after[target] >= before[target] + 0.2, (target, before, after)
     assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0  # min_distinct 1: one persona is enough

@@ -30,15 +30,16 @@ _EXTRA_CORPUS = [
 
 
 def _card_text(path: Path) -> str:
-    """A persona file's text without comment lines and without its cards' ``moves:`` blocks (detector settings, never
-    words a speaker says), so that editing either leaves the tokenizer, and every tiny-model output, as it was."""
+    """A persona file's text without comment lines, its cards' ``moves:`` blocks (detector settings, never words a
+    speaker says) and their ``tone_words:`` lines (the director's Tone vocabulary), so that editing any of them leaves
+    the tokenizer, and every tiny-model output, as it was."""
     kept, moves_indent = [], None
     for ln in path.read_text(encoding="utf-8").splitlines(keepends=True):
         indent = len(ln) - len(ln.lstrip())
         if moves_indent is not None and (indent > moves_indent or not ln.strip()):
             continue  # inside a moves block
         moves_indent = None
-        if ln.lstrip().startswith("#"):
+        if ln.lstrip().startswith(("#", "tone_words:")):
             continue
         if ln.lstrip().startswith("moves:"):
             moves_indent = indent
