@@ -164,17 +164,23 @@ async def test_a_speaker_that_only_fails_never_runs_the_round_to_its_limit(tmp_p
     await stack.stop(0)
 
 
-async def test_degenerate_directives_are_reprompted_with_the_reason(tmp_path):
-    answers = iter([directive_for("The Anchor", "The Anchor"),  # only a name
-                    directive_for("The Anchor", "Acknowledge how frightening being followed was."),
-                    directive_for("The Beacon", "Acknowledge how frightening being followed was."),  # a copy
-                    directive_for("The Beacon", "Celebrate the courage it took to speak up today.")])
-    prompts = []
+def scripted_director(answers):
+    """``(director, prompts)``: a director stand-in that answers ``answers`` in turn and records each prompt."""
+    it, prompts = iter(answers), []
 
     def director(prompt):
         prompts.append(prompt)
-        return next(answers)
+        return next(it)
 
+    return director, prompts
+
+
+async def test_degenerate_directives_are_reprompted_with_the_reason(tmp_path):
+    director, prompts = scripted_director([
+        directive_for("The Anchor", "The Anchor"),  # only a name
+        directive_for("The Anchor", "Acknowledge how frightening being followed was."),
+        directive_for("The Beacon", "Acknowledge how frightening being followed was."),  # a copy
+        directive_for("The Beacon", "Celebrate the courage it took to speak up today.")])
     stack, client, eng, metrics = await guarded_stack(tmp_path, director, lambda p: GOOD[persona_of(p)],
                                                       dialogue={"agent_turns_per_round": 2})
     conv = await client.start(persona_ids=ROSTER)
@@ -196,15 +202,10 @@ async def test_degenerate_directives_are_reprompted_with_the_reason(tmp_path):
 
 
 async def test_directives_to_someone_else_or_about_absent_people_are_reprompted_with_the_reason(tmp_path):
-    answers = iter([directive_for("The Anchor", "Offer a kind message to the man's family and friends."),
-                    directive_for("The Anchor", "Acknowledge how scared the user's sister must have been."),
-                    directive_for("The Anchor", "Acknowledge how frightening being followed home was.")])
-    prompts = []
-
-    def director(prompt):
-        prompts.append(prompt)
-        return next(answers)
-
+    director, prompts = scripted_director([
+        directive_for("The Anchor", "Offer a kind message to the man's family and friends."),
+        directive_for("The Anchor", "Acknowledge how scared the user's sister must have been."),
+        directive_for("The Anchor", "Acknowledge how frightening being followed home was.")])
     stack, client, eng, metrics = await guarded_stack(tmp_path, director, lambda p: GOOD[persona_of(p)],
                                                       dialogue={"agent_turns_per_round": 1})
     conv = await client.start(persona_ids=ROSTER)
