@@ -315,11 +315,24 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _lora_config(settings: DetectorSettings) -> Any:
-    from peft import LoraConfig
+def _lora_minilm(settings: DetectorSettings) -> tuple[Any, Any]:
+    """``(encoder, peft_model)``: a fresh :class:`~mascot.core.embedding.SentenceEncoder` (never the shared one) and
+    its MiniLM wrapped with a LoRA of rank ``settings.lora_rank`` on every linear layer (PEFT)."""
+    from peft import LoraConfig, get_peft_model
 
-    return LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, lora_dropout=0.1,
-                      target_modules=["query", "key", "value", "dense"])
+    from mascot.core.embedding import SentenceEncoder
+
+    enc = SentenceEncoder(batch_size=32, device="cpu")
+    cfg = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, lora_dropout=0.1,
+                     target_modules=["query", "key", "value", "dense"])
+    return enc, get_peft_model(enc.model[0].auto_model, cfg)
+
+
+def _merge(enc: Any, model: Any) -> Any:
+    """``enc`` with the LoRA of ``model`` merged into its MiniLM, in eval mode."""
+    enc.model[0].auto_model = model.merge_and_unload()
+    enc.model.eval()
+    return enc
 
 
 #: The sentence embedding (unit norm) is multiplied by this before the fine-tuning's linear head (a temperature: a
@@ -351,18 +364,16 @@ def fine_tune_encoder(examples: Sequence["Example"], settings: DetectorSettings)
     import random
 
     import torch
-    from peft import get_peft_model
 
-    from mascot.core.embedding import MINILM_DIM, SentenceEncoder
+    from mascot.core.embedding import MINILM_DIM
 
     if len(examples) < settings.batch_size:
         raise ValueError(f"fine-tuning needs at least one batch ({settings.batch_size}) of examples, "
                          f"got {len(examples)}")
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
-    enc = SentenceEncoder(batch_size=32, device="cpu")
+    enc, model = _lora_minilm(settings)
     tok = enc.model.tokenizer
-    model = get_peft_model(enc.model[0].auto_model, _lora_config(settings))
     head = torch.nn.Linear(MINILM_DIM, 1)
     texts = [model_text(e.text) for e in examples]
     y = torch.tensor([float(e.at_risk) for e in examples])
@@ -394,9 +405,7 @@ def fine_tune_encoder(examples: Sequence["Example"], settings: DetectorSettings)
             step += 1
     model.eval()
     state = {k: v.detach().clone() for k, v in model.state_dict().items() if "lora_" in k}
-    enc.model[0].auto_model = model.merge_and_unload()
-    enc.model.eval()
-    return enc, state, head.weight.detach()[0].numpy().copy(), float(head.bias.detach()[0])
+    return _merge(enc, model), state, head.weight.detach()[0].numpy().copy(), float(head.bias.detach()[0])
 
 
 def adapted_encoder(settings: DetectorSettings, folder: Path) -> Any:
@@ -407,10 +416,7 @@ def adapted_encoder(settings: DetectorSettings, folder: Path) -> Any:
         ValueError: the adapter file is missing or its SHA-256 is not the one the detector names (names the file and
             the fix).
     """
-    from peft import get_peft_model
     from safetensors.torch import load as load_tensors
-
-    from mascot.core.embedding import SentenceEncoder
 
     path = folder / settings.adapter
     fix = "rebuild the detector with `mascot safety train` (it writes both files)"
@@ -421,14 +427,11 @@ def adapted_encoder(settings: DetectorSettings, folder: Path) -> Any:
     if hashlib.sha256(blob).hexdigest() != settings.adapter_sha256:
         raise ValueError(f"crisis detector adapter {path} is not the one its detector file was written with "
                          f"(SHA-256 differs); {fix}")
-    enc = SentenceEncoder(batch_size=32, device="cpu")
-    model = get_peft_model(enc.model[0].auto_model, _lora_config(settings))
+    enc, model = _lora_minilm(settings)
     missing = model.load_state_dict(load_tensors(blob), strict=False)
     if missing.unexpected_keys or any("lora_" in k for k in missing.missing_keys):
         raise ValueError(f"crisis detector adapter {path} does not fit MiniLM with rank {settings.lora_rank}; {fix}")
-    enc.model[0].auto_model = model.merge_and_unload()
-    enc.model.eval()
-    return enc
+    return _merge(enc, model)
 
 
 @functools.lru_cache(maxsize=1)
@@ -664,7 +667,7 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
     dev = model_examples(dev)
     if not any(e.at_risk for e in dev) or all(e.at_risk for e in dev):
         raise ValueError("the development set needs both at-risk and not-at-risk examples")
-    clf = CrisisClassifier(det, encoder, crisis_threshold=0.5, checkin_threshold=0.5)
+    clf = CrisisClassifier(det, det._encoder or encoder, crisis_threshold=0.5, checkin_threshold=0.5)
     p, _ = clf.p_risk([e.text for e in dev])
     crisis, checkin = choose_thresholds(p, dev, min_recall=min_recall, max_crisis_fp=max_crisis_fp)
     if crisis_threshold is not None:
@@ -676,12 +679,9 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
         "crisis_threshold": crisis, "checkin_threshold": checkin,
         "dev": {"examples": len(dev), "digest": examples_digest(dev), "min_recall": min_recall,
                 "max_crisis_fp": max_crisis_fp, **figures(p, dev, crisis, checkin)}})
-    fitted = det
-    det = det.model_copy(update={"settings": settings})
-    det._adapter_state, det._encoder = fitted._adapter_state, fitted._encoder
+    det = det.model_copy(update={"settings": settings})  # a copy keeps the fitted encoder and adapter weights
     if out is not None:
         det = det.save(out)
-        det._encoder = fitted._encoder
     return det
 
 
