@@ -4,7 +4,8 @@ prefix's group (what GRPO's advantage sees: a reward constant within a group tea
 
 Reads ``RUN/rollouts/prefixes.jsonl`` and ``RUN/rollouts/blocks.jsonl`` (``mascot train collaborative --stage
 speakers --stage rollouts`` with ``phase2.group_reward.source: rm``, which builds K blocks per prefix with the serving
-director, speakers and simulated user), scores each non-dropped block with the settings' defaults, and prints one line
+director, speakers and simulated user), scores each non-dropped block with the settings' defaults and the support
+roster's moves (every support persona, the CPU recipe's roster), and prints one line
 per block (persona order, its moves, the three terms, R_group, I_div, R) and the summary: mean, standard deviation,
 min and max of R_group and R, the mean within-prefix standard deviation, and the I_div counts.
 
