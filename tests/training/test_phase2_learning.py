@@ -109,7 +109,8 @@ def test_planted_group_reward_raises_the_favoured_personas_share(director_base: 
     assert m["steps"] == 28 and m["rollouts"].get("complete", 0) > 0
     assert before["invalid"] < 0.5, "the warm base should mostly write valid directives"
     assert after[target] >= before[target] + 0.2, (target, before, after)
-    assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0  # min_distinct 1: one persona is enough
+    # the prefixes hold no agent turn, so every suffix brings in a persona not heard yet (phase2.diversity new_persona)
+    assert m["group_reward_mean"] is not None and m["i_div_mean"] == 1.0
     # on openings GRPO never trained on, the same seeds before and after: the favoured persona speaks more often
     hb, ha = m["heldout_before"], m["heldout_after"]
     print(f"held-out: before {hb} after {ha}")

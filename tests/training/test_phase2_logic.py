@@ -1,4 +1,5 @@
-"""Phase 2 pure rules: I_div, the rollout reward, judge mapping, role-flip detection, config validation."""
+"""Phase 2 pure rules: I_div (both modes, on persona sequences the serving rules allow), the rollout reward, judge
+mapping, role-flip detection, config validation."""
 
 from __future__ import annotations
 
@@ -25,8 +26,72 @@ ROSTER = [PersonaCatalog.load().get(i) for i in ("anchor", "catalyst", "beacon")
     (["anchor", "catalyst"], 3, -1),
     (["anchor", "catalyst", "beacon"], 3, 1),
 ])
-def test_i_div(personas, min_distinct, expected):
-    assert i_div(personas, min_distinct) == expected
+def test_i_div_distinct(personas, min_distinct, expected):
+    assert i_div(personas, min_distinct, mode="distinct") == expected
+
+
+@pytest.mark.parametrize("personas,heard,expected", [
+    (["anchor", "catalyst"], [], 1),  # nobody heard yet: any speaker is new
+    (["action_guide", "anchor"], ["anchor", "catalyst", "beacon"], 1),  # the Action Guide is new
+    (["anchor", "catalyst"], ["anchor", "catalyst", "beacon"], -1),  # both heard before
+    (["catalyst"], ["catalyst"], -1),
+    ([], ["anchor"], -1),  # a suffix without agent turns brings in nobody
+])
+def test_i_div_new_persona(personas, heard, expected):
+    assert i_div(personas, mode="new_persona", heard=heard) == expected
+    assert i_div(personas, 5, heard=heard) == expected  # the default mode, min_distinct unread
+
+
+def test_i_div_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown diversity mode 'vibes'; use one of new_persona, distinct"):
+        i_div(["anchor"], mode="vibes")
+
+
+def _serving_sequences(roster: list, k: int, n: int) -> list[tuple[list[str], list[str]]]:
+    """Every ``(prefix speakers, suffix speakers)`` of k + n agent turns that serving's rules allow a director to pick
+    (:func:`mascot.director.decide.choosable_personas` with serving's defaults: no persona of the last two agent
+    turns, the consecutive-turn cap), with a user turn between agent turns (the rules count agent turns only)."""
+    from mascot.core.config import DirectorConfig
+    from mascot.core.dialogue import HistoryTurn
+    from mascot.director.decide import choosable_personas
+
+    cfg = DirectorConfig()
+    out = []
+
+    def grow(history: list, spoke: list[str]) -> None:
+        if len(spoke) == k + n:
+            out.append((spoke[:k], spoke[k:]))
+            return
+        for card in choosable_personas(roster, history, cfg)[1]:
+            grow([*history, HistoryTurn("agent", "...", card.id), HistoryTurn("user", "ok")], [*spoke, card.id])
+
+    grow([HistoryTurn("user", "I lost my job.")], [])
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4])
+def test_i_div_on_the_persona_sequences_serving_allows(k):
+    """The paper's indicator is +1 on every suffix of 2 agent turns serving can produce (the rest rule forbids a repeat
+    within 3 agent turns): it cannot tell rollouts apart. The redefined one is +1 when the suffix brings in a persona
+    the prefix did not hear and -1 otherwise: both values once the prefix holds 3 or more agent turns."""
+    roster = PersonaCatalog.load().in_set("support")
+    seqs = _serving_sequences(roster, k, 2)
+    assert len(seqs) == 5 * 4 * 3 ** k  # 5 personas; from the third turn on, the last two speakers rest
+    for p, s in seqs:  # the rest rule: any 3 consecutive agent turns are 3 different personas
+        turns = p + s
+        assert all(len(set(turns[i:i + 3])) == len(turns[i:i + 3]) for i in range(len(turns)))
+    assert {i_div(s, 2, mode="distinct") for _, s in seqs} == {1}
+    new = [i_div(s, mode="new_persona", heard=p) for p, s in seqs]
+    minus = sum(v == -1 for v in new) / len(new)
+    print(f"k={k}: {len(new)} sequences, new_persona I_div -1 in {minus:.0%}")
+    if k <= 2:  # the suffix's first speaker is always one the prefix did not hear
+        assert set(new) == {1}
+    else:
+        assert set(new) == {1, -1} and 0.0 < minus < 1.0
+    if k == 3:  # anchor, catalyst, beacon; then anchor and catalyst again: -1; the Action Guide instead: +1
+        assert (["anchor", "catalyst", "beacon"], ["anchor", "catalyst"]) in seqs
+        assert i_div(["anchor", "catalyst"], heard=["anchor", "catalyst", "beacon"]) == -1
+        assert i_div(["action_guide", "catalyst"], heard=["anchor", "catalyst", "beacon"]) == 1
 
 
 @pytest.mark.parametrize("kw,expected", [
@@ -41,8 +106,44 @@ def test_i_div(personas, min_distinct, expected):
     ({"invalid": False, "dropped": False, "r_group": math.inf, "personas": ["anchor", "catalyst"]}, None),
 ])
 def test_rollout_reward_table(kw, expected):
-    got = rollout_reward(**kw, eta=0.5, min_distinct=2, invalid_reward=-2.0)
+    got = rollout_reward(**kw, eta=0.5, min_distinct=2, invalid_reward=-2.0, diversity="distinct")
     assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize("personas,heard,expected", [
+    (["anchor", "catalyst"], [], 0.75),
+    (["anchor", "catalyst"], ["anchor", "catalyst", "beacon"], -0.25),
+    (["action_guide", "catalyst"], ["anchor", "catalyst", "beacon"], 0.75),
+])
+def test_rollout_reward_new_persona(personas, heard, expected):
+    got = rollout_reward(invalid=False, dropped=False, r_group=0.25, personas=personas, eta=0.5, min_distinct=2,
+                         invalid_reward=-2.0, diversity="new_persona", heard=heard)
+    assert got == pytest.approx(expected)
+
+
+def test_the_reward_function_reads_the_prefix_for_i_div():
+    """make_reward_func gives I_div from what the prefix heard: the same suffix scores +1 after a short prefix and -1
+    after one that heard its personas already; the stats keep both."""
+    from mascot.core.dialogue import HistoryTurn
+    from mascot_training.collaborative.config import Phase2Config
+    from mascot_training.collaborative.director_grpo import RolloutStats, make_reward_func
+    from mascot_training.collaborative.simulate import Prefix
+
+    opening = HistoryTurn("user", "I lost my job.")
+    heard = [HistoryTurn("agent", "x", p) for p in ("anchor", "catalyst", "beacon")]
+    prefixes = {"short": Prefix("short", "s1", "", "sad", 0, [opening]),
+                "long": Prefix("long", "s2", "", "sad", 3, [opening, *heard])}
+    block = [{"role": "agent", "text": "y", "persona_id": p} for p in ("anchor", "catalyst")]
+    rollout = [{"prefix_id": pid, "block": block, "personas": ["anchor", "catalyst"], "invalid": "",
+                "dropped": "", "window_full": False, "directives": []} for pid in ("short", "long")]
+    stats = RolloutStats()
+    fn = make_reward_func(prefixes, lambda items: [0.5] * len(items), Phase2Config(), 10.0, stats)
+    assert fn(prompts=["short", "long"], completions=["", ""], rollout=rollout) == [pytest.approx(1.0),
+                                                                                   pytest.approx(0.0)]
+    assert stats.i_div == [1, -1] and stats.summary()["i_div_mean"] == 0.0
+    distinct = make_reward_func(prefixes, lambda items: [0.5] * len(items), Phase2Config(diversity="distinct"), 10.0,
+                                RolloutStats())
+    assert distinct(prompts=["short", "long"], completions=["", ""], rollout=rollout) == [pytest.approx(1.0)] * 2
 
 
 def test_judge_group_reward_maps_1_5_to_0_1():
@@ -88,6 +189,7 @@ def test_user_turns_are_not_flagged(text):
 
 def test_config_problems_are_listed_together(tmp_path, shared_data):
     f = phase2_config(tmp_path, **{"director_grpo.batch_size": 6, "phase2.num_generations": 4, "personas": ["anchor"],
+                                   "phase2.diversity": "distinct",
                                    "speakers.adapters": {"catalyst": str(tmp_path)}, "user.personality": "XYZW",
                                    "phase2.group_reward.judge.target": "127.0.0.1:50071"})
     with pytest.raises(ConfigError) as e:
@@ -115,6 +217,8 @@ def test_smoke_config_is_valid_and_uses_the_reference_defaults_it_does_not_overr
     cfg = load(phase2_config(tmp_path))
     assert cfg.phase2.eta == 0.5 and cfg.phase2.min_distinct == 2 and cfg.phase2.invalid_reward == -2.0
     assert cfg.phase2.user_speak_prob == 0.5 and cfg.phase2.group_reward.source == "rm"
+    assert cfg.phase2.diversity == "new_persona"  # our deviation (docs/method.md): the paper's is +1 for every valid
+    # suffix of 3 agent turns or fewer
     assert cfg.phase2.num_generations == 4  # the CPU profile
 
 

@@ -255,8 +255,9 @@ def trl_setup(tiny_model_dir, tok, tmp_path):
 
 
 def test_group_advantages_on_a_hand_made_group(trl_setup):
-    """R = [-2 (invalid), 0.8 + 0.5 (two personas), 0.2 - 0.5 (one persona), None (no group reward)]; TRL normalises
-    within the group ignoring the masked one (nanmean, Bessel nanstd, +1e-4) and gives it advantage 0."""
+    """R = [-2 (invalid), 0.8 + 0.5 (brings in the Catalyst, whom the prefix did not hear), 0.2 - 0.5 (the Anchor
+    twice, heard in the prefix), None (no group reward)]; TRL normalises within the group ignoring the masked one
+    (nanmean, Bessel nanstd, +1e-4) and gives it advantage 0."""
     import statistics
 
     trainer, stats = trl_setup

@@ -34,7 +34,8 @@ Phase 2 artefacts:
   "context"}`` per prefix; ``blocks.jsonl``: ``{"prefix_id", "blocks": [Rollout.record(), ...K]}``
   (:meth:`mascot_training.collaborative.simulate.Rollout.record`); ``dropped.jsonl``: prefixes lost to a role flip.
 - ``OUT/group_rm/model/``: the group reward model (as ``persona_rm``, on blocks of turns) and ``judgements.jsonl``
-  (``{"prefix_id", "mean"}`` per block); with ``group_reward.source: judge`` only a manifest.
+  (``{"prefix_id", "mean"}`` per block); with ``group_reward.source: judge`` or ``team`` only a manifest (and no
+  ``blocks.jsonl``).
 - ``OUT/director_grpo/adapter/``: the director's GRPO LoRA; ``metrics.json`` (rewards, persona distribution and
   valid-directive rate before and after); ``warm_start/`` when ``director.warm_start_steps`` is set.
 - ``OUT/publish/manifest.json`` (the gate) and ``OUT/adapters/director/v<N>/`` in the store (``staged``).

@@ -161,6 +161,19 @@ class SentenceEncoder:
         return out
 
 
+def mean_pairwise_cosine(embeddings: "np.ndarray") -> float | None:
+    """Mean cosine similarity over all unordered pairs ``i < j`` of L2-normalised rows, clipped to [-1, 1]; None for
+    fewer than two rows (the embedding redundancy of a dialogue or a round, and the redundancy term of the director's
+    team reward)."""
+    import numpy as np
+
+    e = np.asarray(embeddings, dtype=np.float64)
+    if e.shape[0] < 2:
+        return None
+    iu = np.triu_indices(e.shape[0], k=1)
+    return float(np.clip((e @ e.T)[iu].mean(), -1.0, 1.0))
+
+
 def identity_text(card: PersonaCard) -> str:
     """The text a persona is identified by: its role, goal, expertise, allowed moves and style, in that order.
 

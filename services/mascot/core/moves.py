@@ -30,14 +30,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mascot.core.guard import split_sentences, words
 
 __all__ = ["DETECTORS", "MoveInput", "MoveSpec", "CardMoves", "MoveVerdict", "Detector", "register", "assess",
-           "detect", "content_words", "shared_content_words"]
+           "detect", "content_words", "shared_content_words", "round_moves"]
 
 
 @dataclass(frozen=True)
@@ -839,6 +839,18 @@ def assess(moves: CardMoves, reply: str, user: str = "") -> MoveVerdict:
     """
     return MoveVerdict(tuple(s.detector for s in moves.required if detect(s, reply, user)),
                        tuple(s.detector for s in moves.forbidden if detect(s, reply, user)))
+
+
+def round_moves(cards: Sequence[Any]) -> CardMoves | None:
+    """The moves a round of several personas is read for: every required move of the ``cards`` (the first card's
+    parameters where two name the same detector), as one :class:`CardMoves` whose :func:`assess` verdict names the
+    moves a reply shows, whoever spoke; None when no card has moves. Used by ``moves_per_round``
+    (:mod:`mascot.eval.measures`) and the director's team reward (``phase2.group_reward.source: team``)."""
+    specs: dict[str, MoveSpec] = {}
+    for c in cards:
+        for spec in (c.moves.required if getattr(c, "moves", None) is not None else ()):
+            specs.setdefault(spec.detector, spec)
+    return CardMoves(required=list(specs.values())) if specs else None
 
 
 def detector_table() -> list[Mapping[str, Any]]:

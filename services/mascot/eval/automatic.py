@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from mascot.core.diversity import distinct_n
-from mascot.core.embedding import SentenceEncoder, check_texts
+# mean_pairwise_cosine lives in core: the director's team reward (training) reads redundancy the same way
+from mascot.core.embedding import SentenceEncoder, check_texts, mean_pairwise_cosine
 from mascot.eval.stats import mean_std
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -334,18 +335,6 @@ def build_tiny_nli_model(out_dir: str | Path, *, hidden_size: int = 32, num_laye
 # --------------------------------------------------------------------------------------------------------------------
 # Embedding redundancy
 # --------------------------------------------------------------------------------------------------------------------
-
-def mean_pairwise_cosine(embeddings: np.ndarray) -> float | None:
-    """Mean cosine similarity over all unordered pairs ``i < j`` of L2-normalised rows, clipped to [-1, 1]; None for
-    fewer than two rows (the embedding redundancy of a dialogue)."""
-    import numpy as np
-
-    e = np.asarray(embeddings, dtype=np.float64)
-    if e.shape[0] < 2:
-        return None
-    iu = np.triu_indices(e.shape[0], k=1)
-    return float(np.clip((e @ e.T)[iu].mean(), -1.0, 1.0))
-
 
 def medoid_from_embeddings(embeddings: np.ndarray) -> int:
     """Index of the row with the highest mean cosine similarity to the other rows.

@@ -54,7 +54,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mascot.core.guard import words
 # the identity text, nearest-card identification and margin are shared with the metrics judge
-from mascot.core.embedding import identify, identity_text, margin
+from mascot.core.embedding import identify, identity_text, margin, mean_pairwise_cosine
+# the moves a round is read for are shared with the director's team reward (training)
+from mascot.core.moves import round_moves
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import numpy as np
@@ -137,19 +139,6 @@ class MeasureContext:
         return np.stack([self._cache[t] for t in texts])
 
 
-def round_moves(cards: Sequence[PersonaCard]) -> Any:
-    """The moves a round is read for: every required move of the ``cards`` (the first card's parameters where two
-    name the same detector), as one :class:`mascot.core.moves.CardMoves` whose verdict names the moves a reply shows;
-    None when no card has moves."""
-    from mascot.core.moves import CardMoves
-
-    specs = {}
-    for c in cards:
-        for spec in (c.moves.required if c.moves is not None else ()):
-            specs.setdefault(spec.detector, spec)
-    return CardMoves(required=list(specs.values())) if specs else None
-
-
 def rounds(turns: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     """The rounds of a transcript: ``(latest user message, agent turns)`` per maximal run of agent turns (the agent
     turns between two user messages; "" before the first user message). Runs without an agent turn are left out."""
@@ -172,7 +161,6 @@ def round_figures(turns: Sequence[Mapping[str, Any]], mctx: MeasureContext) -> t
     only (safety-gate turns and empty replies left out); None where no round qualifies (no reply, no card with
     moves, or no round of two replies)."""
     from mascot.core.moves import assess
-    from mascot.eval.automatic import mean_pairwise_cosine
 
     moves, redundancy = [], []
     for user, run in rounds(turns):
@@ -203,7 +191,7 @@ def dialogue_measures(dialogue: Mapping[str, Any], mctx: MeasureContext, agent_t
         reply whose card has moves (for the per-persona move figures, the classifier and the openers).
     """
     from mascot.core.diversity import distinct_n
-    from mascot.eval.automatic import mean_pairwise_cosine, self_bleu
+    from mascot.eval.automatic import self_bleu
     from mascot.eval.defects import is_echo, is_loop, is_near_duplicate
 
     turns = list(dialogue["turns"])

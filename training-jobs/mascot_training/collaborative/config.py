@@ -2,9 +2,10 @@
 
 One YAML file configures the chain ``speakers → rollouts → group_rm → director_grpo → publish``. The section
 ``phase2`` carries the algorithm's named defaults (``phase2.num_generations``, ``phase2.suffix_agent_turns``,
-``phase2.eta``, ``phase2.min_distinct``, ``phase2.invalid_reward``, ``phase2.group_reward.source``); the other
-sections reuse the shapes both phases share (:mod:`mascot_training.common.config`: data split, LoRA, judge, pairs,
-reward-model recipe, GRPO optimiser, publish target).
+``phase2.eta``, ``phase2.diversity``, ``phase2.min_distinct``, ``phase2.invalid_reward``,
+``phase2.group_reward.source``); the other sections reuse the shapes both phases share
+(:mod:`mascot_training.common.config`: data split, LoRA, judge, pairs, reward-model recipe, GRPO optimiser, publish
+target).
 """
 
 from __future__ import annotations
@@ -67,15 +68,46 @@ class UserSimConfig(_S):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
 
 
-class GroupRewardConfig(_S):
-    """R_group: a group reward model (phase 1 recipe on judge-scored blocks) or the judge directly."""
+class TeamRewardConfig(_S):
+    """Weights of the team reward (``group_reward.source: team``; :func:`mascot_training.common.rewards.team_reward`):
+    R_team = (w_m·C + w_u·U + w_r·(1 − D')) / (w_m + w_u + w_r) ∈ [0, 1], C the share of the block's agent turns
+    that add a card move no earlier turn of the block showed, U their relevance to the user's latest message, D' the
+    redundancy between them above ``redundancy_floor`` (MiniLM cosines). Complementary moves weigh most: they are
+    what the paper's collective criteria ask of a team and what ``moves_per_round`` measures; the two cosines are
+    bounded proxies."""
 
-    source: Literal["rm", "judge"] = "rm"
+    #: w_m: complementary contributions (distinct card moves, :func:`mascot.core.moves.round_moves`).
+    w_moves: float = Field(1.0, ge=0.0, le=1.0)
+    #: w_u: relevance to the user (cosine of each turn to the latest user message; an echo of it counts 0).
+    w_relevance: float = Field(0.5, ge=0.0, le=1.0)
+    #: w_r: no redundancy between the block's turns: 1 − D', D' = clip((D − d₀)/(1 − d₀), 0, 1) of their mean
+    #: pairwise cosine D.
+    w_redundancy: float = Field(0.5, ge=0.0, le=1.0)
+    #: d₀: the mean pairwise cosine up to which turns count as not redundant (turns answering one message share its
+    #: topic; the metrics judge's best overlap score reaches the same cosine).
+    redundancy_floor: float = Field(0.5, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "TeamRewardConfig":
+        if self.w_moves + self.w_relevance + self.w_redundancy <= 0:
+            raise ValueError("at least one team reward weight must be above 0")
+        return self
+
+
+class GroupRewardConfig(_S):
+    """R_group: a group reward model (phase 1 recipe on judge-scored blocks), the judge directly, or the team reward
+    (card moves and MiniLM cosines of the block, no model trained: ``team``)."""
+
+    #: ``rm``: ẑ of the group reward model (the paper's); ``judge``: (s − 1)/4 of the judge's mean collective score;
+    #: ``team``: :class:`TeamRewardConfig`'s measured collective criteria (our addition; docs/method.md). ``judge``
+    #: and ``team`` need no blocks and no ``group_rm`` training.
+    source: Literal["rm", "judge", "team"] = "rm"
     #: Block continuations per prefix scored by the judge for the group RM.
     k: int = Field(8, ge=2, le=64)
     judge: JudgeStageConfig = JudgeStageConfig()
     pairs: PairsConfig = PairsConfig()
     rm: PersonaRmConfig = PersonaRmConfig()
+    team: TeamRewardConfig = TeamRewardConfig()
 
 
 class Phase2Config(_S):
@@ -93,7 +125,13 @@ class Phase2Config(_S):
     user_speak_prob: float = Field(0.5, ge=0.0, le=1.0)
     #: η: weight of the diversity indicator I_div.
     eta: float = Field(0.5, ge=0.0)
-    #: I_div = +1 when at least this many distinct personas spoke among the suffix's agent turns, else -1.
+    #: How the diversity indicator I_div reads a rollout (:func:`mascot_training.common.rewards.i_div`):
+    #: ``new_persona`` (our deviation, docs/method.md) = +1 when the suffix gives a turn to a persona not heard in the
+    #: prefix, else -1; ``distinct`` (the paper's) = +1 when at least ``min_distinct`` distinct personas spoke in the
+    #: suffix, else -1. Under the rest rule (serving's ``rest_turns`` = 2) ``distinct`` is +1 for every valid suffix of
+    #: 3 agent turns or fewer, and ``new_persona`` can be -1 only after a prefix of 3 or more agent turns.
+    diversity: Literal["new_persona", "distinct"] = "new_persona"
+    #: ``distinct`` only: I_div = +1 when at least this many distinct personas spoke among the suffix's agent turns.
     min_distinct: int = Field(2, ge=1)
     #: R of a rollout ended by an invalid directive.
     invalid_reward: float = -2.0
@@ -213,7 +251,7 @@ def validate(cfg: CollaborativeConfig) -> list[str]:
                    "in-process (the JudgeService code on the run's engine or an openai judge spec); remove target")
     if not [p for p in cfg.personas if p not in _known()]:
         n = len(active_personas(cfg))
-        if p2.min_distinct > n:
+        if p2.diversity == "distinct" and p2.min_distinct > n:
             out.append(f"phase2.min_distinct ({p2.min_distinct}) exceeds the {n} active persona(s): I_div could "
                        "never be +1")
     for pid, d in cfg.speakers.adapters.items():

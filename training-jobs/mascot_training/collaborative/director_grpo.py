@@ -12,7 +12,10 @@ G rollouts of a prefix (``scale_rewards="group"``) and applies the advantage to 
 rollout.
 
 R_group: ``rm`` = ẑ of the group RM (``OUT/group_rm/model``) on
-:func:`mascot.core.formatting.group_reward_model_text`; ``judge`` = (s − 1)/4 of the judge's mean collective score.
+:func:`mascot.core.formatting.group_reward_model_text`; ``judge`` = (s − 1)/4 of the judge's mean collective score;
+``team`` = the measured collective criteria of the block (:func:`team_group_reward`: complementary card moves,
+relevance to the user, no redundancy). I_div follows ``phase2.diversity`` (by default +1 when the suffix brings in a
+persona the prefix did not hear, else −1).
 A dropped episode (role flip, or a speaker reply refused on every attempt), a failed or timed-out group reward gets
 reward None: TRL turns it into advantage 0 and it is counted (``mascot_reward_failures_total{reason}``).
 """
@@ -103,6 +106,44 @@ def judge_group_reward_fn(judges: list, cards: list, loop: LoopThread, timeout_s
     def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
         means, _ = loop.call(judge_blocks(judges, cards, list(items)), timeout=timeout_s)
         return [judge_group_reward(m) if m is not None else None for m in means]
+
+    return fn
+
+
+def team_group_reward(cards: list, embed: Callable[[Sequence[str]], Any], *, w_moves: float = 1.0,
+                      w_relevance: float = 0.5, w_redundancy: float = 0.5,
+                      redundancy_floor: float = 0.5) -> GroupRewardFn:
+    """R_group = the team reward of each block (:func:`mascot_training.common.rewards.team_reward` of
+    :func:`~mascot_training.common.rewards.team_terms`: the share of agent turns adding a card move of the roster,
+    their relevance to the user, one minus their redundancy above ``redundancy_floor``; weighted mean in [0, 1]); None
+    for a block whose weighted terms have no value (masked and counted). The texts of a batch are embedded in one
+    ``embed`` call.
+
+    Args:
+        cards: The roster's persona cards (their required moves are read, :func:`mascot.core.moves.round_moves`).
+        embed: ``embed(texts) -> [len(texts), d]`` L2-normalised sentence embeddings (the bundled MiniLM:
+            :meth:`mascot.core.embedding.SentenceEncoder.embed`).
+        w_moves, w_relevance, w_redundancy, redundancy_floor: ``phase2.group_reward.team``'s settings.
+
+    Raises:
+        ValueError: a weight outside [0, 1] or a floor outside [0, 1) (when called).
+    """
+    import numpy as np
+
+    from mascot.core.moves import round_moves
+    from mascot_training.common.rewards import team_reward, team_terms, team_texts
+
+    moves = round_moves(cards)
+
+    def fn(items: Sequence[tuple[Prefix, list]]) -> list[float | None]:
+        texts = list(dict.fromkeys(t for prefix, block in items for t in team_texts(prefix.history, block)))
+        vectors = dict(zip(texts, np.asarray(embed(texts)))) if texts else {}
+
+        def lookup(ts: Sequence[str]) -> Any:
+            return np.stack([vectors[t] for t in ts])
+
+        return [team_reward(team_terms(prefix.history, block, moves, lookup), w_moves, w_relevance, w_redundancy,
+                            redundancy_floor) for prefix, block in items]
 
     return fn
 
@@ -230,7 +271,8 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
     """TRL reward function ``(prompts, completions, rollout, **kw) -> [R | None]``.
 
     Invalid rollouts get ``phase2.invalid_reward``; dropped ones None; the rest R_group + η·I_div, with R_group from
-    ``group_reward_fn`` in one call for the batch. A None, non-finite or timed-out R_group masks the rollout (None)
+    ``group_reward_fn`` in one call for the batch and I_div of ``phase2.diversity`` (the prefix's agent turns are what
+    was heard before the suffix). A None, non-finite or timed-out R_group masks the rollout (None)
     and is counted in ``stats.failures`` and ``metrics.reward_failures``.
 
     Raises:
@@ -274,12 +316,13 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
                 fail("window_full")
                 out.append(None)
                 continue
+            heard = [t.persona_id for t in prefixes[r["prefix_id"]].history if t.role == "agent"]
             reward = rollout_reward(invalid=bool(r["invalid"]), dropped=bool(r["dropped"]), r_group=rg,
                                     personas=r["personas"], eta=p2.eta, min_distinct=p2.min_distinct,
-                                    invalid_reward=p2.invalid_reward)
+                                    invalid_reward=p2.invalid_reward, diversity=p2.diversity, heard=heard)
             if kind in ("complete", "window_full") and rg is not None:
                 stats.r_group.append(rg)
-                stats.i_div.append(i_div(r["personas"], p2.min_distinct))
+                stats.i_div.append(i_div(r["personas"], p2.min_distinct, mode=p2.diversity, heard=heard))
             if reward is not None:
                 stats.rewards.append(reward)
             out.append(reward)

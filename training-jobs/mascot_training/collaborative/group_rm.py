@@ -9,7 +9,8 @@ pairs whose mean scores differ by at least δ (largest margin first, at most ``p
 the director's reward function scores); held-out pairwise accuracy; μ, σ of held-out scores stored in
 ``mascot_reward.json``.
 
-With ``source = judge`` the stage records that no model is trained; ``director_grpo`` asks the judge directly.
+With ``source = judge`` or ``team`` the stage records that no model is trained; ``director_grpo`` asks the judge
+directly, or measures the block (:func:`mascot_training.collaborative.director_grpo.team_group_reward`).
 """
 
 from __future__ import annotations
@@ -107,12 +108,12 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, base_model: s
     prefixes_path = out / "rollouts" / "prefixes.jsonl"
     conf = {"group_reward": gr.model_dump(mode="json"), "personas": active_personas(cfg), "run_id": cfg.run_id,
             "versions": judging_versions(gr.judge.judges)}
-    if gr.source == "judge":
+    if gr.source in ("judge", "team"):
         inputs: dict[str, str] = {}
         if mf.is_done(out, STAGE, conf, inputs):
             return mf.read_manifest(out / STAGE)
         with mf.stage_dir(out, STAGE, conf, inputs) as (_part, man):
-            man["metrics"] = {"source": "judge"}
+            man["metrics"] = {"source": gr.source}
         return mf.read_manifest(out / STAGE)
     if not blocks_path.is_file():
         raise ValueError(f"{blocks_path} is missing: run the rollouts stage first (with group_reward.source rm)")

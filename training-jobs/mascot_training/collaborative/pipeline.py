@@ -111,15 +111,28 @@ def _run(cfg: CollaborativeConfig, out: Path, stages: tuple[str, ...], log_fn: C
 
 
 def _reward_inputs(cfg: CollaborativeConfig, out: Path) -> dict[str, str]:
-    if cfg.phase2.group_reward.source == "rm":
+    gr = cfg.phase2.group_reward
+    if gr.source == "rm":
         return {"group_rm": mf.digest_path(out / "group_rm" / "model")}
-    return {"group_reward": "judge:" + mf.digest_obj(cfg.phase2.group_reward.judge.model_dump(mode="json"))}
+    if gr.source == "team":
+        from mascot.core.embedding import SentenceEncoder
+
+        return {"group_reward": "team:" + mf.digest_obj({"team": gr.team.model_dump(mode="json"),
+                                                         "encoder": SentenceEncoder.model_name})}
+    return {"group_reward": "judge:" + mf.digest_obj(gr.judge.model_dump(mode="json"))}
 
 
 def _group_reward_fn(cfg: CollaborativeConfig, out: Path, engine: Any, roster: list, loop: Any) -> Any:
     from mascot_training.collaborative import director_grpo
 
     gr = cfg.phase2.group_reward
+    if gr.source == "team":  # no model trained: card moves and the bundled MiniLM, on the CPU (a few texts a step)
+        from mascot.core.embedding import SentenceEncoder
+
+        t = gr.team
+        return director_grpo.team_group_reward(roster, SentenceEncoder(device="cpu").embed, w_moves=t.w_moves,
+                                               w_relevance=t.w_relevance, w_redundancy=t.w_redundancy,
+                                               redundancy_floor=t.redundancy_floor)
     if gr.source == "rm":
         from mascot.reward.scorer import RewardScorer
 
