@@ -176,6 +176,17 @@ def test_lexicon_raises_the_tier_and_names_its_rule():
     assert add_lexicon(None, []) is None
 
 
+def test_a_crisis_lexicon_hit_the_model_reads_as_no_risk_is_a_check_in():
+    """"me corté el dedo picando cebolla" hits ``es_self_harm``; the model's near-zero risk makes it a check-in, and
+    without a model reading (None) the hit keeps its crisis strength."""
+    lex = languages.lexicon_hits("otra vez me corté el dedo picando cebolla")
+    assert [h.strength for h in lex] == ["crisis"]
+    assert add_lexicon(None, lex, p_risk=0.05, lexicon_floor=0.2).tier == "check_in"
+    assert add_lexicon(None, lex, p_risk=0.3, lexicon_floor=0.2).tier == "crisis"
+    assert add_lexicon(None, lex, p_risk=None, lexicon_floor=0.2).tier == "crisis"
+    assert add_lexicon(combine([], a(0.97)), lex, p_risk=0.01, lexicon_floor=0.2).tier == "crisis"  # model's own
+
+
 def test_unread_language_is_named_only_when_sure_and_not_read():
     assert languages.unread_language("Я больше не могу так жить, мне очень плохо") == "ru"
     assert languages.unread_language("ich kann nicht mehr, alles ist zu viel") is None  # German: read
@@ -189,9 +200,12 @@ def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
     s = det.settings
     examples = cm.load_examples()
     assert s.data_digest == cm.examples_digest(examples)
-    assert s.examples == len(cm.model_examples(examples))
-    dev = cm.model_examples(cm.load_examples(cm.DEV_FILES))
+    assert s.languages and s.examples == len(cm.model_examples(examples, s.languages)) == len(examples)
+    all_dev = cm.load_examples(cm.DEV_FILES)
+    dev = cm.model_examples(all_dev)
     assert s.dev["digest"] == cm.examples_digest(dev) and s.dev["examples"] == len(dev)
+    dev_lang = [e for e in all_dev if e.kind == "language"]
+    assert s.dev["languages"]["digest"] == cm.examples_digest(dev_lang) and len(dev_lang) >= 350
     assert 0 < s.checkin_threshold <= s.crisis_threshold < 1
     assert s.dev["recall_any"] >= s.dev["min_recall"] and s.dev["fp_crisis"] <= s.dev["max_crisis_fp"], s.dev
     assert len(det.vocabulary) == len(det.idf) and len(det.risk_coef) == 384 + len(det.vocabulary)
@@ -207,14 +221,16 @@ def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
     import numpy as np
 
     examples = cm.load_examples()
-    train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160]
-    dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60]
+    other = [e for e in examples if e.kind == "language"]
+    train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160] + other[:20]
+    dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60] + other[-20:]
     out = tmp_path / "det.json"
     det = cm.train(train, dev, out, settings=cm.DetectorSettings(epochs=2), min_recall=0.9, max_crisis_fp=0.1)
     again = cm.Detector.load(out)
-    assert again.model_dump() == det.model_dump() and det.settings.examples == len(train)
+    assert again.model_dump() == det.model_dump() and det.settings.examples == len(train)  # other languages too
+    assert det.settings.dev["languages"]["examples"] == 20  # recorded, choosing no threshold
     assert det.settings.adapter == "det.adapter.safetensors" and len(det.settings.adapter_sha256) == 64
-    assert det.settings.dev["examples"] == len(dev) and det.settings.dev["recall_any"] >= 0.9
+    assert det.settings.dev["examples"] == len(dev) - 20 and det.settings.dev["recall_any"] >= 0.9
     clf = cm.CrisisClassifier(out)
     assert clf.encoder is not cm.shared_encoder()
     texts = ["I want to kill myself", "this traffic is killing me, lol"]
@@ -348,3 +364,12 @@ def test_packed_embeddings_equal_one_by_one_embeddings():
     assert enc.embed_packed([]).shape == (0, 384)
     with pytest.raises(ValueError, match="row_tokens must be >= 256"):
         enc.embed_packed(texts, row_tokens=100)
+
+
+def test_other_languages_are_learnt_only_when_the_setting_says_so():
+    examples = cm.load_examples()
+    other = [e for e in examples if e.kind == "language"]
+    assert {e.lang for e in other} == {"es", "fr", "de", "pt", "it"} and len(other) >= 800
+    assert cm.model_examples(examples, languages=True) == examples
+    assert [e for e in cm.model_examples(examples) if e.kind == "language"] == []
+    assert cm.DetectorSettings().languages and not cm.DetectorSettings(languages=False).languages

@@ -232,6 +232,10 @@ class DetectorSettings(BaseModel):
     head_lr: float = Field(1e-2, gt=0.0)
     batch_size: int = Field(32, ge=2)
     seed: int = 0
+    #: Learn from the other languages' examples (kind ``language``) too: the fine-tuned encoder then reads Spanish,
+    #: French, German, Portuguese and Italian disclosures beside the lexicons. False: English only (as the detectors
+    #: trained before this setting).
+    languages: bool = True
     #: The encoder's LoRA weights (safetensors), a file beside the detector file, and its SHA-256; "" = none.
     adapter: str = ""
     adapter_sha256: str = ""
@@ -460,14 +464,16 @@ def features(texts: Sequence[str], vectorizer: Any, settings: DetectorSettings, 
     return hstack([csr_matrix(emb), vectorizer.transform(norm) * settings.tfidf_weight]).tocsr()
 
 
-def model_examples(examples: Sequence[Example]) -> list[Example]:
-    """The examples the model learns from: all but kind ``language`` (other languages go through the lexicons of
-    :mod:`mascot.gateway.languages`; MiniLM reads English)."""
-    return [e for e in examples if e.kind != "language"]
+def model_examples(examples: Sequence[Example], languages: bool = False) -> list[Example]:
+    """The examples the model learns from: all of them with ``languages`` (:attr:`DetectorSettings.languages`), else
+    all but kind ``language`` (other languages then go through the lexicons of :mod:`mascot.gateway.languages` alone;
+    MiniLM was pretrained on English)."""
+    return list(examples) if languages else [e for e in examples if e.kind != "language"]
 
 
 def fit(examples: Sequence[Example], settings: DetectorSettings | None = None, encoder: Any = None) -> Detector:
-    """Fit both heads on ``examples`` (kind ``language`` left out), keeping ``settings``' thresholds.
+    """Fit both heads on ``examples`` (kind ``language`` left out unless ``settings.languages``), keeping
+    ``settings``' thresholds.
 
     Raises:
         ValueError: no at-risk or no not-at-risk example.
@@ -476,7 +482,7 @@ def fit(examples: Sequence[Example], settings: DetectorSettings | None = None, e
     from sklearn.linear_model import LogisticRegression
 
     settings = settings or DetectorSettings()
-    data = model_examples(examples)
+    data = model_examples(examples, settings.languages)
     if not any(e.at_risk for e in data) or all(e.at_risk for e in data):
         raise ValueError("the training set needs both at-risk and not-at-risk examples")
     vec = _vectorizer(settings).fit([model_text(e.text) for e in data])
@@ -648,7 +654,9 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
 
     Args:
         examples: Training messages (:func:`load_examples`).
-        dev: Development messages (kind ``language`` left out like in training).
+        dev: Development messages. Kind ``language`` chooses no threshold (the thresholds hold for English, the
+            development set's bulk); with ``settings.languages`` its figures at the chosen thresholds are recorded
+            in ``settings.dev["languages"]``.
         out: Detector file to write atomically; None = do not write.
         settings: Hyper-parameters; default :class:`DetectorSettings`.
         min_recall, max_crisis_fp: See :func:`choose_thresholds` (on ``dev``).
@@ -664,6 +672,7 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
             below the chosen check-in threshold.
     """
     det = fit(examples, settings, encoder)
+    dev_languages = [e for e in dev if e.kind == "language"] if det.settings.languages else []
     dev = model_examples(dev)
     if not any(e.at_risk for e in dev) or all(e.at_risk for e in dev):
         raise ValueError("the development set needs both at-risk and not-at-risk examples")
@@ -679,6 +688,11 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
         "crisis_threshold": crisis, "checkin_threshold": checkin,
         "dev": {"examples": len(dev), "digest": examples_digest(dev), "min_recall": min_recall,
                 "max_crisis_fp": max_crisis_fp, **figures(p, dev, crisis, checkin)}})
+    if dev_languages:  # the other languages' development figures at the same thresholds (they choose nothing)
+        p_lang, _ = clf.p_risk([e.text for e in dev_languages])
+        settings = settings.model_copy(update={"dev": {**settings.dev, "languages": {
+            "examples": len(dev_languages), "digest": examples_digest(dev_languages),
+            **figures(p_lang, dev_languages, crisis, checkin)}}})
     det = det.model_copy(update={"settings": settings})  # a copy keeps the fitted encoder and adapter weights
     if out is not None:
         det = det.save(out)

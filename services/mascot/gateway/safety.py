@@ -150,6 +150,10 @@ RULE_FLOOR = 0.5
 #: of 0.2 of the threshold for harm to others was tried: with the fine-tuned encoder it dropped "Sometimes I fantasize
 #: about strangling my roommate").
 MENTION_FLOOR = 0.7
+#: A crisis-strength lexicon hit (other languages) the model reads below this share of its check-in threshold is a
+#: check-in (:func:`add_lexicon`): chosen on the other languages' development set among 0.2, 0.35, 0.5 and 0.7 of the
+#: threshold (crisis-tier false positives 9.1%, 7.4%, 7.4%, 7.4%; recall at any tier the same at each).
+LEXICON_FLOOR = 0.35
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
 #: Categories of harm to oneself: their rule hits need some risk from the model (:data:`RULE_FLOOR`, :func:`combine`).
@@ -206,15 +210,23 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
     return Detection(tuple(hits), detector, "crisis" if crisis else "check_in", assessment.p_risk)
 
 
-def add_lexicon(detection: Detection | None, lex: Sequence[languages.LexiconHit]) -> Detection | None:
+def add_lexicon(detection: Detection | None, lex: Sequence[languages.LexiconHit], p_risk: float | None = None,
+                lexicon_floor: float = 0.0) -> Detection | None:
     """``detection`` with the other languages' lexicon hits added (rule names such as ``es_want_die``): a
-    ``crisis``-strength hit makes the tier crisis, a ``check_in`` one makes it at least check-in."""
+    ``crisis``-strength hit makes the tier crisis, a ``check_in`` one makes it at least check-in.
+
+    A ``crisis``-strength hit the trained detector reads as almost no risk (``p_risk`` below ``lexicon_floor``, a
+    probability) makes a check-in instead: the detector learns the five languages too, and on their development set
+    (350 messages) such hits were look-alikes ("me corté el dedo picando cebolla", "matarme a estudiar"): crisis-tier
+    false positives 12.0% → 7.4%, recall unchanged (:data:`LEXICON_FLOOR`). ``p_risk`` None (no model, or a text it
+    cannot read) leaves every hit its strength."""
     if not lex:
         return detection
     hits = list(detection.hits) if detection else []
     hits += [Hit(h.category, h.rule) for h in lex]
-    tier = "crisis" if any(h.strength == "crisis" for h in lex) or (detection and detection.tier == "crisis") \
-        else "check_in"
+    doubted = p_risk is not None and p_risk < lexicon_floor
+    tier = "crisis" if (not doubted and any(h.strength == "crisis" for h in lex)) \
+        or (detection and detection.tier == "crisis") else "check_in"
     found = detection.detector if detection else ""
     detector = "+".join(dict.fromkeys([*(found.split("+") if found else []), "lexicon"]))
     return Detection(tuple(hits), detector, tier, detection.p_risk if detection else None)
@@ -268,7 +280,8 @@ class SafetyGate:
         ci = self.classifier.checkin_threshold if self.classifier is not None else 0.0
         floors = {"rule_floor": ci * RULE_FLOOR, "mention_floor": ci * MENTION_FLOOR}
         return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, **floors),
-                            languages.lexicon_hits(t)) for i, t in enumerate(texts)]
+                            languages.lexicon_hits(t), model[i].p_risk if model is not None else None,
+                            ci * LEXICON_FLOOR) for i, t in enumerate(texts)]
 
     def unread_language(self, text: str) -> str | None:
         """See :func:`mascot.gateway.languages.unread_language`."""
