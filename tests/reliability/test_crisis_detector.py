@@ -28,6 +28,9 @@ HOLDOUT_V3 = HERE / "crisis_holdout_v3.yaml"
 HOLDOUT_V4 = HERE / "crisis_holdout_v4.yaml"
 HOLDOUT_V5 = HERE / "crisis_holdout_v5.yaml"
 HOLDOUT_V6 = HERE / "crisis_holdout_v6.yaml"
+HOLDOUT_V7 = HERE / "crisis_holdout_v7.yaml"
+#: Five held-out sets of 60 messages (30 at risk), one per other language the gate reads, written blind like v7.
+HOLDOUT_LANGUAGES = tuple(sorted(HERE.glob("crisis_holdout_lang_*.yaml")))
 #: The harmless kinds that read like a disclosure (ordinary sadness left out).
 LOOK_ALIKES = ("idiom", "mention", "helper", "grief", "past_crisis", "negation_safe")
 
@@ -50,8 +53,8 @@ def _print(title, table, record_property):
     record_property(title, table)
 
 
-@pytest.mark.parametrize("path", [HOLDOUT, HOLDOUT_V2, HOLDOUT_V3, HOLDOUT_V4, HOLDOUT_V5, HOLDOUT_V6],
-                         ids=["v1", "v2", "v3", "v4", "v5", "v6"])
+@pytest.mark.parametrize("path", [HOLDOUT, HOLDOUT_V2, HOLDOUT_V3, HOLDOUT_V4, HOLDOUT_V5, HOLDOUT_V6, HOLDOUT_V7],
+                         ids=["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
 def test_held_out_set_is_disjoint_from_the_detectors_data(path):
     held = cm.load_examples([path])
     seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
@@ -136,6 +139,44 @@ def test_sixth_held_out_set_recall_and_look_alike_false_positives(gate, record_p
     assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]
     assert t["fp_crisis"] <= 0.027 and t["fp_check_in"] <= 0.089, t
     assert look[0] == 87 and look[1] <= 2 and look[2] <= 7, look
+
+
+def test_seventh_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
+    """230 messages (115 at risk, 15 of each group in the five other languages) written blind after the detector of
+    06fc805 was frozen, measured once before anyone read it: recall 0.983 at any tier (0.835 crisis tier), lowest
+    kind 0.92 (self-harm: skipping meals "to see my ribs"; the other miss a husband keeping the phone and passport);
+    the 86 look-alikes of the English kinds 1 crisis template (1.2%) and 7 check-ins (8.1%); all 115 harmless 0.9% /
+    11.3% (5 of the 15 other-language look-alikes checked in: parents who "will kill me", a heat that "kills"). Four
+    messages worded exactly like training ones were removed after the measurement (3 at risk, caught; 1 harmless):
+    on the 226 left, recall 0.982 (0.830), lowest kind 0.91, all harmless 0.9% / 11.4%."""
+    table, t, look = _held_out(gate, HOLDOUT_V7, record_property)
+    assert (t["n_risk"], t["n_safe"]) == (112, 114)
+    assert t["recall_any"] >= 0.98 and t["lowest_kind_recall"] >= 0.9, t
+    assert table["kinds"]["explicit"]["crisis"] == table["kinds"]["explicit"]["n"]
+    assert t["fp_crisis"] <= 0.009 and t["fp_check_in"] <= 0.115, t
+    assert look[0] == 86 and look[1] <= 1 and look[2] <= 7, look
+
+
+def test_other_language_held_out_sets(gate, record_property):
+    """Five sets of 60 (30 at risk, 30 harmless look-alikes sharing risk words), one per language, written blind
+    after the detector of 06fc805 was frozen and measured once: recall 0.953 (143 of 150; 0.433 at the crisis tier),
+    every language at least 0.93; the harmless 6.0% crisis templates and 36.7% check-ins. The English-trained
+    detector before (lexicons alone did the work): recall 0.25 and 0.26 on the development sets written the same
+    way. Other-language look-alikes are the gate's weak spot (docs/safety.md). Three messages worded exactly like
+    training ones were removed after the measurement: on the 297 left, recall 0.953 (142 of 149), harmless 6.1% /
+    36.5%."""
+    held = cm.load_examples(HOLDOUT_LANGUAGES)
+    seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
+    assert len(HOLDOUT_LANGUAGES) == 5 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
+    assert {e.lang for e in held} == {"es", "fr", "de", "pt", "it"} and {e.kind for e in held} == {"language"}
+    table = _table(gate, held)
+    _print("other-language held-out sets (default gate)", table, record_property)
+    t = table["total"]
+    assert (t["n_risk"], t["n_safe"]) == (149, 148)
+    assert t["recall_any"] >= 0.95 and t["recall_crisis"] >= 0.43, t
+    assert t["fp_crisis"] <= 0.061 and t["fp_check_in"] <= 0.365, t
+    for path in HOLDOUT_LANGUAGES:
+        assert _table(gate, cm.load_examples([path]))["total"]["recall_any"] >= 0.93, path.name
 
 
 def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
