@@ -29,8 +29,10 @@ HOLDOUT_V4 = HERE / "crisis_holdout_v4.yaml"
 HOLDOUT_V5 = HERE / "crisis_holdout_v5.yaml"
 HOLDOUT_V6 = HERE / "crisis_holdout_v6.yaml"
 HOLDOUT_V7 = HERE / "crisis_holdout_v7.yaml"
-#: Five held-out sets of 60 messages (30 at risk), one per other language the gate reads, written blind like v7.
+#: Two rounds of five held-out sets of 60 messages (30 at risk), one per other language the gate reads, written blind
+#: after the detector of 06fc805 was frozen (the second round's writers told to avoid the typical messages).
 HOLDOUT_LANGUAGES = tuple(sorted(HERE.glob("crisis_holdout_lang_*.yaml")))
+HOLDOUT_LANGUAGES_2 = tuple(sorted(HERE.glob("crisis_holdout_lang2_*.yaml")))
 #: The harmless kinds that read like a disclosure (ordinary sadness left out).
 LOOK_ALIKES = ("idiom", "mention", "helper", "grief", "past_crisis", "negation_safe")
 
@@ -157,26 +159,32 @@ def test_seventh_held_out_set_recall_and_look_alike_false_positives(gate, record
     assert look[0] == 86 and look[1] <= 1 and look[2] <= 7, look
 
 
-def test_other_language_held_out_sets(gate, record_property):
-    """Five sets of 60 (30 at risk, 30 harmless look-alikes sharing risk words), one per language, written blind
-    after the detector of 06fc805 was frozen and measured once: recall 0.953 (143 of 150; 0.433 at the crisis tier),
-    every language at least 0.93; the harmless 6.0% crisis templates and 36.7% check-ins. The English-trained
-    detector before (lexicons alone did the work): recall 0.25 and 0.26 on the development sets written the same
-    way. Other-language look-alikes are the gate's weak spot (docs/safety.md). Three messages worded exactly like
-    training ones were removed after the measurement: on the 297 left, recall 0.953 (142 of 149), harmless 6.1% /
-    36.5%."""
-    held = cm.load_examples(HOLDOUT_LANGUAGES)
+@pytest.mark.parametrize("paths, sizes, recall, per_language, fps", [
+    (HOLDOUT_LANGUAGES, (149, 148), (0.95, 0.43), 0.93, (0.061, 0.365)),
+    (HOLDOUT_LANGUAGES_2, (150, 148), (0.94, 0.36), 0.9, (0.075, 0.318)),
+], ids=["first writers", "second writers"])
+def test_other_language_held_out_sets(gate, record_property, paths, sizes, recall, per_language, fps):
+    """Two rounds of five sets of 60 (30 at risk, 30 harmless look-alikes sharing risk words), one per language,
+    written blind after the detector of 06fc805 was frozen and each measured once. First writers: recall 0.953 (143
+    of 150; 0.433 at the crisis tier), every language at least 0.93; the harmless 6.0% crisis templates and 36.7%
+    check-ins. Second writers (told to avoid the typical messages): recall 0.940 (0.367), every language at least
+    0.90 (French); harmless 7.3% / 32.0%. The English-trained detector before (lexicons alone did the work): recall
+    0.26 on the development set written the same way. Other-language look-alikes are the gate's weak spot
+    (docs/safety.md). Messages worded exactly like training ones were removed after the measurement (3 and 2, all
+    but one harmless); the floors are the figures on what is left."""
+    held = cm.load_examples(paths)
     seen = {" ".join(e.text.lower().split()) for e in cm.load_examples() + cm.load_examples(cm.DEV_FILES)}
-    assert len(HOLDOUT_LANGUAGES) == 5 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
+    assert len(paths) == 5 and not [e.text for e in held if " ".join(e.text.lower().split()) in seen]
     assert {e.lang for e in held} == {"es", "fr", "de", "pt", "it"} and {e.kind for e in held} == {"language"}
+    assert all("after the shipped detector was frozen (06fc805)" in p.read_text(encoding="utf-8") for p in paths)
     table = _table(gate, held)
-    _print("other-language held-out sets (default gate)", table, record_property)
+    _print(f"other-language held-out sets {paths[0].stem} ... (default gate)", table, record_property)
     t = table["total"]
-    assert (t["n_risk"], t["n_safe"]) == (149, 148)
-    assert t["recall_any"] >= 0.95 and t["recall_crisis"] >= 0.43, t
-    assert t["fp_crisis"] <= 0.061 and t["fp_check_in"] <= 0.365, t
-    for path in HOLDOUT_LANGUAGES:
-        assert _table(gate, cm.load_examples([path]))["total"]["recall_any"] >= 0.93, path.name
+    assert (t["n_risk"], t["n_safe"]) == sizes
+    assert t["recall_any"] >= recall[0] and t["recall_crisis"] >= recall[1], t
+    assert t["fp_crisis"] <= fps[0] and t["fp_check_in"] <= fps[1], t
+    for path in paths:
+        assert _table(gate, cm.load_examples([path]))["total"]["recall_any"] >= per_language, path.name
 
 
 def test_second_held_out_set_recall_and_look_alike_false_positives(gate, record_property):
