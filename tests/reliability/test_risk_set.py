@@ -160,15 +160,15 @@ def test_trained_detector_on_the_rules_sets(record_property):
     table = score(gate, HOLDOUT)
     report("risk_holdout (default gate)", table, record_property)
     assert table["explicit"]["recall"] == 1.0
-    assert table["all_but_explicit"]["recall"] >= 0.8  # measured 26/31 = 0.84 (rules alone: 0.19)
-    # measured: idioms 3/11 ("I'd die for a nap", "I was so embarrassed I wanted to die", "I'm going to strangle
-    # her") and benign 2/6 ("I hit my head on the cupboard door", "I cut my hair myself"): the detector's known
-    # weakness on everyday uses of the risk words (docs/safety.md, "Limits"); most are check-ins, not crises
-    assert table["idiom"]["false_positives"] <= 3 and table["benign"]["false_positives"] <= 2
+    assert table["all_but_explicit"]["recall"] >= 0.9  # measured 28/31 = 0.90 (English-only detector 0.84; rules 0.19)
+    # measured: idioms 1/11 ("I'm going to strangle her", a check-in) and benign 3/6 ("I hit my head on the cupboard
+    # door", "I'm trying to eat less sugar this month" check-ins, and "I cut my hair myself and it looks terrible" a
+    # crisis at p_risk 0.978): the detector's known weakness on everyday uses of the risk words (docs/safety.md,
+    # "Limits"); the English-only detector had 3/11 and 2/6
+    assert table["idiom"]["false_positives"] <= 1 and table["benign"]["false_positives"] <= 3
     in_sample = score(gate, RISK_SET)
     report("risk_set (default gate)", in_sample, record_property)
-    # measured: explicit 26/26, idioms 6/37 ("My mom will kill me if I'm late again", "I'll shoot you a text when I
-    # land", "He beat me at chess again", "I'm scared to death of spiders", "Let's kill some time before the train"
-    # at p_risk 0.570 against a 0.57 threshold, and the rules' hyperbole "I'll kill him if he spoils the ending"):
-    # blanked idioms leave fragments ("i'll when i land.") that the model reads as risk (docs/safety.md)
-    assert in_sample["explicit"]["recall"] == 1.0 and in_sample["idiom"]["false_positives"] <= 6
+    # measured: explicit 26/26, idioms 4/37 ("I accidentally cut myself while chopping onions", "Let's kill some time
+    # before the train", "I can't go on holiday this year because of work" check-ins, and the rules' hyperbole "I'll
+    # kill him if he spoils the ending" a crisis); the English-only detector had 6/37
+    assert in_sample["explicit"]["recall"] == 1.0 and in_sample["idiom"]["false_positives"] <= 4
