@@ -10,7 +10,7 @@ import json
 import pytest
 
 from mascot.gateway import crisis_model as cm
-from mascot.gateway import languages
+from mascot.gateway import languages, risk_rules
 from mascot.gateway.risk_rules import Hit
 from mascot.gateway.safety import add_lexicon, combine
 
@@ -373,3 +373,20 @@ def test_other_languages_are_learnt_only_when_the_setting_says_so():
     assert cm.model_examples(examples, languages=True) == examples
     assert [e for e in cm.model_examples(examples) if e.kind == "language"] == []
     assert cm.DetectorSettings().languages and not cm.DetectorSettings(languages=False).languages
+
+
+@pytest.mark.parametrize("text, denied", [
+    ("I would never kill myself, but I'm exhausted.", True), ("i'd never hurt myself", True),
+    ("I won't end my life.", True), ("I'm not going to kill myself, I'm just tired", True),
+    ("I will kill myself", False), ("I want to kill myself", False), ("I'm not going to do anything stupid", False),
+    ("I never want to hurt myself again but I did last night", False)])
+def test_a_denial_of_an_act_on_oneself_is_recognised(text, denied):
+    assert risk_rules.denies(text) is denied
+
+
+def test_a_denial_is_no_second_detector():
+    """The act rule of a denial does not raise the model's check-in to a crisis; the model's own crisis tier stays."""
+    hits = list(risk_rules.detect("I would never kill myself, but I'm exhausted."))
+    assert hits and combine(hits, a(0.6), denied=True).tier == "check_in"
+    assert combine(hits, a(0.6)).tier == "crisis"
+    assert combine(hits, a(0.95), denied=True).tier == "crisis"

@@ -482,6 +482,23 @@ RISK_RULES: list[tuple[str, str, re.Pattern]] = [(cat, name, re.compile(p)) for 
 _ABUSE_GUARD = re.compile(r"\b(?:substance|alcohol|drug|drugs)\s+abuse\b")
 
 
+#: A first-person denial of an act on oneself ("I would never kill myself", "I'm not going to hurt myself", "I won't
+#: end my life"), over :func:`normalize`d text: it never suppresses a rule's hit, but it is no second detector
+#: (:func:`mascot.gateway.safety.combine`: a denial the model reads between its thresholds is a check-in).
+DENIAL = re.compile(
+    r"\bi(?:\s+would|\s+will|'d|'ll|\s+could|\s+am|'m)?\s+(?:never|not|n't|won't|wouldn't|will\s+not|would\s+not|"
+    r"am\s+not|not\s+going\s+to|never\s+going\s+to|could\s+never)\s+(?:ever\s+|actually\s+|really\s+)?"
+    r"(?:going\s+to\s+|gonna\s+)?(?:kill|hurt|harm|cut|end)\s+(?:myself|my\s+(?:own\s+)?life)\b|"
+    r"\bi\s+(?:won't|wouldn't|will\s+never|would\s+never|could\s+never)\s+(?:ever\s+)?(?:kill|hurt|harm|cut|end)\s+"
+    r"(?:myself|my\s+(?:own\s+)?life)\b")
+
+
+def denies(text: str) -> bool:
+    """True when ``text`` holds a first-person denial of an act on oneself (:data:`DENIAL`, over the normalised
+    text)."""
+    return bool(DENIAL.search(normalize(text)))
+
+
 def blank_idioms(t: str) -> str:
     """``t`` (normalised text) with the harmless idioms of :data:`IDIOMS` replaced by `` _ ``."""
     for p in IDIOMS:

@@ -170,7 +170,8 @@ class RiskClassifier(Protocol):
         """One assessment (``p_risk``, ``category``, ``tier``) per text."""
 
 
-def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_floor: float = 0.0) -> Detection | None:
+def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_floor: float = 0.0,
+            denied: bool = False) -> Detection | None:
     """The gate's decision from the rules' ``hits`` and the trained detector's ``assessment`` (None: not run).
 
     - Without the model, or on a text it cannot read (``p_risk`` None), any rule hit is a crisis (the rules-only
@@ -183,6 +184,10 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
       idiom, a mention, a helper, grief, a past crisis or a denial: 25 hits, none on a disclosure; docs/safety.md).
       A topic-word hit needs ``mention_floor`` (abuse excepted); rules on danger to or from others keep a check-in at
       any probability (the model's weakest kind).
+    - A message that denies an act on oneself (``denied``: :func:`~mascot.gateway.risk_rules.denies`, "I would never
+      kill myself, but I'm exhausted") is no second detector either: its act rule does not raise the model's
+      check-in to a crisis (the model's own crisis tier still counts). The multilingual detector reads that message at
+      0.62, above its 0.39 threshold, and the crisis template answered a denial.
 
     Args:
         hits: The rules' hits.
@@ -190,6 +195,7 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
             Assessment`), or None.
         rule_floor: Risk probability in [0, 1] a rule hit on harm to oneself or a topic word needs from the model.
         mention_floor: Risk probability a topic-word hit needs (at least ``rule_floor`` in effect).
+        denied: The message denies an act on oneself (see above).
     """
     if assessment is None or assessment.p_risk is None:  # no model, or a text it cannot read: the rules decide
         return Detection(tuple(hits), "rules") if hits else None
@@ -206,7 +212,7 @@ def combine(hits: list[Hit], assessment: Any, rule_floor: float = 0.0, mention_f
         hits.append(Hit(assessment.category, "classifier"))
     detector = "rules+classifier" if rules and model_fires else "rules" if rules else "classifier"
     acts = any(h.rule not in MENTION_RULES and h.rule != "classifier" for h in hits)
-    crisis = assessment.tier == "crisis" or (acts and model_fires)
+    crisis = assessment.tier == "crisis" or (acts and model_fires and not denied)
     return Detection(tuple(hits), detector, "crisis" if crisis else "check_in", assessment.p_risk)
 
 
@@ -279,7 +285,8 @@ class SafetyGate:
         model = self.classifier.assess(list(texts)) if self.classifier is not None and texts else None
         ci = self.classifier.checkin_threshold if self.classifier is not None else 0.0
         floors = {"rule_floor": ci * RULE_FLOOR, "mention_floor": ci * MENTION_FLOOR}
-        return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, **floors),
+        return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, **floors,
+                                    denied=risk_rules.denies(t)),
                             languages.lexicon_hits(t), model[i].p_risk if model is not None else None,
                             ci * LEXICON_FLOOR) for i, t in enumerate(texts)]
 
