@@ -488,9 +488,7 @@ _ABUSE_GUARD = re.compile(r"\b(?:substance|alcohol|drug|drugs)\s+abuse\b")
 DENIAL = re.compile(
     r"\bi(?:\s+would|\s+will|'d|'ll|\s+could|\s+am|'m)?\s+(?:never|not|n't|won't|wouldn't|will\s+not|would\s+not|"
     r"am\s+not|not\s+going\s+to|never\s+going\s+to|could\s+never)\s+(?:ever\s+|actually\s+|really\s+)?"
-    r"(?:going\s+to\s+|gonna\s+)?(?:kill|hurt|harm|cut|end)\s+(?:myself|my\s+(?:own\s+)?life)\b|"
-    r"\bi\s+(?:won't|wouldn't|will\s+never|would\s+never|could\s+never)\s+(?:ever\s+)?(?:kill|hurt|harm|cut|end)\s+"
-    r"(?:myself|my\s+(?:own\s+)?life)\b")
+    r"(?:going\s+to\s+|gonna\s+)?(?:kill|hurt|harm|cut|end)\s+(?:myself|my\s+(?:own\s+)?life)\b")
 
 
 def denies(text: str) -> bool:
@@ -512,8 +510,14 @@ def detect(text: str) -> list[Hit]:
     Args:
         text: The user's message as sent (any length; normalised here).
     """
-    t = _ABUSE_GUARD.sub(" _ ", blank_idioms(normalize(text)))
-    return [Hit(cat, name) for cat, name, p in RISK_RULES if p.search(t)]
+    return read(text)[0]
+
+
+def read(text: str) -> tuple[list[Hit], bool]:
+    """``(detect(text), denies(text))`` from one normalisation of ``text`` (the gate needs both per message)."""
+    n = normalize(text)
+    t = _ABUSE_GUARD.sub(" _ ", blank_idioms(n))
+    return [Hit(cat, name) for cat, name, p in RISK_RULES if p.search(t)], bool(DENIAL.search(n))
 
 
 # ---------------------------------------------------------------------------------------------- reply screening

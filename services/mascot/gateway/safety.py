@@ -285,10 +285,14 @@ class SafetyGate:
         model = self.classifier.assess(list(texts)) if self.classifier is not None and texts else None
         ci = self.classifier.checkin_threshold if self.classifier is not None else 0.0
         floors = {"rule_floor": ci * RULE_FLOOR, "mention_floor": ci * MENTION_FLOOR}
-        return [add_lexicon(combine(list(risk_rules.detect(t)), model[i] if model is not None else None, **floors,
-                                    denied=risk_rules.denies(t)),
-                            languages.lexicon_hits(t), model[i].p_risk if model is not None else None,
-                            ci * LEXICON_FLOOR) for i, t in enumerate(texts)]
+        out = []
+        for i, t in enumerate(texts):
+            assessment = model[i] if model is not None else None
+            hits, denied = risk_rules.read(t)
+            detection = combine(hits, assessment, **floors, denied=denied)
+            out.append(add_lexicon(detection, languages.lexicon_hits(t),
+                                   assessment.p_risk if assessment is not None else None, ci * LEXICON_FLOOR))
+        return out
 
     def unread_language(self, text: str) -> str | None:
         """See :func:`mascot.gateway.languages.unread_language`."""
