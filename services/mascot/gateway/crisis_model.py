@@ -684,15 +684,14 @@ def train(examples: Sequence[Example], dev: Sequence[Example], out: Path | None 
             raise ValueError(f"crisis_threshold {crisis_threshold} must be in [{checkin} (the check-in threshold the "
                              f"development set gives), 1]")
         crisis = float(crisis_threshold)
-    settings = det.settings.model_copy(update={
-        "crisis_threshold": crisis, "checkin_threshold": checkin,
-        "dev": {"examples": len(dev), "digest": examples_digest(dev), "min_recall": min_recall,
-                "max_crisis_fp": max_crisis_fp, **figures(p, dev, crisis, checkin)}})
+    dev_figures = {"examples": len(dev), "digest": examples_digest(dev), "min_recall": min_recall,
+                   "max_crisis_fp": max_crisis_fp, **figures(p, dev, crisis, checkin)}
     if dev_languages:  # the other languages' development figures at the same thresholds (they choose nothing)
         p_lang, _ = clf.p_risk([e.text for e in dev_languages])
-        settings = settings.model_copy(update={"dev": {**settings.dev, "languages": {
-            "examples": len(dev_languages), "digest": examples_digest(dev_languages),
-            **figures(p_lang, dev_languages, crisis, checkin)}}})
+        dev_figures["languages"] = {"examples": len(dev_languages), "digest": examples_digest(dev_languages),
+                                    **figures(p_lang, dev_languages, crisis, checkin)}
+    settings = det.settings.model_copy(update={"crisis_threshold": crisis, "checkin_threshold": checkin,
+                                               "dev": dev_figures})
     det = det.model_copy(update={"settings": settings})  # a copy keeps the fitted encoder and adapter weights
     if out is not None:
         det = det.save(out)
