@@ -187,6 +187,64 @@ def test_a_crisis_lexicon_hit_the_model_reads_as_no_risk_is_a_check_in():
     assert add_lexicon(combine([], a(0.97)), lex, p_risk=0.01, lexicon_floor=0.2).tier == "crisis"  # model's own
 
 
+class _Classifier:
+    """A :class:`~mascot.gateway.safety.RiskClassifier` that returns the given assessments (the gate's policy alone)."""
+
+    checkin_threshold = 0.5
+
+    def __init__(self, *assessments):
+        self.assessments = list(assessments)
+
+    def assess(self, texts):
+        return self.assessments[:len(texts)]
+
+
+def test_a_lexicon_hit_the_language_head_reads_as_no_risk_is_dropped():
+    """The head reads Spanish (its own check-in threshold 0.4): at 0.1, under 0.35 of it, the haircut's
+    ``es_self_harm`` hit is dropped; the encoder's reading of the same text (no ``language``) keeps it (a check-in:
+    ``LEXICON_FLOOR``), and the head's reading above the floor keeps its crisis strength. The floors are shares of the
+    reader's own check-in threshold."""
+    from mascot.core.config import SafetyConfig
+    from mascot.core.personas import PersonaCatalog
+    from mascot.gateway.safety import SafetyGate
+
+    text = "me corté el pelo yo misma y ahora parezco un champiñón"
+    assert [h.rule for h in languages.lexicon_hits(text)] == ["es_self_harm"]
+
+    def gate(assessment):
+        return SafetyGate(SafetyConfig(classifier="none"), PersonaCatalog.load(), classifier=_Classifier(assessment))
+
+    head = cm.Assessment(0.1, "self_harm", "none", 0.4, "es")
+    assert gate(head).detect(text) is None
+    assert gate(cm.Assessment(0.1, "self_harm", "none")).detect(text).tier == "check_in"  # the encoder's reading
+    d = gate(cm.Assessment(0.2, "self_harm", "none", 0.4, "es")).detect(text)  # 0.2 >= 0.35 * 0.4: kept
+    assert (d.tier, d.detector) == ("crisis", "lexicon")  # a crisis-strength hit the head does not doubt
+    d = gate(cm.Assessment(0.45, "self_harm", "check_in", 0.4, "es")).detect(text)
+    assert d.tier == "crisis" and d.p_risk == 0.45  # and one it confirms
+
+
+def test_the_language_head_reads_its_languages_only_when_sure():
+    head = cm.Detector.load().language_head
+    assert head is not None and tuple(head.languages) == tuple(sorted(cm.HEAD_LANGUAGES))
+    assert head.language("ya no quiero seguir viviendo, estoy cansada de todo") == "es"
+    assert head.language("je n'en peux plus de cette vie, je veux que ça s'arrête") == "fr"
+    assert head.language("ich kann nicht mehr und will einfach nur weg") == "de"
+    assert head.language("não aguento mais essa vida, quero sumir") == "pt"
+    assert head.language("non ce la faccio più, voglio sparire per sempre") == "it"
+    assert head.language("I can't do this anymore, I want to disappear") is None  # English: the encoder's
+    assert head.language("quiero morir") is None  # two words: identification is unsure
+    assert head.language("Я больше не могу так жить, мне очень плохо") is None  # not a language it learnt
+
+
+def test_fit_language_head_needs_both_classes_in_both_sets():
+    examples = [e for e in cm.load_examples() if e.kind == "language"]
+    safe = [e for e in examples if not e.at_risk]
+    with pytest.raises(ValueError, match="training set needs both at-risk and not-at-risk"):
+        cm.fit_language_head(safe, examples)
+    with pytest.raises(ValueError, match="development set needs both"):
+        cm.fit_language_head(examples, safe[:10])
+
+
 def test_unread_language_is_named_only_when_sure_and_not_read():
     assert languages.unread_language("Я больше не могу так жить, мне очень плохо") == "ru"
     assert languages.unread_language("ich kann nicht mehr, alles ist zu viel") is None  # German: read
@@ -212,6 +270,15 @@ def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
     assert s.fine_tune and s.adapter and (cm.DATA_DIR / s.adapter).is_file()
     assert hashlib.sha256((cm.DATA_DIR / s.adapter).read_bytes()).hexdigest() == s.adapter_sha256
     assert len(det.category_coef) == 5 and all(len(r) == len(det.risk_coef) for r in det.category_coef)
+    head = det.language_head  # the other languages' head: every kind 'language' message, its own thresholds
+    head_data = [e for e in examples + cm.load_examples(cm.LANGUAGE_FILES) if e.kind == "language"]
+    assert head.data_digest == cm.examples_digest(head_data) and head.examples == len(head_data) >= 3800
+    assert head.dev["digest"] == cm.examples_digest(dev_lang) and head.dev["examples"] == len(dev_lang)
+    assert head.dev["recall_any"] >= head.dev["min_recall"] >= 0.95, head.dev
+    assert head.dev["fp_crisis"] <= head.dev["max_crisis_fp"] and head.dev["fp_any"] < 0.05, head.dev
+    assert 0 < head.checkin_threshold <= head.crisis_threshold < 1
+    assert len(head.coef) == len(head.char_vocabulary) + len(head.word_vocabulary)
+    assert len(head.char_idf) == len(head.char_vocabulary) and len(head.word_idf) == len(head.word_vocabulary)
 
 
 def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
@@ -221,14 +288,18 @@ def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
     import numpy as np
 
     examples = cm.load_examples()
-    other = [e for e in examples if e.kind == "language"]
-    train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160] + other[:20]
-    dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60] + other[-20:]
+    risk = [e for e in examples if e.kind == "language" and e.at_risk]
+    safe = [e for e in examples if e.kind == "language" and not e.at_risk]
+    other, other_dev = risk[:10] + safe[:10], risk[-10:] + safe[-10:]
+    train = [e for e in examples if e.kind in ("explicit", "paraphrase", "idiom", "benign_sad")][:160] + other
+    dev = [e for e in examples if e.kind in ("negation", "mention", "grief")][:60] + other_dev
     out = tmp_path / "det.json"
     det = cm.train(train, dev, out, settings=cm.DetectorSettings(epochs=2), min_recall=0.9, max_crisis_fp=0.1)
     again = cm.Detector.load(out)
     assert again.model_dump() == det.model_dump() and det.settings.examples == len(train)  # other languages too
-    assert det.settings.dev["languages"]["examples"] == 20  # recorded, choosing no threshold
+    assert det.settings.dev["languages"]["examples"] == 20  # recorded, choosing no English threshold
+    head = det.language_head  # ... and the language head's: fitted on the 20, thresholds from the other 20
+    assert head.examples == 20 and head.dev["examples"] == 20 and head.dev["recall_any"] >= 0.95
     assert det.settings.adapter == "det.adapter.safetensors" and len(det.settings.adapter_sha256) == 64
     assert det.settings.dev["examples"] == len(dev) - 20 and det.settings.dev["recall_any"] >= 0.9
     clf = cm.CrisisClassifier(out)

@@ -38,6 +38,12 @@ def train_cmd(
                                                           "development set with --max-crisis-fp."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Keep the pretrained encoder (no fine-tuning: about "
                                                                 "a minute instead of 9 on 2 cores)."),
+    language_data: Optional[list[Path]] = typer.Option(
+        None, "--language-data", help="Other-language YAML files for the language head alone (default: the shipped "
+                                      "language_train_*.yaml)."),
+    language_min_recall: float = typer.Option(0.95, "--language-min-recall", min=0.5, max=1.0,
+                                              help="Recall of the other languages' development disclosures the "
+                                                   "language head's check-in threshold keeps."),
 ) -> None:
     """Fine-tune the encoder, fit the crisis detector and choose its thresholds on the development set; write it
     (and its encoder adapter) atomically."""
@@ -48,7 +54,9 @@ def train_cmd(
         det = cm.train(cm.load_examples(data or None), cm.load_examples(dev or cm.DEV_FILES), target,
                        min_recall=min_recall, max_crisis_fp=max_crisis_fp,
                        crisis_threshold=crisis_threshold,
-                       settings=cm.DetectorSettings(fine_tune=not pretrained))
+                       settings=cm.DetectorSettings(fine_tune=not pretrained),
+                       language_examples=cm.load_examples(language_data or cm.LANGUAGE_FILES),
+                       language_min_recall=language_min_recall)
     except ValueError as e:
         console.print(f"[red]cannot train:[/red] {e}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
@@ -62,6 +70,13 @@ def train_cmd(
     for kind, k in sorted(d["kinds"].items()):
         console.print(f"  {kind:20s} n={k['n']:3d}  flagged {k['flagged_any']:3d}  crisis {k['flagged_crisis']:3d}",
                       highlight=False, soft_wrap=True)
+    if det.language_head is not None:
+        h = det.language_head
+        console.print(f"language head ({', '.join(h.languages)}): {h.examples} training examples, thresholds crisis "
+                      f"{h.crisis_threshold}, check-in {h.checkin_threshold}; other languages' development set "
+                      f"({h.dev['examples']} messages): recall {h.dev['recall_any']} (crisis tier "
+                      f"{h.dev['recall_crisis']}), false positives crisis tier {h.dev['fp_crisis']}, any tier "
+                      f"{h.dev['fp_any']}", highlight=False, soft_wrap=True)
     console.print(serving_hint(Path(target), cm.DETECTOR_FILE), highlight=False, soft_wrap=True)
 
 
