@@ -11,6 +11,7 @@ from mascot.api.conversation.v1 import conversation_pb2 as cpb
 from mascot.api.dialogue.v1 import dialogue_pb2 as dpb
 from mascot.core.config import SafetyConfig
 from mascot.core.personas import PersonaCatalog
+from mascot.gateway import languages
 from mascot.gateway.safety import CHECKIN_ACTION, SAFETY_ACTION, SafetyGate
 from mascot.app.stack import start_stack
 from tests.helpers import dialogue
@@ -368,6 +369,28 @@ async def test_other_language_disclosure_gets_the_safety_turn(scripted):
     assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY
     assert "findahelpline.com" in agent_turns(events)[0].text  # international lines
     assert any("es_want_die" in r.rules for r in scripted.events(conv.id))
+
+
+async def test_the_language_head_reads_other_languages_on_a_real_stack(scripted):
+    """Spanish read by the language head: a haircut told with a self-harm verb (the ``es_self_harm`` lexicon fires;
+    the gate of 06fc805 gave it a check-in) gets the normal round and no safety event; farewells and a day chosen,
+    with no risk word a lexicon knows, get the crisis template, stored with the head's reading and category."""
+    conv = await scripted.start()
+    haircut = "me corté el pelo yo misma y ahora parezco un champiñón"
+    assert [h.rule for h in languages.lexicon_hits(haircut)] == ["es_self_harm"]
+    events = await scripted.send(conv.id, haircut)
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_COMPLETED
+    assert not any(t.safety for t in agent_turns(events)) and scripted.events(conv.id) == []
+    farewell = ("ya dejé escritas las cartas para mis hijos y le regalé el perro a mi hermana, el viernes termino "
+                "con todo")
+    assert languages.lexicon_hits(farewell) == []
+    conv = await scripted.start()
+    events = await scripted.send(conv.id, farewell)
+    assert events[-1].round_completed.reason == cpb.ROUND_END_REASON_SAFETY
+    assert "findahelpline.com" in agent_turns(events)[0].text
+    rows = scripted.events(conv.id)
+    assert [r.kind for r in rows] == ["user_risk"] and rows[0].detector == "classifier"
+    assert rows[0].rules.startswith("classifier(p=") and rows[0].category == "suicide"
 
 
 async def test_unread_language_is_counted(scripted):

@@ -202,8 +202,8 @@ class _Classifier:
 def test_a_lexicon_hit_the_language_head_reads_as_no_risk_is_dropped():
     """The head reads Spanish (its own check-in threshold 0.4): at 0.1, under 0.35 of it, the haircut's
     ``es_self_harm`` hit is dropped; the encoder's reading of the same text (no ``language``) keeps it (a check-in:
-    ``LEXICON_FLOOR``), and the head's reading above the floor keeps its crisis strength. The floors are shares of the
-    reader's own check-in threshold."""
+    ``LEXICON_FLOOR``). Between the floor and the head's threshold the crisis-strength hit is a check-in; with the
+    head's check-in, a crisis. The floors are shares of the reader's own check-in threshold."""
     from mascot.core.config import SafetyConfig
     from mascot.core.personas import PersonaCatalog
     from mascot.gateway.safety import SafetyGate
@@ -217,10 +217,11 @@ def test_a_lexicon_hit_the_language_head_reads_as_no_risk_is_dropped():
     head = cm.Assessment(0.1, "self_harm", "none", 0.4, "es")
     assert gate(head).detect(text) is None
     assert gate(cm.Assessment(0.1, "self_harm", "none")).detect(text).tier == "check_in"  # the encoder's reading
-    d = gate(cm.Assessment(0.2, "self_harm", "none", 0.4, "es")).detect(text)  # 0.2 >= 0.35 * 0.4: kept
-    assert (d.tier, d.detector) == ("crisis", "lexicon")  # a crisis-strength hit the head does not doubt
+    d = gate(cm.Assessment(0.2, "self_harm", "none", 0.4, "es")).detect(text)  # 0.2 >= 0.35 * 0.4: kept,
+    assert (d.tier, d.detector) == ("check_in", "lexicon")  # but below the head's threshold a check-in
     d = gate(cm.Assessment(0.45, "self_harm", "check_in", 0.4, "es")).detect(text)
-    assert d.tier == "crisis" and d.p_risk == 0.45  # and one it confirms
+    assert d.tier == "crisis" and d.p_risk == 0.45  # the head's check-in and the lexicon agree: a crisis
+    assert gate(cm.Assessment(0.2, "self_harm", "none")).detect(text).tier == "crisis"  # the encoder's: not doubted
 
 
 def test_the_language_head_reads_its_languages_only_when_sure():
@@ -234,6 +235,20 @@ def test_the_language_head_reads_its_languages_only_when_sure():
     assert head.language("I can't do this anymore, I want to disappear") is None  # English: the encoder's
     assert head.language("quiero morir") is None  # two words: identification is unsure
     assert head.language("Я больше не могу так жить, мне очень плохо") is None  # not a language it learnt
+
+
+def test_the_language_head_names_risk_and_category():
+    head = cm.Detector.load().language_head
+    texts = ["llevo tres días sin comer nada, quiero bajar a 45 kilos antes del verano",
+             "mon mari m'a encore frappée hier soir et il a dit qu'il allait me tuer si je parlais",
+             "ho comprato una corda e ho scelto l'albero, domani la faccio finita",
+             "hoje cortei os braços de novo no banheiro da escola",
+             "ich bringe meinen Stiefvater um, wenn er meine kleine Schwester noch einmal anfasst",
+             "heute hab ich einen Apfelkuchen gebacken und meine Oma hat sich riesig gefreut"]
+    p, cat = head.p_risk(texts)
+    assert [cm.CATEGORIES[int(c)] for c in cat[:5]] == ["eating_disorder", "abuse", "suicide", "self_harm",
+                                                          "harm_to_others"]
+    assert min(p[:5]) >= head.checkin_threshold > p[5], p
 
 
 def test_fit_language_head_needs_both_classes_in_both_sets():
@@ -279,6 +294,8 @@ def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
     assert 0 < head.checkin_threshold <= head.crisis_threshold < 1
     assert len(head.coef) == len(head.char_vocabulary) + len(head.word_vocabulary)
     assert len(head.char_idf) == len(head.char_vocabulary) and len(head.word_idf) == len(head.word_vocabulary)
+    assert len(head.category_coef) == 5 and all(len(r) == len(head.word_vocabulary) for r in head.category_coef)
+    assert head.dev["category_accuracy"] >= 0.95, head.dev  # the encoder's category head: 0.93 there
 
 
 def test_train_fits_writes_atomically_and_reloads(tmp_path, monkeypatch):
@@ -336,8 +353,11 @@ def test_labelled_set_covers_every_kind_with_provenance():
     assert {k for k, r in kinds if r} == set(cm.RISK_KINDS)
     assert {k for k, r in kinds if not r} == set(cm.SAFE_KINDS)
     assert {e.category for e in examples} == set(cm.LABELS)
-    for f in cm.TRAIN_FILES:
+    for f in cm.TRAIN_FILES + cm.LANGUAGE_FILES:
         assert "Provenance: written by hand for this project" in f.read_text(encoding="utf-8")
+    assert len(cm.LANGUAGE_FILES) == 10 and all("Read by the language head only" in f.read_text(encoding="utf-8")
+                                                for f in cm.LANGUAGE_FILES)
+    assert {e.kind for e in cm.load_examples(cm.LANGUAGE_FILES)} == {"language"}
 
 
 def test_the_evaluate_table_and_the_detector_figures_come_from_one_count():

@@ -160,6 +160,10 @@ LEXICON_FLOOR = 0.35
 #: haircut, a burnt cake, a student's essay on self-harm, a past attempt (check-ins on harmless messages 18.9% ->
 #: 11.4%, recall unchanged). Chosen there among 0.2, 0.35, 0.5 and 0.7 (11.4% from 0.35 on, the same recall at each).
 LANGUAGE_LEXICON_FLOOR = 0.35
+#: On a message the language head read, a crisis-strength lexicon hit makes a crisis only when the head reaches its
+#: own check-in threshold (two detectors agree, as an English act rule and the encoder in :func:`combine`), and a
+#: check-in below it: on the other languages' development set crisis-tier false positives 1.7% -> 0.0% (past attempts
+#: told as recovered), check-ins 3.4% -> 5.1%, recall at either tier unchanged (0.5 and 0.7 of the threshold tried).
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
 #: Categories of harm to oneself: their rule hits need some risk from the model (:data:`RULE_FLOOR`, :func:`combine`).
@@ -290,7 +294,7 @@ class SafetyGate:
         English detectors, then the other languages' lexicons (:func:`add_lexicon`) may raise it. The floors are
         shares of the check-in threshold of the reader that read the message (the encoder's, or the language
         head's); a lexicon hit the language head reads below :data:`LANGUAGE_LEXICON_FLOOR` of its threshold is
-        dropped."""
+        dropped, and one below its threshold is at most a check-in."""
         model = self.classifier.assess(list(texts)) if self.classifier is not None and texts else None
         default_ci = self.classifier.checkin_threshold if self.classifier is not None else 0.0
         out = []
@@ -304,9 +308,12 @@ class SafetyGate:
                                 denied=denied)
             lex = languages.lexicon_hits(t)
             p = assessment.p_risk if assessment is not None else None
-            if lex and p is not None and getattr(assessment, "language", "") and p < ci * LANGUAGE_LEXICON_FLOOR:
+            head_read = p is not None and bool(getattr(assessment, "language", ""))
+            if lex and head_read and p < ci * LANGUAGE_LEXICON_FLOOR:
                 lex = []  # the head reads this language and finds almost no risk (LANGUAGE_LEXICON_FLOOR)
-            out.append(add_lexicon(detection, lex, p, ci * LEXICON_FLOOR))
+            # a crisis-strength hit needs the head's own check-in to make a crisis, as an English act rule needs the
+            # encoder's (combine); below it, a check-in ("hace tres años intenté quitarme la vida. Hoy celebro ...")
+            out.append(add_lexicon(detection, lex, p, ci * (1.0 if head_read else LEXICON_FLOOR)))
         return out
 
     def unread_language(self, text: str) -> str | None:
