@@ -335,3 +335,53 @@ def test_directives_are_sampled_at_the_serving_decoding_everywhere(tmp_path):
     runner = SimpleNamespace(tokenizer=tok, policy_decider=lambda director, seed: director)
     director = policy_decider_factory(runner, cfg, vllm=False)(trainer, 0)
     assert (director.temperature, director.top_p) == (0.5, 0.8)
+
+
+def test_usage_balance_ranks_the_under_used_persona_first():
+    """B = mean of clip(1 - K * share, -1, 1) over the suffix's turns: a persona never counted +1, one at its 1/K
+    share 0, one at twice its share or more -1; nothing counted yet or no turn: 0."""
+    from collections import Counter
+
+    from mascot_training.common.rewards import usage_balance
+
+    roster = ["empathetic_listener", "anchor", "catalyst", "action_guide", "beacon"]
+    counts = Counter({"beacon": 6, "catalyst": 2, "anchor": 2})  # beacon 0.6, catalyst and anchor 0.2 each
+    assert usage_balance(["empathetic_listener"], counts, roster) == pytest.approx(1.0)
+    assert usage_balance(["catalyst"], counts, roster) == pytest.approx(0.0)
+    assert usage_balance(["beacon"], counts, roster) == pytest.approx(-1.0)
+    assert usage_balance(["empathetic_listener", "beacon"], counts, roster) == pytest.approx(0.0)
+    assert usage_balance(["beacon"], Counter(), roster) == 0.0 and usage_balance([], counts, roster) == 0.0
+    with pytest.raises(ValueError, match="roster"):
+        usage_balance(["beacon"], counts, [])
+
+
+def test_the_reward_function_adds_usage_balance_from_earlier_batches():
+    """With phase2.balance β = 1, the first batch is scored against nothing (B 0) and the next against the first
+    batch's speakers: a suffix of the favoured personas loses, one of the unheard ones gains; β 0 leaves R alone."""
+    from mascot.core.dialogue import HistoryTurn
+    from mascot_training.collaborative.config import Phase2Config
+    from mascot_training.collaborative.director_grpo import RolloutStats, make_reward_func
+    from mascot_training.collaborative.simulate import Prefix
+
+    roster = ["empathetic_listener", "anchor", "catalyst", "action_guide", "beacon"]
+    prefixes = {"p": Prefix("p", "s1", "", "sad", 0, [HistoryTurn("user", "I lost my job.")])}
+
+    def roll(*personas):
+        block = [{"role": "agent", "text": "y", "persona_id": p} for p in personas]
+        return {"prefix_id": "p", "block": block, "personas": list(personas), "invalid": "", "dropped": "",
+                "window_full": False, "directives": []}
+
+    stats = RolloutStats()
+    fn = make_reward_func(prefixes, lambda items: [0.5] * len(items), Phase2Config(balance=1.0), 10.0, stats,
+                          roster=roster)
+    first = [roll("beacon", "catalyst"), roll("beacon", "anchor")]
+    assert fn(prompts=["p"] * 2, completions=[""] * 2, rollout=first) == [pytest.approx(1.0)] * 2  # 0.5 + 0.5 I_div
+    # counted: beacon 2, catalyst 1, anchor 1 of 4 -> B(beacon, catalyst) = (-1 + -0.25) / 2; unheard pair +1
+    got = fn(prompts=["p"] * 2, completions=[""] * 2, rollout=[roll("beacon", "catalyst"),
+                                                              roll("empathetic_listener", "action_guide")])
+    assert got == [pytest.approx(1.0 - 0.625), pytest.approx(2.0)]
+    assert stats.balance == [0.0, 0.0, pytest.approx(-0.625), pytest.approx(1.0)]
+    plain = make_reward_func(prefixes, lambda items: [0.5] * len(items), Phase2Config(), 10.0, RolloutStats())
+    assert plain(prompts=["p"] * 2, completions=[""] * 2, rollout=first) == [pytest.approx(1.0)] * 2
+    with pytest.raises(ValueError, match="roster"):
+        make_reward_func(prefixes, lambda items: [0.5] * len(items), Phase2Config(balance=1.0), 10.0, RolloutStats())

@@ -233,7 +233,10 @@ def test_the_language_head_reads_its_languages_only_when_sure():
     assert head.language("não aguento mais essa vida, quero sumir") == "pt"
     assert head.language("non ce la faccio più, voglio sparire per sempre") == "it"
     assert head.language("I can't do this anymore, I want to disappear") is None  # English: the encoder's
-    assert head.language("quiero morir") is None  # two words: identification is unsure
+    assert head.language("este calor me está matando") in ("es", "pt")  # Galician at 0.37 among every language;
+    # among the six, Portuguese at 0.51 and surely not English: the head reads both
+    assert head.language("quiero morir") == "es" and head.language("morir") is None  # one word: the encoder's
+    assert head.language("oh nice") is None and head.language("So do I!") is None
     assert head.language("Я больше не могу так жить, мне очень плохо") is None  # not a language it learnt
 
 
@@ -243,7 +246,7 @@ def test_the_language_head_names_risk_and_category():
              "mon mari m'a encore frappée hier soir et il a dit qu'il allait me tuer si je parlais",
              "ho comprato una corda e ho scelto l'albero, domani la faccio finita",
              "hoje cortei os braços de novo no banheiro da escola",
-             "ich bringe meinen Stiefvater um, wenn er meine kleine Schwester noch einmal anfasst",
+             "morgen steche ich meinen Stiefvater ab, das Messer liegt schon bereit",
              "heute hab ich einen Apfelkuchen gebacken und meine Oma hat sich riesig gefreut"]
     p, cat = head.p_risk(texts)
     assert [cm.CATEGORIES[int(c)] for c in cat[:5]] == ["eating_disorder", "abuse", "suicide", "self_harm",
@@ -287,7 +290,7 @@ def test_shipped_detector_was_trained_on_the_shipped_labelled_set():
     assert len(det.category_coef) == 5 and all(len(r) == len(det.risk_coef) for r in det.category_coef)
     head = det.language_head  # the other languages' head: every kind 'language' message, its own thresholds
     head_data = [e for e in examples + cm.load_examples(cm.LANGUAGE_FILES) if e.kind == "language"]
-    assert head.data_digest == cm.examples_digest(head_data) and head.examples == len(head_data) >= 3800
+    assert head.data_digest == cm.examples_digest(head_data) and head.examples == len(head_data) >= 4800
     assert head.dev["digest"] == cm.examples_digest(dev_lang) and head.dev["examples"] == len(dev_lang)
     assert head.dev["recall_any"] >= head.dev["min_recall"] >= 0.95, head.dev
     assert head.dev["fp_crisis"] <= head.dev["max_crisis_fp"] and head.dev["fp_any"] < 0.05, head.dev
@@ -355,7 +358,7 @@ def test_labelled_set_covers_every_kind_with_provenance():
     assert {e.category for e in examples} == set(cm.LABELS)
     for f in cm.TRAIN_FILES + cm.LANGUAGE_FILES:
         assert "Provenance: written by hand for this project" in f.read_text(encoding="utf-8")
-    assert len(cm.LANGUAGE_FILES) == 10 and all("Read by the language head only" in f.read_text(encoding="utf-8")
+    assert len(cm.LANGUAGE_FILES) == 15 and all("Read by the language head only" in f.read_text(encoding="utf-8")
                                                 for f in cm.LANGUAGE_FILES)
     assert {e.kind for e in cm.load_examples(cm.LANGUAGE_FILES)} == {"language"}
 

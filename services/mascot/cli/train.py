@@ -8,6 +8,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -112,6 +113,43 @@ def collaborative(
                       "[/red]")
         raise typer.Exit(2)
     _run(config, out, chosen, phase=2)
+
+
+@train_app.command("director-probe")
+def director_probe(
+    config: Path = typer.Option(..., "--config", help="Phase 2 YAML: its model, personas and director decoding."),
+    situations: Path = typer.Option(..., "--situations", help="Held-out situations (e.g. runs/splits/eval.jsonl)."),
+    limit: int = typer.Option(100, "--limit", min=1, help="First N situations, one prefix (the opening) each."),
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="Director LoRA (e.g. RUN/director_grpo/adapter); "
+                                                                   "default: the base model."),
+    samples: int = typer.Option(1, "--samples", min=1, max=64, help="Decisions per prefix."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the report and every decision as JSON here."),
+) -> None:
+    """The director's first decisions on held-out situations, as served: each persona's share with its 95% interval,
+    refused decisions, and the Tones (docs/training.md, "Measuring the director")."""
+    from mascot.cli.common import quiet
+    from mascot.core.files import atomic_write_text
+    from mascot_training.collaborative.probe import run_probe
+
+    cfg = _load(config, phase=2)
+    quiet()
+    try:
+        rep = run_probe(cfg, situations, limit=limit, adapter=str(adapter) if adapter else None, samples=samples,
+                        seed=seed)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]cannot probe:[/red] {e}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    if out is not None:
+        atomic_write_text(out, json.dumps(rep, indent=1) + "\n")
+    console.print(f"{rep['n']} first decisions ({limit} situations x {samples}), director "
+                  f"{rep['adapter'] or 'base model'}, decoding {rep['decoding']}", highlight=False, soft_wrap=True)
+    for pid, e in [*rep["personas"].items(), ("refused", rep["refused"])]:
+        console.print(f"  {pid:20s} {e['count']:4d}  {e['share']:.3f}  [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]",
+                      highlight=False)
+    t = rep["tones"]
+    console.print(f"  Tones: {t['distinct']} distinct; most common {t['top']!r} in {t['top_share']:.3f} of valid "
+                  "directives", highlight=False, soft_wrap=True)
 
 
 def _stage_command(name: str) -> None:

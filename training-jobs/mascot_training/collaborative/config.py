@@ -133,6 +133,12 @@ class Phase2Config(_S):
     diversity: Literal["new_persona", "distinct"] = "new_persona"
     #: ``distinct`` only: I_div = +1 when at least this many distinct personas spoke among the suffix's agent turns.
     min_distinct: int = Field(2, ge=1)
+    #: β: weight of the usage-balance term B (:func:`mascot_training.common.rewards.usage_balance`; our addition,
+    #: docs/method.md): the suffix's personas scored by how far below their 1/K share of the agent turns they are
+    #: among the last ``balance_window`` agent turns of the GRPO stage's rollouts. 0 = the paper's reward.
+    balance: float = Field(0.0, ge=0.0)
+    #: Agent turns of the stage's latest valid rollouts that B counts (in training order; a resumed stage starts empty).
+    balance_window: int = Field(64, ge=1, le=100_000)
     #: R of a rollout ended by an invalid directive.
     invalid_reward: float = -2.0
     group_reward: GroupRewardConfig = GroupRewardConfig()

@@ -48,7 +48,7 @@ from mascot_training.collaborative.simulate import (
 )
 from mascot_training.common import manifest as mf
 from mascot_training.common.progress import fmt_value, report, trainer_progress, write_curves
-from mascot_training.common.rewards import i_div, rollout_reward
+from mascot_training.common.rewards import i_div, rollout_reward, usage_balance
 
 log = logging.getLogger(__name__)
 STAGE = "director_grpo"
@@ -157,6 +157,8 @@ class RolloutStats:
     def __init__(self) -> None:
         self.r_group: list[float] = []
         self.i_div: list[int] = []
+        #: The usage-balance term B of each scored rollout (0.0 when ``phase2.balance`` is 0).
+        self.balance: list[float] = []
         self.rewards: list[float] = []
         self.outcomes: collections.Counter = collections.Counter()
         self.failures: collections.Counter = collections.Counter()
@@ -169,7 +171,7 @@ class RolloutStats:
         def mean(xs: list) -> float | None:
             return round(statistics.fmean(xs), 6) if xs else None
         return {"group_reward_mean": mean(self.r_group), "i_div_mean": mean(self.i_div),
-                "reward_mean": mean(self.rewards), "rollouts": dict(self.outcomes),
+                "balance_mean": mean(self.balance), "reward_mean": mean(self.rewards), "rollouts": dict(self.outcomes),
                 "reward_failures": dict(self.failures)}
 
 
@@ -267,16 +269,24 @@ def make_rollout_func(runner: RolloutRunner, loop: LoopThread, prefixes: dict[st
 
 
 def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn, p2: Phase2Config,
-                     timeout_s: float, stats: RolloutStats, metrics: Any = None) -> Callable:
+                     timeout_s: float, stats: RolloutStats, metrics: Any = None,
+                     roster: Sequence[str] = ()) -> Callable:
     """TRL reward function ``(prompts, completions, rollout, **kw) -> [R | None]``.
 
-    Invalid rollouts get ``phase2.invalid_reward``; dropped ones None; the rest R_group + η·I_div, with R_group from
-    ``group_reward_fn`` in one call for the batch and I_div of ``phase2.diversity`` (the prefix's agent turns are what
-    was heard before the suffix). A None, non-finite or timed-out R_group masks the rollout (None)
-    and is counted in ``stats.failures`` and ``metrics.reward_failures``.
+    Invalid rollouts get ``phase2.invalid_reward``; dropped ones None; the rest R_group + η·I_div (+ β·B with
+    ``phase2.balance`` β > 0), with R_group from ``group_reward_fn`` in one call for the batch and I_div of
+    ``phase2.diversity`` (the prefix's agent turns are what was heard before the suffix). B
+    (:func:`~mascot_training.common.rewards.usage_balance`) reads the personas of the last ``phase2.balance_window``
+    agent turns of earlier batches' valid rollouts (one state per reward function; every rollout of a batch is
+    scored against the same counts, then the batch's turns are added). A None, non-finite or timed-out R_group masks
+    the rollout (None) and is counted in ``stats.failures`` and ``metrics.reward_failures``.
+
+    Args:
+        roster: Persona ids of the roster (K of B); needed when ``phase2.balance`` > 0.
 
     Raises:
-        ValueError: ``group_reward_fn`` returned a different number of values than it was given.
+        ValueError: ``group_reward_fn`` returned a different number of values than it was given; ``phase2.balance``
+            > 0 without a ``roster``.
     """
     from mascot.core.dialogue import history_from_dicts
     from mascot_training.common.grpo import call_with_timeout
@@ -286,8 +296,13 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
         if metrics is not None:
             metrics.reward_failures.labels(reason).inc(n)
 
+    if p2.balance > 0 and not roster:
+        raise ValueError("phase2.balance needs the roster's persona ids")
+    recent: collections.deque = collections.deque(maxlen=p2.balance_window)
+
     def director_reward(prompts: list, completions: list, rollout: list[dict], **kw: object) -> list[float | None]:
         scored = [i for i, r in enumerate(rollout) if not r["invalid"] and not r["dropped"] and r["personas"]]
+        counts = collections.Counter(recent)
         items = [(prefixes[rollout[i]["prefix_id"]], history_from_dicts(rollout[i]["block"])) for i in scored]
         groups: dict[int, float | None] = {}
         if items:
@@ -317,17 +332,21 @@ def make_reward_func(prefixes: dict[str, Prefix], group_reward_fn: GroupRewardFn
                 out.append(None)
                 continue
             heard = [t.persona_id for t in prefixes[r["prefix_id"]].history if t.role == "agent"]
+            balance = usage_balance(r["personas"], counts, roster) if p2.balance > 0 else 0.0
             reward = rollout_reward(invalid=bool(r["invalid"]), dropped=bool(r["dropped"]), r_group=rg,
                                     personas=r["personas"], eta=p2.eta, min_distinct=p2.min_distinct,
-                                    invalid_reward=p2.invalid_reward, diversity=p2.diversity, heard=heard)
+                                    invalid_reward=p2.invalid_reward, diversity=p2.diversity, heard=heard,
+                                    beta=p2.balance, balance=balance)
             if kind in ("complete", "window_full") and rg is not None:
                 stats.r_group.append(rg)
                 stats.i_div.append(i_div(r["personas"], p2.min_distinct, mode=p2.diversity, heard=heard))
+                stats.balance.append(balance)
             if reward is not None:
                 stats.rewards.append(reward)
             out.append(reward)
             stats.records.append({"step": step, **r, "outcome": kind,
                                   "r_group": rg, "reward": reward})
+        recent.extend(p for i in groups for p in rollout[i]["personas"])  # this batch's valid turns, for the next
         return out
 
     return director_reward
@@ -386,7 +405,7 @@ def heldout_reward(trainer: Any, runner: RolloutRunner, loop: LoopThread, prefix
     loop.call(runner.run(rollouts, decide))
     stats = RolloutStats()
     score = make_reward_func({p.prefix_id: p for p in prefixes}, group_reward_fn, cfg.phase2,
-                             cfg.director_grpo.reward_timeout_s, stats)
+                             cfg.director_grpo.reward_timeout_s, stats, roster=[c.id for c in runner.roster])
     score(prompts=[r.prefix.prefix_id for r in rollouts], completions=[""] * len(rollouts),
           rollout=[r.record() for r in rollouts])
     s = stats.summary()
@@ -456,7 +475,8 @@ def build_trainer(base_model: str, prefixes: dict[str, Prefix], runner: RolloutR
     trainer = GRPOTrainer(model=model, processing_class=runner.tokenizer, args=args,
                           train_dataset=Dataset.from_list(rows), peft_config=peft_config,
                           reward_funcs=[make_reward_func(prefixes, group_reward_fn, cfg.phase2,
-                                                         cfg.director_grpo.reward_timeout_s, stats, metrics)],
+                                                         cfg.director_grpo.reward_timeout_s, stats, metrics,
+                                                         [c.id for c in runner.roster])],
                           rollout_func=make_rollout_func(runner, loop, prefixes, cfg, decider_factory),
                           callbacks=[finite_guard(), *callbacks])
     if callbacks:  # a progress callback reports each step; the printer's dict per step would repeat it

@@ -5,10 +5,10 @@
 - :func:`move_reward`: R_move = +1 for a required move of the card, −1 for a forbidden one (weights in config);
 - :func:`composite_reward`: r = w_rm·ẑ + w_fmt·R_format; a missing or non-finite part makes the whole reward None
   (the sample is masked and counted, never a NaN advantage).
-- :func:`i_div`, :func:`rollout_reward`: R = R_group + η·I_div of a director rollout, −2 when it ended at an invalid
-  directive, None when the episode was dropped; :func:`judge_group_reward`: (s − 1)/4; :func:`team_terms`,
-  :func:`team_reward`: R_group of ``phase2.group_reward.source: team``, the collective criteria read from card moves
-  and MiniLM cosines.
+- :func:`i_div`, :func:`rollout_reward`: R = R_group + η·I_div (+ β·B, :func:`usage_balance`) of a director rollout,
+  −2 when it ended at an invalid directive, None when the episode was dropped; :func:`judge_group_reward`:
+  (s − 1)/4; :func:`team_terms`, :func:`team_reward`: R_group of ``phase2.group_reward.source: team``, the
+  collective criteria read from card moves and MiniLM cosines.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     import numpy as np
@@ -125,10 +125,33 @@ def i_div(personas: Sequence[str], min_distinct: int = 2, *, mode: str = "new_pe
     raise ValueError(f"unknown diversity mode {mode!r}; use one of {', '.join(DIVERSITY_MODES)}")
 
 
+def usage_balance(personas: Sequence[str], counts: Mapping[str, int], roster: Sequence[str]) -> float:
+    """The usage-balance term B ∈ [−1, 1] of a suffix: the mean over its agent turns of 1 − K·s_p, clipped to
+    [−1, 1], where s_p is persona p's share of the agent turns counted so far (``counts``) and K the roster's size.
+    B is 0 when every persona has its 1/K share, +1 for a persona not yet counted, −1 for one at twice its share or
+    more; 0 when nothing is counted yet or the suffix has no agent turn.
+
+    A reward-side form of the load-balancing terms of mixture-of-experts routing (Shazeer et al., 2017; Fedus et al.,
+    2021, "Switch Transformers"), our addition (docs/method.md, "Deviation: usage balance"): within a GRPO group,
+    the rollout that gives the turn to a persona the policy under-uses is ranked above one that picks the favourite.
+
+    Raises:
+        ValueError: an empty ``roster``.
+    """
+    if not roster:
+        raise ValueError("usage_balance needs the roster's persona ids")
+    total = sum(counts.get(p, 0) for p in roster)
+    if not personas or total == 0:
+        return 0.0
+    k = len(roster)
+    terms = [min(1.0, max(-1.0, 1.0 - k * counts.get(p, 0) / total)) for p in personas]
+    return sum(terms) / len(terms)
+
+
 def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, personas: Sequence[str], eta: float,
                    min_distinct: int, invalid_reward: float, diversity: str = "new_persona",
-                   heard: Sequence[str] = ()) -> float | None:
-    """R = R_group + η·I_div.
+                   heard: Sequence[str] = (), beta: float = 0.0, balance: float = 0.0) -> float | None:
+    """R = R_group + η·I_div (+ β·B, the usage-balance term of :func:`usage_balance`, when ``beta`` > 0).
 
     Args:
         invalid: The rollout ended at an invalid directive.
@@ -140,10 +163,12 @@ def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, perso
         invalid_reward: R of an invalid rollout (``phase2.invalid_reward``, -2).
         diversity: :func:`i_div`'s mode (``phase2.diversity``).
         heard: Persona ids of the prefix's agent turns (:func:`i_div`, ``new_persona`` mode).
+        beta: β (``phase2.balance``); 0 leaves the paper's reward.
+        balance: B of the suffix (:func:`usage_balance`).
 
     Returns:
         ``invalid_reward`` for an invalid rollout; None for a dropped one or a missing/non-finite ``r_group`` (the
-        rollout is masked: TRL gives it advantage 0); else R_group + η·I_div.
+        rollout is masked: TRL gives it advantage 0); else R_group + η·I_div + β·B.
 
     Raises:
         ValueError: unknown ``diversity``.
@@ -154,7 +179,7 @@ def rollout_reward(*, invalid: bool, dropped: bool, r_group: float | None, perso
         return float(invalid_reward)
     if r_group is None or r_group != r_group or r_group in (float("inf"), float("-inf")):
         return None
-    return float(r_group) + eta * i_div(personas, min_distinct, mode=diversity, heard=heard)
+    return float(r_group) + eta * i_div(personas, min_distinct, mode=diversity, heard=heard) + beta * balance
 
 
 def judge_group_reward(mean_score: float) -> float:
