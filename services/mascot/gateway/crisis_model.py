@@ -731,6 +731,10 @@ class CrisisClassifier:
         self.encoder = encoder or shared_encoder()
         self._vec = _vectorizer(s, self.detector.vocabulary)
         self._vec.idf_ = np.asarray(self.detector.idf)
+        head = self.detector.language_head
+        if head is not None:  # its language identifier and vectorizers now, not on the first message (~0.5 s)
+            head.language("warm up the identifier")
+            head.p_risk(["warm up"])
         self._risk = np.asarray(self.detector.risk_coef)
         self._cat = np.asarray(self.detector.category_coef)
         self._cat_b = np.asarray(self.detector.category_intercept)
