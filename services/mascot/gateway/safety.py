@@ -164,6 +164,8 @@ LANGUAGE_LEXICON_FLOOR = 0.35
 #: own check-in threshold (two detectors agree, as an English act rule and the encoder in :func:`combine`), and a
 #: check-in below it: on the other languages' development set crisis-tier false positives 1.7% -> 0.0% (past attempts
 #: told as recovered), check-ins 3.4% -> 5.1%, recall at either tier unchanged (0.5 and 0.7 of the threshold tried).
+#: The share of the head's check-in threshold below which :func:`add_lexicon` doubts a crisis-strength hit.
+LANGUAGE_LEXICON_CRISIS_FLOOR = 1.0
 #: Rules that fire on a topic word alone, whatever is said about it (see :func:`combine`).
 MENTION_RULES = frozenset({"suicide_word", "self_harm_word", "ed_word", "abuse_word"})
 #: Categories of harm to oneself: their rule hits need some risk from the model (:data:`RULE_FLOOR`, :func:`combine`).
@@ -313,7 +315,8 @@ class SafetyGate:
                 lex = []  # the head reads this language and finds almost no risk (LANGUAGE_LEXICON_FLOOR)
             # a crisis-strength hit needs the head's own check-in to make a crisis, as an English act rule needs the
             # encoder's (combine); below it, a check-in ("hace tres años intenté quitarme la vida. Hoy celebro ...")
-            out.append(add_lexicon(detection, lex, p, ci * (1.0 if head_read else LEXICON_FLOOR)))
+            doubt = LANGUAGE_LEXICON_CRISIS_FLOOR if head_read else LEXICON_FLOOR
+            out.append(add_lexicon(detection, lex, p, ci * doubt))
         return out
 
     def unread_language(self, text: str) -> str | None:
