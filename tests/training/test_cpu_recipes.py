@@ -67,6 +67,10 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     # R_group measured on the block (the group reward model was at chance on held-out pairs); the paper's I_div is
     # +1 for every valid suffix of 2 agent turns under the rest rule, the redefined one is the default
     assert p2.phase2.group_reward.source == "team" and p2.phase2.diversity == "new_persona"
+    # GRPO starts from a persona-balanced warm start (every persona sampled, valid directives the rule) and the reward
+    # pays for using the whole team
+    assert p2.director.warm_start_steps > 0 and p2.director.warm_start_source == "personas"
+    assert p2.phase2.balance > 0
     # both fit a 24 GB machine with the trainers' activations recomputed in the backward pass (docs/training.md)
     assert p1.persona_rm.gradient_checkpointing and p1.persona_grpo.gradient_checkpointing
     assert p2.phase2.group_reward.rm.gradient_checkpointing and p2.director_grpo.gradient_checkpointing
@@ -163,7 +167,7 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
                 phase2__prefix_agent_turns=[0], phase2__group_reward__k=3,
                 phase2__group_reward__pairs={"delta": 0.0, "max_per_group": 1, "heldout_fraction": 0.25},
                 phase2__group_reward__rm={"epochs": 1, "batch_size": 2, "max_length": 768},
-                director__max_tokens=48, director_grpo__batch_size=2,
+                director__max_tokens=48, director__warm_start_steps=1, director_grpo__batch_size=2,
                 director_grpo__max_steps=1, director_grpo__distribution_samples=1,
                 publish__gate__max_valid_rate_drop=1.0)  # one rollout per share at this size: the rate is noise
     (tmp_path / "p2.yaml").write_text(yaml.safe_dump(cfg2))
@@ -180,6 +184,9 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     assert json.loads((out2 / "group_rm" / "manifest.json").read_text())["metrics"] == {"source": "team"}
     dg = json.loads((out2 / "director_grpo" / "manifest.json").read_text())
     assert dg["metrics"]["steps"] == 1 and set(dg["persona_distribution_after"]) >= {"invalid"}
+    # the warm start drew a directive for each of the two personas of the one prefix, and trained on them
+    warm = dg["metrics"]["warm_start"]
+    assert warm["steps"] == 1 and warm["drawn"]["decisions"] == 2 and warm["rows"] == warm["drawn"]["rows"] >= 1
     recs = [json.loads(x) for x in (out2 / "director_grpo" / "rollouts.jsonl").read_text().splitlines()]
     assert all(0.0 <= r["r_group"] <= 1.0 for r in recs if r["r_group"] is not None)
     assert (out2 / "director_grpo" / "curves.png").is_file() or dg["metrics"]["reward_first"] is None

@@ -158,3 +158,106 @@ def test_serving_sampling_with_the_vllm_backend_is_refused_with_a_way_out():
     assert any("director.sampling: serving" in p and "sampling: free" in p for p in problems), problems
     cfg = CollaborativeConfig(director={"sampling": "free"}, director_grpo={"generation": {"backend": "vllm"}})
     assert not any("director.sampling" in p for p in validate(cfg))
+
+
+# ------------------------------------------------------------------------- persona-balanced warm start
+
+
+class PersonaScriptedPolicy:
+    """A director policy that writes, for the one persona its grammar allows, that persona's next scripted text
+    (scripts per persona name; the last one repeats), recording each draw's persona."""
+
+    def __init__(self, tok, scripts):
+        self.tok, self.scripts, self.stop_ids, self.draws = tok, scripts, [tok.eos_token_id], []
+
+    def sample(self, sequences, seed, regexes=None):
+        out = []
+        for regex in regexes:
+            (name,) = [n for n in self.scripts if n in regex]  # the grammar names exactly one persona
+            k = sum(1 for d in self.draws if d == name)
+            self.draws.append(name)
+            text = self.scripts[name][min(k, len(self.scripts[name]) - 1)]
+            ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            out.append((ids, [1] * len(ids)))
+        return out
+
+
+def test_persona_rows_give_every_choosable_persona_one_served_directive(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from mascot.director.prompts import build_messages
+    from mascot_training.collaborative.director_warm_start import persona_rows
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    goal = CAT.get("anchor").goal
+    scripts = {
+        "Empathetic Listener": ["Agent: The Empathetic Listener\nAction: Name the shame they feel about the test."
+                                "\nTone: Warm"],
+        # refused twice (a copy of the card's goal, then speaking as "I"), served at the third draw
+        "Anchor": [f"Agent: The Anchor\nAction: {goal}\nTone: Calm",
+                   "Agent: The Anchor\nAction: Tell them I failed my test too once.\nTone: Calm",
+                   "Agent: The Anchor\nAction: Help them slow down and breathe before they judge the test."
+                   "\nTone: Calm"],
+        "Action Guide": ["Agent: The Action Guide\nAction: Suggest one thing to practise before the next test."
+                         "\nTone: Practical"],
+        # refused on every draw
+        "Beacon": [f"Agent: The Beacon\nAction: {CAT.get('beacon').goal}\nTone: Warm"],
+        "Catalyst": ["Agent: The Catalyst\nAction: Ask which road they found hardest to drive.\nTone: Calm"],
+    }
+    pol = PersonaScriptedPolicy(tok, scripts)
+    opening = Prefix("sit-2#0", "sit-2", "My sister forgot my birthday.", "sad", 0,
+                     [HistoryTurn("user", "My sister forgot my birthday.")])
+    rows, fig = persona_rows(runner(tok), pol, [PREFIX, opening], tries=3, seed=0)
+    # PREFIX: the Catalyst rests, so four personas are asked for; the opening: all five
+    assert fig["decisions"] == 9
+    # draw 1: 9 draws; the Anchor's first two scripted texts are refused (one per prefix), the Beacon's always.
+    # Draw 2: the two Anchors (now at the served text) and the two Beacons; draw 3: the two Beacons.
+    assert fig["per_persona"] == {"empathetic_listener": 2, "anchor": 2, "catalyst": 1, "action_guide": 2,
+                                  "beacon": 0}
+    assert fig["rows"] == len(rows) == 7 and fig["draws"] == 9 + 4 + 2
+    assert sum(fig["refused"].values()) == fig["draws"] - fig["rows"]
+    first = [r for r in rows if r["prompt"] == build_messages(ROSTER, PREFIX.history, PREFIX.context, 2)]
+    assert [r["persona_id"] for r in first] == ["empathetic_listener", "anchor", "action_guide"]
+    assert first[1]["completion"] == [{"role": "assistant", "content": scripts["Anchor"][2]}]
+    with pytest.raises(ValueError, match="sampling: serving"):
+        persona_rows(runner(tok, rules=None), pol, [PREFIX], tries=1, seed=0)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_real_model_gives_every_choosable_persona_a_served_directive(policy):
+    from mascot.director.decide import check_decision
+    from mascot.director.directive import parse_directive
+    from mascot_training.collaborative.director_warm_start import persona_rows
+
+    rows, fig = persona_rows(runner(policy.tokenizer), policy, [PREFIX], tries=4, seed=0)
+    print(fig, [r["completion"][0]["content"] for r in rows])
+    assert fig["per_persona"] == {"empathetic_listener": 1, "anchor": 1, "catalyst": 0, "action_guide": 1,
+                                  "beacon": 1}
+    recent, choosable = choosable_personas(ROSTER, PREFIX.history, RULES)
+    for row in rows:
+        d = parse_directive(row["completion"][0]["content"], ROSTER)
+        assert d.persona_id == row["persona_id"]
+        check_decision(d, ROSTER, recent, choosable, PREFIX.history, RULES, [c.name for c in ROSTER])
+
+
+def test_choice_rows_put_the_loss_on_the_agent_line_alone(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from mascot.core.engine.base import render_chat
+    from mascot.director.prompts import build_messages
+    from mascot_training.collaborative.director_warm_start import choice_rows
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = build_messages(ROSTER, PREFIX.history, PREFIX.context, 2)
+    directive = "Agent: The Anchor\nAction: Help them slow down before they judge the test.\nTone: Calm"
+    (row,) = choice_rows(tok, [{"prompt": prompt, "completion": [{"role": "assistant", "content": directive}],
+                                "persona_id": "anchor"}])
+    rendered = render_chat(tok, prompt)
+    assert tok.decode(row["input_ids"]) == rendered + "Agent: The Anchor\n"
+    learned = [t for t, lab in zip(row["input_ids"], row["labels"]) if lab != -100]
+    assert tok.decode(learned) == "Agent: The Anchor\n"
+    n_prompt = len(tok(rendered, add_special_tokens=False)["input_ids"])
+    assert row["labels"][:n_prompt] == [-100] * n_prompt and len(row["labels"]) == len(row["input_ids"])
+    with pytest.raises(ValueError, match="must open with its Agent line"):
+        choice_rows(tok, [{"prompt": prompt, "completion": [{"role": "assistant", "content": "Action: Ask."}]}])

@@ -180,6 +180,20 @@ class DirectorPolicyConfig(_S):
     #: untrained small director writes valid directives unconstrained often enough for GRPO to have a signal.
     warm_start_steps: int = Field(0, ge=0, le=100000)
     warm_start_lr: float = Field(5e-3, gt=0)
+    #: The warm start's rows: ``serving`` = the serving director's recorded decisions (behaviour cloning);
+    #: ``personas`` = per training prefix, one valid directive for every persona the decision may pick, sampled by
+    #: the base model under serving's grammar with the persona fixed (needs ``sampling: serving``): every persona
+    #: gets the same weight, so GRPO's rollouts sample each of them (:mod:`.director_warm_start`).
+    warm_start_source: Literal["serving", "personas"] = "serving"
+    #: Draws per (prefix, persona) for ``personas``: a draw serving's checks refuse is drawn again.
+    warm_start_tries: int = Field(4, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _persona_warm_start(self) -> "DirectorPolicyConfig":
+        if self.warm_start_steps and self.warm_start_source == "personas" and self.sampling != "serving":
+            raise ValueError("director.warm_start_source: personas samples under serving's grammar: set "
+                             "director.sampling: serving")
+        return self
 
 
 class DirectorGrpoConfig(GrpoOptimConfig):

@@ -563,6 +563,34 @@ def cached_warm_start(part: Path, key: str, build: Callable[[Path], dict]) -> di
     return figures
 
 
+def base_persona_rows(base_model: str, runner: RolloutRunner, prefixes: Sequence[Prefix],
+                      cfg: CollaborativeConfig) -> tuple[list[dict], dict]:
+    """The persona-balanced warm start's rows: :func:`~mascot_training.collaborative.director_warm_start.persona_rows`
+    drawn from the base model at ``director.decoding`` (float32), as
+    :func:`~mascot_training.collaborative.director_warm_start.choice_rows` (the loss on the ``Agent:`` line), and the
+    draw's figures under ``"drawn"`` (the model is freed before the warm start loads its own copy)."""
+    import gc
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mascot_training.collaborative.director_warm_start import choice_rows, persona_rows
+
+    d = cfg.director
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    try:
+        director = PolicyDirector(model, runner.tokenizer, max_tokens=d.max_tokens,
+                                  temperature=d.decoding.temperature, top_p=d.decoding.top_p)
+        rows, figures = persona_rows(runner, director, prefixes, d.warm_start_tries,
+                                     rollout_seed(cfg.director_grpo.seed, "warm-start"))
+    finally:
+        del model
+        gc.collect()
+    report(f"director warm start: {figures['rows']} rows of {figures['decisions']} decisions "
+           f"({figures['draws']} draws), per persona {figures['per_persona']}")
+    return choice_rows(runner.tokenizer, rows), {"drawn": figures}
+
+
 def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: RolloutRunner, loop: LoopThread,
         group_reward_fn: GroupRewardFn, inputs: dict[str, str], metrics: Any = None) -> dict:
     """Run the stage: train and save the director LoRA to ``OUT/director_grpo/adapter`` (every scored rollout in
@@ -605,12 +633,16 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         if cfg.director.warm_start_steps and not init:
             from mascot_training.collaborative.director_warm_start import warm_start, warm_start_rows
 
-            rows = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
-                                   cfg.director.max_consecutive_turns)
+            drawn: dict = {}
+            if cfg.director.warm_start_source == "personas":
+                rows, drawn = base_persona_rows(base_model, runner, list(train.values()), cfg)
+            else:
+                rows = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
+                                       cfg.director.max_consecutive_turns)
             key = mf.digest_obj({"rows": rows, "base_model": base_model, "lora": cfg.lora.model_dump(mode="json"),
                                  "steps": cfg.director.warm_start_steps, "lr": cfg.director.warm_start_lr,
                                  "max_model_len": cfg.max_model_len, "seed": cfg.director_grpo.seed})
-            warm = cached_warm_start(part, key, lambda d: warm_start(base_model, rows, cfg, d))
+            warm = cached_warm_start(part, key, lambda d: {**warm_start(base_model, rows, cfg, d), **drawn})
             init = str(part / "warm_start")
         with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:
             trainer, m = train_director(base_model, train, runner, loop, group_reward_fn, cfg, Path(work),
