@@ -240,24 +240,3 @@ def test_the_real_model_gives_every_choosable_persona_a_served_directive(policy)
         assert d.persona_id == row["persona_id"]
         check_decision(d, ROSTER, recent, choosable, PREFIX.history, RULES, [c.name for c in ROSTER])
 
-
-def test_choice_rows_put_the_loss_on_the_agent_line_alone(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from mascot.core.engine.base import render_chat
-    from mascot.director.prompts import build_messages
-    from mascot_training.collaborative.director_warm_start import choice_rows
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompt = build_messages(ROSTER, PREFIX.history, PREFIX.context, 2)
-    directive = "Agent: The Anchor\nAction: Help them slow down before they judge the test.\nTone: Calm"
-    (row,) = choice_rows(tok, [{"prompt": prompt, "completion": [{"role": "assistant", "content": directive}],
-                                "persona_id": "anchor"}])
-    rendered = render_chat(tok, prompt)
-    assert tok.decode(row["input_ids"]) == rendered + "Agent: The Anchor\n"
-    learned = [t for t, lab in zip(row["input_ids"], row["labels"]) if lab != -100]
-    assert tok.decode(learned) == "Agent: The Anchor\n"
-    n_prompt = len(tok(rendered, add_special_tokens=False)["input_ids"])
-    assert row["labels"][:n_prompt] == [-100] * n_prompt and len(row["labels"]) == len(row["input_ids"])
-    with pytest.raises(ValueError, match="must open with its Agent line"):
-        choice_rows(tok, [{"prompt": prompt, "completion": [{"role": "assistant", "content": "Action: Ask."}]}])

@@ -565,16 +565,15 @@ def cached_warm_start(part: Path, key: str, build: Callable[[Path], dict]) -> di
 
 def base_persona_rows(base_model: str, runner: RolloutRunner, prefixes: Sequence[Prefix],
                       cfg: CollaborativeConfig) -> tuple[list[dict], dict]:
-    """The persona-balanced warm start's rows: :func:`~mascot_training.collaborative.director_warm_start.persona_rows`
-    drawn from the base model at ``director.decoding`` (float32), as
-    :func:`~mascot_training.collaborative.director_warm_start.choice_rows` (the loss on the ``Agent:`` line), and the
-    draw's figures under ``"drawn"`` (the model is freed before the warm start loads its own copy)."""
+    """The persona-balanced warm start's rows (:func:`~mascot_training.collaborative.director_warm_start.persona_rows`)
+    drawn from the base model at ``director.decoding`` (float32), without their ``persona_id`` key, and the draw's
+    figures under ``"drawn"`` (the model is freed before the warm start loads its own copy)."""
     import gc
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mascot_training.collaborative.director_warm_start import choice_rows, persona_rows
+    from mascot_training.collaborative.director_warm_start import persona_rows
 
     d = cfg.director
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
@@ -588,7 +587,7 @@ def base_persona_rows(base_model: str, runner: RolloutRunner, prefixes: Sequence
         gc.collect()
     report(f"director warm start: {figures['rows']} rows of {figures['decisions']} decisions "
            f"({figures['draws']} draws), per persona {figures['per_persona']}")
-    return choice_rows(runner.tokenizer, rows), {"drawn": figures}
+    return [{k: v for k, v in r.items() if k != "persona_id"} for r in rows], {"drawn": figures}
 
 
 def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: RolloutRunner, loop: LoopThread,

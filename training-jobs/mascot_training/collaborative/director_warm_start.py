@@ -140,44 +140,10 @@ def persona_rows(runner: Any, director: Any, prefixes: Sequence[Prefix], tries: 
                   "per_persona": {c.id: per[c.id] for c in runner.roster}}
 
 
-def choice_rows(tokenizer: Any, rows: Sequence[dict]) -> list[dict]:
-    """Pre-tokenized SFT rows that teach the persona choice alone: ``input_ids`` = the rendered director chat
-    (:func:`mascot.core.engine.base.render_chat`, as serving renders it) followed by the directive's ``Agent:`` line
-    (its newline included), ``labels`` = -100 on the chat and the line's tokens on the line (TRL ``SFTTrainer`` uses
-    a ``labels`` column as given).
-
-    Why the line alone: in a whole directive the persona's name is 2-4 of about 30 tokens, so the loss of a few SFT
-    steps goes to the Action's words and leaves the base model's prior over personas nearly where it was (measured:
-    after 20 steps on 89 balanced rows the Empathetic Listener still had 0.04 of the first decision and the Action
-    Guide 0.43). Under serving's grammar the Action and the Tone stay the base model's.
-
-    Args:
-        tokenizer: The director's tokenizer.
-        rows: :func:`persona_rows` rows (``prompt`` messages, ``completion`` = one assistant directive).
-
-    Raises:
-        ValueError: a completion with no ``Agent:`` line first.
-    """
-    from mascot.core.engine.base import render_chat
-
-    out = []
-    for row in rows:
-        text = row["completion"][0]["content"]
-        line, sep, _ = text.partition("\n")
-        if not line.startswith("Agent:") or not sep:
-            raise ValueError(f"a warm-start directive must open with its Agent line: {text[:80]!r}")
-        prompt = tokenizer(render_chat(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
-        choice = tokenizer(line + sep, add_special_tokens=False)["input_ids"]
-        out.append({"input_ids": prompt + choice, "labels": [-100] * len(prompt) + choice})
-    return out
-
-
 def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_dir: Path) -> dict:
-    """Fine-tune a fresh director LoRA (TRL ``SFTTrainer``, ``cfg.lora``) on ``rows`` and save it to ``out_dir``:
-    conversational prompt-completion rows (:func:`warm_start_rows`, loss on the completion) or pre-tokenized ones
-    (:func:`choice_rows`, loss where ``labels`` is not -100).
-    Returns ``{"rows", "steps", "train_loss", "loss_first", "loss_last"}`` (the first and last logged
-    step losses).
+    """Fine-tune a fresh director LoRA (TRL ``SFTTrainer``, ``cfg.lora``) on conversational prompt-completion rows
+    (:func:`warm_start_rows` or :func:`persona_rows`, the loss on the completion) and save it to ``out_dir``.
+    Returns ``{"rows", "steps", "train_loss", "loss_first", "loss_last"}`` (the first and last logged step losses).
 
     Each step updates on up to 8 rows, passed :data:`WARM_START_MICRO_BATCH` at a time (gradient accumulation): the
     director's chats run to ``max_model_len`` tokens, and 8 of them at 1536 tokens in one pass needed more than 20 GB
