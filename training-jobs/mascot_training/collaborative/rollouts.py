@@ -121,6 +121,7 @@ async def run(cfg: CollaborativeConfig, out: Path, *, engine: Any, tokenizer: An
             "speakers": cfg.speakers.model_dump(mode="json", exclude={"store", "adapters"}),
             "user": cfg.user.model_dump(mode="json"), "guard": cfg.guard.model_dump(mode="json"),
             "director": cfg.director.model_dump(mode="json", exclude={"warm_start_steps", "warm_start_lr",
+                                                                          "warm_start_source", "warm_start_tries",
                                                                           "sampling"})}
     if mf.is_done(out, STAGE, conf, inputs):
         return mf.read_manifest(out / STAGE)
