@@ -632,16 +632,24 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
         if cfg.director.warm_start_steps and not init:
             from mascot_training.collaborative.director_warm_start import warm_start, warm_start_rows
 
-            drawn: dict = {}
             if cfg.director.warm_start_source == "personas":
-                rows, drawn = base_persona_rows(base_model, runner, list(train.values()), cfg)
+                # keyed on what the draws read, so a resumed stage finds its warm start without drawing again
+                source: Any = {"prefixes": [p.to_dict() for p in train.values()],
+                               "director": cfg.director.model_dump(mode="json")}
+
+                def build(d: Path) -> dict:
+                    rows, drawn = base_persona_rows(base_model, runner, list(train.values()), cfg)
+                    return {**warm_start(base_model, rows, cfg, d), **drawn}
             else:
-                rows = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
-                                       cfg.director.max_consecutive_turns)
-            key = mf.digest_obj({"rows": rows, "base_model": base_model, "lora": cfg.lora.model_dump(mode="json"),
+                source = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
+                                         cfg.director.max_consecutive_turns)
+
+                def build(d: Path) -> dict:
+                    return warm_start(base_model, source, cfg, d)
+            key = mf.digest_obj({"rows": source, "base_model": base_model, "lora": cfg.lora.model_dump(mode="json"),
                                  "steps": cfg.director.warm_start_steps, "lr": cfg.director.warm_start_lr,
                                  "max_model_len": cfg.max_model_len, "seed": cfg.director_grpo.seed})
-            warm = cached_warm_start(part, key, lambda d: {**warm_start(base_model, rows, cfg, d), **drawn})
+            warm = cached_warm_start(part, key, build)
             init = str(part / "warm_start")
         with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:
             trainer, m = train_director(base_model, train, runner, loop, group_reward_fn, cfg, Path(work),
