@@ -403,7 +403,7 @@ def client_max_message_bytes() -> int:
 def channel(target: str, max_message_bytes: int | None = None, *, tls: ClientTLS | None = None,
             token: str | None = None, connections: ConnectionSettings | None = None) -> grpc.aio.Channel:
     """An async channel with equal size limits, retries of UNAVAILABLE (3 attempts), ``round_robin`` over every
-    address the target resolves to, and keepalive pings.
+    address the target resolves to, keepalive pings, and connections of its own (never another channel's backoff).
 
     Args:
         target: ``host:port`` or ``dns:///host:port`` (the chart's form: the name of a headless Service, which
@@ -429,8 +429,12 @@ def channel(target: str, max_message_bytes: int | None = None, *, tls: ClientTLS
     token = os.environ.get(ENV_CALLER_TOKEN, "").strip() if token is None else token.strip()
     if max_message_bytes is None:
         max_message_bytes = client_max_message_bytes()
+    # A channel owns its connections (``use_local_subchannel_pool``): with gRPC's process-wide pool, a new channel to
+    # an address that an older channel failed to reach (a pod IP reused, a port reused) shares that connection's
+    # reconnect backoff and fails at once with the old "connection refused", retries included.
     options = [*_options(max_message_bytes), ("grpc.service_config", json.dumps(service_config)),
-               ("grpc.enable_retries", 1), *(connections or ConnectionSettings()).client_options()]
+               ("grpc.enable_retries", 1), ("grpc.use_local_subchannel_pool", 1),
+               *(connections or ConnectionSettings()).client_options()]
     interceptors = [_BearerUnary(token), _BearerStream(token)] if token else None
     if tls.enabled:
         if tls.server_name:
