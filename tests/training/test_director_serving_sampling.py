@@ -221,6 +221,12 @@ def test_persona_rows_give_every_choosable_persona_one_served_directive(tiny_mod
     assert first[1]["completion"] == [{"role": "assistant", "content": scripts["Anchor"][2]}]
     with pytest.raises(ValueError, match="sampling: serving"):
         persona_rows(runner(tok, rules=None), pol, [PREFIX], tries=1, seed=0)
+    r = Rollout(PREFIX, 0, 0)
+    runner(tok).start(r)
+    with pytest.raises(ValueError, match="2 agents for 1 rollouts"):
+        runner(tok).policy_decisions(pol, [r], 0, [ROSTER[0], ROSTER[1]])
+    with pytest.raises(ValueError, match="needs serving's grammar"):
+        runner(tok, rules=None).policy_decisions(pol, [r], 0, [ROSTER[0]])
 
 
 @pytest.mark.integration
@@ -240,3 +246,31 @@ def test_the_real_model_gives_every_choosable_persona_a_served_directive(policy)
         assert d.persona_id == row["persona_id"]
         check_decision(d, ROSTER, recent, choosable, PREFIX.history, RULES, [c.name for c in ROSTER])
 
+
+
+def test_grouped_order_keeps_each_decisions_personas_together_and_shuffles_the_decisions():
+    from mascot_training.collaborative.director_warm_start import grouped_order
+
+    rows = [{"prompt": [{"role": "user", "content": f"p{p}"}], "completion": [], "persona_id": f"{p}-{k}"}
+            for p, n in ((0, 3), (1, 5), (2, 4), (3, 4)) for k in range(n)]  # 16 rows of 4 decisions
+    out = grouped_order(rows, 40, seed=7)
+    assert len(out) == 40
+    ids = [r["persona_id"] for r in out]
+    # every decision's rows come side by side, in their order, in each pass over the 16 rows
+    for k in range(2):
+        passed = ids[16 * k:16 * (k + 1)]
+        assert sorted(passed) == sorted(r["persona_id"] for r in rows)
+        starts = [i for i, a in enumerate(passed) if a.endswith("-0")]
+        for i in starts:
+            p = passed[i].split("-")[0]
+            n = sum(r["persona_id"].startswith(f"{p}-") for r in rows)
+            assert passed[i:i + n] == [f"{p}-{j}" for j in range(n)]
+    passes = [[a.split("-")[0] for a in ids[16 * k:16 * (k + 1)] if a.endswith("-0")] for k in range(2)]
+    assert passes[0] != passes[1]  # the decisions are shuffled again for each pass
+    assert grouped_order(rows, 40, seed=7) == out
+    assert [r["persona_id"] for r in grouped_order(rows, 40, seed=8)] != ids
+    assert len(grouped_order(rows, 5, seed=0)) == 5
+    with pytest.raises(ValueError, match="positive total"):
+        grouped_order(rows, 0, seed=0)
+    with pytest.raises(ValueError, match="needs rows"):
+        grouped_order([], 3, seed=0)

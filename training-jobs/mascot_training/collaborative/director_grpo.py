@@ -639,7 +639,7 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
 
                 def build(d: Path) -> dict:
                     rows, drawn = base_persona_rows(base_model, runner, list(train.values()), cfg)
-                    return {**warm_start(base_model, rows, cfg, d), **drawn}
+                    return {**warm_start(base_model, rows, cfg, d, grouped=True), **drawn}
             else:
                 source = warm_start_rows(train, read_jsonl(out / "rollouts" / "blocks.jsonl"), runner.roster,
                                          cfg.director.max_consecutive_turns)
@@ -648,7 +648,8 @@ def run(cfg: CollaborativeConfig, out: Path, *, base_model: str, runner: Rollout
                     return warm_start(base_model, source, cfg, d)
             key = mf.digest_obj({"rows": source, "base_model": base_model, "lora": cfg.lora.model_dump(mode="json"),
                                  "steps": cfg.director.warm_start_steps, "lr": cfg.director.warm_start_lr,
-                                 "max_model_len": cfg.max_model_len, "seed": cfg.director_grpo.seed})
+                                 "max_model_len": cfg.max_model_len, "seed": cfg.director_grpo.seed,
+                                 "grouped": cfg.director.warm_start_source == "personas"})
             warm = cached_warm_start(part, key, build)
             init = str(part / "warm_start")
         with tempfile.TemporaryDirectory(prefix="mascot-director-grpo-") as work:

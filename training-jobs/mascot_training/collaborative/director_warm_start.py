@@ -89,8 +89,7 @@ def persona_rows(runner: Any, director: Any, prefixes: Sequence[Prefix], tries: 
     """
     import collections
 
-    from mascot.director.decide import check_decision, choosable_personas, decision_regex
-    from mascot.director.directive import DirectiveError
+    from mascot.director.decide import choosable_personas
     from mascot.director.prompts import build_messages
     from mascot_training.collaborative.simulate import Rollout, rollout_seed
 
@@ -100,13 +99,12 @@ def persona_rows(runner: Any, director: Any, prefixes: Sequence[Prefix], tries: 
                          "director.sampling: serving")
     if tries < 1:
         raise ValueError(f"director.warm_start_tries must be at least 1, got {tries}")
-    jobs = []  # (rollout, recent, choosable, persona card)
+    jobs = []  # (rollout, persona card)
     for p in prefixes:
         r = Rollout(p, 0, 0)
         runner.start(r)
-        recent, choosable = choosable_personas(runner.roster, r.history, rules)
-        jobs += [(r, recent, choosable, c) for c in choosable]
-    names = [c.name for c in runner.roster]
+        _, choosable = choosable_personas(runner.roster, r.history, rules)
+        jobs += [(r, c) for c in choosable]
     found: dict[int, str] = {}
     refused: collections.Counter = collections.Counter()
     draws = 0
@@ -114,23 +112,16 @@ def persona_rows(runner: Any, director: Any, prefixes: Sequence[Prefix], tries: 
         pending = [i for i in range(len(jobs)) if i not in found]
         for j in range(0, len(pending), batch):
             part = pending[j:j + batch]
-            seqs = [jobs[i][0].prompt_ids for i in part]
-            regexes = [decision_regex(runner.roster, [jobs[i][3]], jobs[i][0].history, rules) for i in part]
             draws += len(part)
-            for i, (ids, _) in zip(part, director.sample(seqs, rollout_seed(seed, "persona-rows", k, j), regexes)):
-                r, recent, choosable, card = jobs[i]
-                o = runner.parse_generated(ids, director.stop_ids)
-                try:
-                    if o.directive is None:
-                        raise DirectiveError(o.error or "unparsable directive")
-                    check_decision(o.directive, runner.roster, recent, choosable, r.history, rules, names,
-                                   r.prefix.context)
-                except DirectiveError as e:  # draw again
-                    refused[reason_key(str(e))] += 1
-                    continue
-                found[i] = o.text  # as generated: what the director's chat shows later
+            outs = runner.policy_decisions(director, [jobs[i][0] for i in part],
+                                           rollout_seed(seed, "persona-rows", k, j), [jobs[i][1] for i in part])
+            for i, o in zip(part, outs):
+                if o.directive is None:  # draw again
+                    refused[reason_key(o.error or "unparsable directive")] += 1
+                else:
+                    found[i] = o.text  # as generated: what the director's chat shows later
     rows = []
-    for i, (r, _, _, card) in enumerate(jobs):
+    for i, (r, card) in enumerate(jobs):
         if i in found:
             rows.append({"prompt": build_messages(runner.roster, r.history, r.prefix.context,
                                                   runner.s.max_consecutive_turns),
@@ -140,7 +131,36 @@ def persona_rows(runner: Any, director: Any, prefixes: Sequence[Prefix], tries: 
                   "per_persona": {c.id: per[c.id] for c in runner.roster}}
 
 
-def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_dir: Path) -> dict:
+def grouped_order(rows: Sequence[dict], total: int, seed: int) -> list[dict]:
+    """``total`` rows in an order that keeps each prompt's rows together: the groups (rows of one prompt, in their
+    order) are shuffled with ``seed`` each pass over the rows, and passes follow until ``total`` rows are taken.
+
+    Read in that order, every optimiser step of the persona-balanced warm start sees each of its decisions with all
+    the personas that decision may pick, so no step pushes one persona's name up alone (drawn at random, a step's 8
+    rows are 8 separate decisions, and the prior left by a short run followed whichever personas the last steps
+    happened to hold).
+
+    Raises:
+        ValueError: no rows, or ``total`` < 1.
+    """
+    import json
+    import random
+
+    if not rows or total < 1:
+        raise ValueError(f"grouped_order needs rows and a positive total, got {len(rows)} rows and {total}")
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps(r["prompt"], sort_keys=True), []).append(r)
+    keys, rng, out = list(groups), random.Random(seed), []
+    while len(out) < total:
+        rng.shuffle(keys)
+        for k in keys:
+            out.extend(groups[k])
+    return out[:total]
+
+
+def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_dir: Path,
+               grouped: bool = False) -> dict:
     """Fine-tune a fresh director LoRA (TRL ``SFTTrainer``, ``cfg.lora``) on conversational prompt-completion rows
     (:func:`warm_start_rows` or :func:`persona_rows`, the loss on the completion) and save it to ``out_dir``.
     Returns ``{"rows", "steps", "train_loss", "loss_first", "loss_last"}`` (the first and last logged step losses).
@@ -148,6 +168,9 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     Each step updates on up to 8 rows, passed :data:`WARM_START_MICRO_BATCH` at a time (gradient accumulation): the
     director's chats run to ``max_model_len`` tokens, and 8 of them at 1536 tokens in one pass needed more than 20 GB
     on a CPU.
+
+    With ``grouped`` the rows are read in :func:`grouped_order` (the persona-balanced rows: one prompt's rows side
+    by side in one step), else at random.
 
     Raises:
         ValueError: no rows (no serving decision was recorded).
@@ -165,12 +188,15 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     work = out_dir.parent / ".warm-start-trainer"
     batch = min(8, len(rows))
     micro = math.gcd(batch, WARM_START_MICRO_BATCH)
+    n_rows = len(rows)
+    if grouped:
+        rows = grouped_order(rows, batch * d.warm_start_steps, cfg.director_grpo.seed)
     args = SFTConfig(output_dir=str(work), max_steps=d.warm_start_steps, learning_rate=d.warm_start_lr,
                      per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
                      max_length=cfg.max_model_len, logging_steps=1,
                      save_strategy="no", report_to=[], bf16=False, gradient_checkpointing=False,
                      use_cpu=not torch.cuda.is_available(), seed=cfg.director_grpo.seed, dataloader_num_workers=0,
-                     disable_tqdm=True)
+                     disable_tqdm=True, train_sampling_strategy="sequential" if grouped else "random")
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32), args=args,
                          train_dataset=Dataset.from_list(rows),
                          processing_class=AutoTokenizer.from_pretrained(base_model), peft_config=peft_lora(cfg.lora),
@@ -180,5 +206,5 @@ def warm_start(base_model: str, rows: list[dict], cfg: CollaborativeConfig, out_
     trainer.model.save_pretrained(str(out_dir))
     shutil.rmtree(work, ignore_errors=True)
     losses = [e["loss"] for e in trainer.state.log_history if isinstance(e.get("loss"), (int, float))]
-    return {"rows": len(rows), "steps": trainer.state.global_step, "train_loss": float(result.training_loss),
+    return {"rows": n_rows, "steps": trainer.state.global_step, "train_loss": float(result.training_loss),
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}

@@ -548,21 +548,35 @@ class RolloutRunner:
             return DirectorOutput(text, None, str(e), list(ids), stopped)
 
     # -- directors -------------------------------------------------------------------------------------------
-    def policy_decisions(self, director: PolicyDirector, active: Sequence[Rollout], seed: int) -> list[DirectorOutput]:
+    def policy_decisions(self, director: PolicyDirector, active: Sequence[Rollout], seed: int,
+                         agents: Sequence[Any] | None = None) -> list[DirectorOutput]:
         """One decision of ``director`` per rollout, continuing its director sequence. With
         ``settings.director_rules`` each is sampled under serving's grammar for that turn
         (:func:`mascot.director.decide.decision_regex`: the personas it may pick, fresh verbs, their tone words)
         and checked as serving checks a first attempt (:func:`mascot.director.decide.check_decision`); a directive
         breaking a rule is invalid (serving would retry it). Without rules it is sampled free, parsed and capped
-        later by :meth:`run`."""
+        later by :meth:`run`.
+
+        ``agents``: one persona card per rollout whose ``Agent:`` the grammar fixes (the persona-balanced warm
+        start's draws); it must be choosable there, and the checks are serving's all the same.
+
+        Raises:
+            ValueError: ``agents`` without serving's rules, or not one per rollout.
+        """
         from mascot.director.decide import check_decision, choosable_personas, decision_regex
 
         rules = self.s.director_rules
         seqs = [r.prompt_ids + r.completion_ids for r in active]
         if rules is None or not rules.constrained:
+            if agents is not None:
+                raise ValueError("fixing the Agent of a decision needs serving's grammar: set director.sampling: "
+                                 "serving")
             return [self.parse_generated(g, director.stop_ids) for g in director.generate(seqs, seed)]
+        if agents is not None and len(agents) != len(active):
+            raise ValueError(f"{len(agents)} agents for {len(active)} rollouts")
         picks = [choosable_personas(self.roster, r.history, rules) for r in active]
-        regexes = [decision_regex(self.roster, choosable, r.history, rules) for r, (_, choosable) in zip(active, picks)]
+        regexes = [decision_regex(self.roster, choosable if agents is None else [agents[i]], r.history, rules)
+                   for i, (r, (_, choosable)) in enumerate(zip(active, picks))]
         outs = []
         for r, (recent, choosable), (ids, choices) in zip(active, picks, director.sample(seqs, seed, regexes)):
             o = self.parse_generated(ids, director.stop_ids)
