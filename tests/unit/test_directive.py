@@ -303,3 +303,24 @@ async def test_a_refused_addressee_is_reprompted_with_its_reason_at_the_configur
     assert "speak to the user, not to 'the child's parents'" in eng.requests[1].prompt
     assert "Offer a positive message" not in eng.requests[1].prompt
     assert [(r.sampling.temperature, r.sampling.top_p) for r in eng.requests] == [(0.5, 0.8), (0.5, 0.8)]
+
+
+def test_a_shortened_copy_of_the_prompts_example_or_a_goal_is_refused_and_a_new_action_is_not():
+    """The real director served "Acknowledge how empty the house feels without the dog." (the prompt's example cut
+    short) in 3 of 24 dialogues with no dog: its 5-grams lie in the example, so it is a copy; Jaccard alone (0.65)
+    let it through."""
+    from mascot.core.guard import char_ngrams, jaccard
+    from mascot.director.directive import ParsedDirective, check_content
+    from mascot.director.prompts import EXAMPLE_ACTION
+
+    names = [c.name for c in ROSTER]
+    copies = (EXAMPLE_ACTION, *(c.goal for c in ROSTER))
+    cut = "Acknowledge how empty the house feels without the dog."
+    assert jaccard(char_ngrams(cut), char_ngrams(EXAMPLE_ACTION)) < 0.8
+    for action in (cut, "Offer one to three concrete, feasible next steps."):  # the second: the Action Guide's goal
+        with pytest.raises(DirectiveError) as e:
+            check_content(ParsedDirective("anchor", action, "Warm"), names, [], copies)
+        assert e.value.reason == "directive_copy" and "example or a helper's goal" in str(e.value)
+    for action in ("Acknowledge how empty the flat feels since the move.",
+                   "Ask what the user would like to keep from their old house."):
+        check_content(ParsedDirective("anchor", action, "Warm"), names, [], copies)

@@ -264,8 +264,8 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     :data:`FIRST_PERSON`, Tone is not a helper's name, the Action has the helper speak to the user
     (:func:`wrong_addressee`) and names nobody the conversation (``context`` texts and ``history`` turns) does not
     mention (:func:`people_not_mentioned`), and Action is no copy (character 5-gram Jaccard >= ``copy_jaccard``,
-    :func:`mascot.core.guard.jaccard`) of an earlier directive's Action or of ``forbidden_copies`` (the prompt's
-    example).
+    :func:`mascot.core.guard.jaccard`) of an earlier directive's Action, nor a copy of ``forbidden_copies`` (the
+    prompt's example, the cards' goals) or of a part of one (``copy_jaccard`` of the Action's 5-grams found in it).
 
     Raises:
         DirectiveError: with reason ``directive_name``, ``directive_voice``, ``directive_addressee``,
@@ -300,10 +300,15 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
         raise DirectiveError(f"the Action names {', '.join(repr(m) for m in missing)}, whom the conversation does not "
                              "mention; speak of the user and of the people they mentioned", "directive_person")
     grams = char_ngrams(d.action)
-    for earlier in [*earlier_actions(history), *forbidden_copies]:
+    for earlier in earlier_actions(history):
         if jaccard(grams, char_ngrams(earlier)) >= copy_jaccard:
             raise DirectiveError("the Action repeats an earlier one; give a new instruction about the latest "
                                  "message", "directive_copy")
+    for text in forbidden_copies:  # a shortened copy ("... without the dog.") is a copy too: its n-grams lie in it
+        other = char_ngrams(text)
+        if grams and (jaccard(grams, other) >= copy_jaccard or len(grams & other) / len(grams) >= copy_jaccard):
+            raise DirectiveError("the Action copies the instructions' example or a helper's goal; give an "
+                                 "instruction about the latest message", "directive_copy")
 
 
 def visible_part(text: str) -> str:
