@@ -265,7 +265,8 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
     (:func:`wrong_addressee`) and names nobody the conversation (``context`` texts and ``history`` turns) does not
     mention (:func:`people_not_mentioned`), and Action is no copy (character 5-gram Jaccard >= ``copy_jaccard``,
     :func:`mascot.core.guard.jaccard`) of an earlier directive's Action, nor a copy of ``forbidden_copies`` (the
-    prompt's example, the cards' goals) or of a part of one (``copy_jaccard`` of the Action's 5-grams found in it).
+    prompt's example, the cards' goals) or of a part of one (``copy_jaccard`` or more of the Action's 5-grams found
+    in it).
 
     Raises:
         DirectiveError: with reason ``directive_name``, ``directive_voice``, ``directive_addressee``,
@@ -304,9 +305,10 @@ def check_content(d: ParsedDirective, roster_names: Sequence[str], history: Sequ
         if jaccard(grams, char_ngrams(earlier)) >= copy_jaccard:
             raise DirectiveError("the Action repeats an earlier one; give a new instruction about the latest "
                                  "message", "directive_copy")
-    for text in forbidden_copies:  # a shortened copy ("... without the dog.") is a copy too: its n-grams lie in it
-        other = char_ngrams(text)
-        if grams and (jaccard(grams, other) >= copy_jaccard or len(grams & other) / len(grams) >= copy_jaccard):
+    # a shortened copy ("... without the dog.") is a copy too: its n-grams lie in the text (the share of the Action's
+    # n-grams found there is never below their Jaccard, so it also catches whole copies)
+    for text in forbidden_copies:
+        if grams and len(grams & char_ngrams(text)) / len(grams) >= copy_jaccard:
             raise DirectiveError("the Action copies the instructions' example or a helper's goal; give an "
                                  "instruction about the latest message", "directive_copy")
 
