@@ -52,6 +52,12 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert any(len(r["messages"]) == 4 for r in sft_rows)  # mid-dialogue: user, another persona, the reply
     sft_m = json.loads((out / "sft" / "manifest.json").read_text())
     assert sft_m["data_ids"] == sd["data_ids"] and sft_m["metrics"]["rows"] == len(sft_rows)
+    # one SFT adapter per persona (sft.per_persona), each trained on its persona's rows only
+    assert sft_m["adapters"] == {p: f"adapters/{p}" for p in cfg["personas"]} and "adapter" not in sft_m
+    per = sft_m["metrics"]["per_persona"]
+    assert {p: per[p]["rows"] for p in cfg["personas"]} == {
+        p: sum(r["persona_id"] == p for r in sft_rows) for p in cfg["personas"]}
+    assert all(per[p]["steps"] == 2 for p in cfg["personas"]) and sft_m["metrics"]["steps"] == 4
     # cross-persona pairs beside the within-persona ones
     pairs = [json.loads(x) for x in (out / "pairs" / "pairs.jsonl").read_text().splitlines()]
     assert {r["kind"] for r in pairs} == {"within", "cross"}
@@ -64,7 +70,8 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
     assert any(x.startswith("judge: group 8/8 (100%)") for x in lines), lines
     assert any(x.startswith("persona_rm: step 1/") for x in lines), lines
     assert sum(x.startswith("stage ") and " starting at " in x for x in lines) == 8
-    for png in ("sft/curves.png", "persona_rm/curves.png", *(f"persona_grpo/curves_{p}.png" for p in cfg["personas"])):
+    for png in (*(f"sft/curves_{p}.png" for p in cfg["personas"]), "persona_rm/curves.png",
+                *(f"persona_grpo/curves_{p}.png" for p in cfg["personas"])):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     grpo_log = [json.loads(x) for x in (out / "persona_grpo" / f"curves_{cfg['personas'][0]}.jsonl").read_text()
                 .splitlines()]
@@ -114,16 +121,24 @@ def test_smoke_config_runs_every_stage_and_adapters_load(tmp_path, tiny_model_di
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), d)
         with torch.no_grad():
             assert model(ids).logits.shape == ref.shape
-    # With sft enabled, GRPO continued the SFT adapter (pi_SFT): its LoRA B starts from the SFT weights, not zeros.
+    # With sft enabled, GRPO continued each persona's own SFT adapter (pi_SFT): its LoRA B starts from that persona's
+    # SFT weights, not zeros and not the other persona's.
     from safetensors.torch import load_file
 
-    sft_w = load_file(out / "sft" / "adapter" / "adapter_model.safetensors")
-    grpo_w = load_file(out / "persona_grpo" / cfg["personas"][0] / "adapter_model.safetensors")
-    b_keys = [k for k in sft_w if "lora_B" in k]
-    assert b_keys and set(b_keys) <= set(grpo_w)
-    sft_norm = sum(float(sft_w[k].abs().sum()) for k in b_keys)
-    drift = sum(float((grpo_w[k] - sft_w[k]).abs().sum()) for k in b_keys)
-    assert sft_norm > 0 and drift < 0.5 * sft_norm
+    sft_w = {p: load_file(out / "sft" / "adapters" / p / "adapter_model.safetensors") for p in cfg["personas"]}
+    b_keys = [k for k in sft_w[cfg["personas"][0]] if "lora_B" in k]
+    p0, p1 = cfg["personas"]
+
+    def dist(a, b):
+        return sum(float((a[k] - b[k]).abs().sum()) for k in b_keys)
+
+    assert b_keys and dist(sft_w[p0], sft_w[p1]) > 0  # trained on different rows
+    for p, other in ((p0, p1), (p1, p0)):
+        grpo_w = load_file(out / "persona_grpo" / p / "adapter_model.safetensors")
+        assert set(b_keys) <= set(grpo_w)
+        sft_norm = sum(float(sft_w[p][k].abs().sum()) for k in b_keys)
+        assert sft_norm > 0 and dist(grpo_w, sft_w[p]) < 0.5 * sft_norm
+        assert dist(grpo_w, sft_w[p]) < dist(grpo_w, sft_w[other])
     # Evaluation refuses the ids this run trained on (its adapter manifest lists them).
     from mascot.core.situations import load_situations
     from mascot.eval.data import check_no_overlap

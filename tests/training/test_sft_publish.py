@@ -160,6 +160,56 @@ def test_sft_resume_is_a_noop(base, healthy):
     assert (out / "sft" / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns == st
 
 
+def test_per_persona_sft_trains_one_adapter_each_and_a_killed_stage_keeps_the_finished_ones(base, tmp_path,
+                                                                                            monkeypatch):
+    from safetensors.torch import load_file
+
+    p0, p1 = _personas()
+    cfg = _cfg(sft={"enabled": True, "max_steps": 2, "batch_size": 2, "per_persona": True}, lora={"r": 4, "alpha": 8})
+    real = sft._train_adapter
+
+    def dies_on_second(cfg_, rows, base_model, dest, work, curves, label):
+        if label == p1:
+            raise RuntimeError("killed")
+        return real(cfg_, rows, base_model, dest, work, curves, label)
+
+    monkeypatch.setattr(sft, "_train_adapter", dies_on_second)
+    with pytest.raises(RuntimeError, match="killed"):
+        sft.run(cfg, tmp_path, base_model=base)
+    assert not (tmp_path / "sft").exists()  # nothing published by a killed stage
+    first = tmp_path / "sft.partial" / "adapters" / p0 / "adapter_model.safetensors"
+    st = first.stat().st_mtime_ns
+    trained = []
+    monkeypatch.setattr(sft, "_train_adapter", lambda *a: trained.append(a[-1]) or real(*a))
+    m = sft.run(cfg, tmp_path, base_model=base)
+    assert trained == [p1]  # the rerun trained only the persona the killed run had not finished
+    assert (tmp_path / "sft" / "adapters" / p0 / "adapter_model.safetensors").stat().st_mtime_ns == st
+    assert m["adapters"] == {p0: f"adapters/{p0}", p1: f"adapters/{p1}"}
+    assert m["metrics"]["per_persona"][p0]["rows"] == m["metrics"]["per_persona"][p1]["rows"] == 3
+    dirs = sft.adapter_dirs(tmp_path, [p0, p1])
+    assert dirs == {p: tmp_path / "sft" / "adapters" / p for p in (p0, p1)}
+    w0, w1 = (load_file(dirs[p] / "adapter_model.safetensors") for p in (p0, p1))
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0 if "lora_B" in k)  # each learnt its own rows
+    with pytest.raises(ValueError, match="no adapter for persona"):
+        sft.adapter_dirs(tmp_path, [p0, "beacon"])
+
+
+def test_per_persona_sft_refuses_a_persona_without_rows(base, tmp_path):
+    p0, p1 = _personas()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"persona_id": p0, "messages": [{"role": "user", "content": "hi"},
+                                                               {"role": "assistant", "content": "hello"}]}) + "\n")
+    cfg = _cfg(sft={"enabled": True, "max_steps": 1, "per_persona": True, "data": rows})
+    with pytest.raises(ValueError, match=f"no SFT rows for persona\\(s\\) \\['{p1}'\\]"):
+        sft.run(cfg, tmp_path / "out", base_model=base)
+
+
+def test_shared_sft_adapter_serves_every_persona(healthy):
+    out, _ = healthy
+    assert sft.adapter_dirs(out, _personas()) == {p: out / "sft" / "adapter" for p in _personas()}
+    assert sft.adapter_dirs(out / "nothing", _personas()) is None
+
+
 @pytest.mark.parametrize("line, why", [
     ("{not json", "not valid JSON"),
     ('{"persona_id": "P", "messages": [{"role": "user", "content": "hi"}]}', "at least two"),

@@ -13,7 +13,8 @@ Every stage reads its phase's run config (:mod:`mascot_training.persona.config`,
 
 Phase 1 artefacts:
 
-- ``OUT/sft/adapter/``: optional SFT LoRA of the candidate policy (PEFT directory).
+- ``OUT/sft/adapter/``: optional SFT LoRA of the candidate policy (PEFT directory); with ``sft.per_persona``
+  ``OUT/sft/adapters/<persona_id>/``, one per persona.
 - ``OUT/sample/candidates.jsonl``: one line per group (context x, persona):
   ``{"group_id", "situation_id", "persona_id", "history": [{"role", "persona_id", "text"}], "context":
   [[speaker, content]], "candidates": [text, ...K], "thinks": [text, ...K]}`` (visible answer and think split).

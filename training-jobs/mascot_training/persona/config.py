@@ -75,9 +75,13 @@ class SftDataConfig(_S):
 
 
 class SftConfig(_S):
-    """SFT of the candidate policy: one LoRA on the base model (off by default)."""
+    """SFT of the candidate policy: one LoRA on the base model (off by default), or one per persona."""
 
     enabled: bool = False
+    #: One LoRA per persona, each trained on that persona's rows only (GRPO then starts each persona from its own,
+    #: and publish serves each). False: one shared LoRA for every persona, which leaves the personas to the card in
+    #: the prompt (a 135M model's personas converged under it: docs/training.md).
+    per_persona: bool = False
     #: JSONL of {"persona_id", "messages": [{"role", "content"}, ...]} (chat format; the last message is the
     #: assistant reply to learn). Unset: the rows of the ``sft_data`` stage when it is enabled, else a tiny set built
     #: from the persona cards (smoke).

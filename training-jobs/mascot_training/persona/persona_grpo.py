@@ -446,7 +446,7 @@ def release_trainer(trainer) -> None:
 
 
 def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str | None, personas: list[str],
-        prompts: dict[str, list[dict]], metrics=None, init_adapter: str | None = None) -> dict:
+        prompts: dict[str, list[dict]], metrics=None, init_adapter: str | dict[str, str] | None = None) -> dict:
     """Run the ``persona_grpo`` stage: one GRPO LoRA per persona under ``OUT/persona_grpo/<persona_id>/``.
 
     Args:
@@ -457,7 +457,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         personas: Persona ids to train, in order.
         prompts: ``{persona_id: rows}`` in the module docstring's format.
         metrics: Optional :class:`mascot.core.metrics.Metrics` for ``mascot_reward_failures_total``.
-        init_adapter: The SFT adapter every persona's LoRA starts from; None starts from a fresh LoRA.
+        init_adapter: The SFT adapter every persona's LoRA starts from, or ``{persona: adapter}`` when each persona
+            has its own (``sft.per_persona``); None starts from a fresh LoRA.
 
     Returns:
         The stage manifest (``metrics[persona_id]``: steps, reward_first, reward_last, reward_failures, seconds,
@@ -465,7 +466,8 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         :func:`heldout_summary`).
 
     Raises:
-        ValueError: a persona without prompt rows. RuntimeError: a non-finite loss/weight, or a non-LoRA adapter.
+        ValueError: a persona without prompt rows, or without an adapter in a per-persona ``init_adapter``.
+        RuntimeError: a non-finite loss/weight, or a non-LoRA adapter.
     """
     from mascot.reward.scorer import RewardScorer
 
@@ -481,13 +483,17 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
     config = train_cfg | {"personas": list(personas)}
     inputs = {"base_model": mf.digest_path(base_model) or f"hub:{base_model}",
               "rm": mf.digest_path(rm_dir) if rm_dir else "", "prompts": mf.digest_obj(prompts),
-              "init_adapter": mf.digest_path(init_adapter) if init_adapter else ""}
+              "init_adapter": (mf.digest_obj({p: mf.digest_path(d) for p, d in sorted(init_adapter.items())})
+                               if isinstance(init_adapter, dict) else mf.digest_path(init_adapter))
+              if init_adapter else ""}
     if mf.is_done(out, STAGE, config, inputs):
         log.info("stage %s is done; skipping", STAGE)
         return mf.read_manifest(Path(out) / STAGE)
     missing = [p for p in personas if not prompts.get(p)]
     if missing:
         raise ValueError(f"no prompt rows for persona(s) {missing}")
+    if isinstance(init_adapter, dict) and set(personas) - set(init_adapter):
+        raise ValueError(f"no SFT adapter for persona(s) {sorted(set(personas) - set(init_adapter))}")
     split = {p: split_heldout(prompts[p], cfg.pairs.heldout_fraction) if g.heldout_eval else (prompts[p], [])
              for p in personas}
     empty = [p for p in personas if not split[p][0]]
@@ -501,9 +507,11 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
         man["reward_terms"] = {"rm": bool(rm_dir) and g.w_rm != 0, "format": g.w_format != 0,
                                "move": g.w_move != 0, "budget_penalty": g.budget_penalty != 0}
         for pid in personas:
+            init = init_adapter.get(pid) if isinstance(init_adapter, dict) else init_adapter
             pdir = partial / pid
             marker = pdir / DONE_MARKER
-            key = mf.digest_obj([train_cfg, inputs["base_model"], inputs["rm"], inputs["init_adapter"], prompts[pid]])
+            key = mf.digest_obj([train_cfg, inputs["base_model"], inputs["rm"], mf.digest_path(init) if init else "",
+                                 prompts[pid]])
             done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
             if done.get("key") == key:
                 man["metrics"][pid] = done["metrics"]
@@ -515,7 +523,7 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str, rm_dir: str 
             with tempfile.TemporaryDirectory(prefix=f"mascot-grpo-{pid}-") as work:
                 trainer, m = train_persona(base_model, train_rows, reward, g, cfg.lora, Path(work),
                                            callbacks=[trainer_progress(f"persona_grpo {pid}")],
-                                           init_adapter=init_adapter, max_model_len=cfg.max_model_len,
+                                           init_adapter=init, max_model_len=cfg.max_model_len,
                                            heldout=held_rows,
                                            heldout_func=make_reward_func(scorer, catalog, g, guard=guard))
                 write_curves(trainer.state.log_history, partial / f"curves_{pid}.png", f"persona_grpo {pid}")

@@ -17,6 +17,7 @@ from mascot_training.common.manifest import read_manifest
 from mascot_training.common.memory import after_stage
 from mascot_training.common.progress import reporting, stage_finished, stage_started
 from mascot_training.persona.config import STAGES, PersonaAlignmentConfig
+from mascot_training.persona.sft import adapter_dirs
 
 #: The module under ``mascot_training`` that runs each stage (its ``run``), in chain order.
 STAGE_MODULES = {
@@ -39,13 +40,25 @@ def base_model_of(cfg: PersonaAlignmentConfig) -> str:
     return resolve_model(cfg.model, cfg.tiny_dir)
 
 
-async def _engine(cfg: PersonaAlignmentConfig, base: str, sft_dir: Path | None) -> Any:
+def sft_adapter_names(dirs: dict[str, Path] | None) -> dict[str, str] | None:
+    """The engine's adapter name of each persona's SFT adapter (``dirs`` from
+    :func:`mascot_training.persona.sft.adapter_dirs`): ``sft`` when one adapter is shared, ``sft-<persona>`` when each
+    persona has its own; None without SFT."""
+    if dirs is None:
+        return None
+    shared = len(set(dirs.values())) == 1
+    return {p: "sft" if shared else f"sft-{p}" for p in dirs}
+
+
+async def _engine(cfg: PersonaAlignmentConfig, base: str, sft_dirs: dict[str, Path] | None) -> Any:
     from mascot.core.engine.transformers import TransformersEngine
 
     eng = TransformersEngine(base, max_model_len=cfg.max_model_len, batch_wait_ms=2)
     await eng.start()
-    if sft_dir is not None:
-        await eng.load_adapter("sft", str(sft_dir))
+    names = sft_adapter_names(sft_dirs) or {}
+    for pid, name in names.items():
+        if name not in eng.adapters():
+            await eng.load_adapter(name, str(sft_dirs[pid]))
     return eng
 
 
@@ -106,8 +119,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
     async def get_engine() -> Any:
         nonlocal engine
         if engine is None:
-            sft_m = read_manifest(out / "sft")
-            engine = await _engine(cfg, base, out / "sft" / "adapter" if sft_m else None)
+            engine = await _engine(cfg, base, adapter_dirs(out, active_personas(cfg)))
         return engine
 
     def nonlocal_reset() -> None:
@@ -136,7 +148,8 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                 elif stage == "sample":
                     eng = await get_engine()
                     sft_on = read_manifest(out / "sft") is not None and cfg.sft.enabled
-                    results[stage] = await mod.run(cfg, out, engine=eng, sft_adapter="sft" if sft_on else None)
+                    names = sft_adapter_names(adapter_dirs(out, active_personas(cfg))) if sft_on else None
+                    results[stage] = await mod.run(cfg, out, engine=eng, sft_adapter=names)
                 elif stage == "judge":  # a remote JudgeService (judge.target) needs no local model
                     results[stage] = await mod.run(cfg, out, engine=None if cfg.judge.target else await get_engine())
                 elif stage == "pairs":
@@ -149,17 +162,20 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     prompts = grpo_prompts(cfg, out, await get_engine())
                     rm_m = read_manifest(out / "persona_rm") or {}
                     rm_dir = str(out / "persona_rm" / "model") if rm_m.get("rm_used_by_grpo", True) else None
+                    sft_dirs = adapter_dirs(out, active_personas(cfg)) if cfg.sft.enabled else None
                     results[stage] = await asyncio.to_thread(
                         mod.run, cfg, out, base_model=base, rm_dir=rm_dir,
                         personas=active_personas(cfg), prompts=prompts,
-                        init_adapter=str(out / "sft" / "adapter") if cfg.sft.enabled and read_manifest(out / "sft")
-                        else None)
+                        init_adapter={p: str(d) for p, d in sft_dirs.items()} if sft_dirs else None)
                 elif stage == "publish":
                     if cfg.persona_grpo.enabled:
                         adapters = {p: out / "persona_grpo" / p for p in active_personas(cfg)}
                         sources = ("sft_data", "sft", "sample", "pairs")
                     else:  # the SFT policy is every persona's adapter
-                        adapters = {p: out / "sft" / "adapter" for p in active_personas(cfg)}
+                        adapters = adapter_dirs(out, active_personas(cfg))
+                        if adapters is None:
+                            raise ValueError("persona_grpo is off and the sft stage has not run: nothing to publish; "
+                                             "enable sft (the SFT policy is then every persona's adapter)")
                         sources = ("sft_data", "sft")
                     ids = sorted(set().union(*[set((read_manifest(out / s) or {}).get("data_ids", []))
                                                for s in sources]))

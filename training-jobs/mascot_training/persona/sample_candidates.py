@@ -87,8 +87,11 @@ async def _sample_group(engine: Any, g: dict, cfg, adapter: str | None, seed: in
             "rejections": [r.rejections for r in results]}
 
 
-async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) -> dict:
-    """Sample every group; returns the stage manifest (``data_ids`` = situation ids used)."""
+async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | dict[str, str] | None = None) -> dict:
+    """Sample every group; returns the stage manifest (``data_ids`` = situation ids used).
+
+    ``sft_adapter`` is the engine's adapter name of the SFT policy: one name for every persona, or ``{persona:
+    name}`` when each persona has its own; None samples the base model."""
     inputs = {"situations": digest_path(cfg.data.situations), "sft": digest_path(out / "sft") if sft_adapter else "",
               "base_model": str(cfg.model or "default")}
     conf = {"sample": cfg.sample.model_dump(mode="json"), "data": cfg.data.model_dump(mode="json"),
@@ -104,7 +107,8 @@ async def run(cfg, out: Path, *, engine: Any, sft_adapter: str | None = None) ->
 
         async def one(i: int, g: dict) -> None:
             async with slots:
-                row = await _sample_group(engine, g, cfg, sft_adapter, cfg.sample.seed * 1_000_003 + i * 97)
+                adapter = sft_adapter.get(g["persona_id"]) if isinstance(sft_adapter, dict) else sft_adapter
+                row = await _sample_group(engine, g, cfg, adapter, cfg.sample.seed * 1_000_003 + i * 97)
             append_jsonl(path, row)  # as each group finishes: a rerun resumes after the last one written
             bar.step(persona=g["persona_id"])
 

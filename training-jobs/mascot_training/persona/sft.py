@@ -25,9 +25,10 @@ import json
 import shutil
 from pathlib import Path
 
+from mascot.core.files import atomic_write_text
 from mascot_training.common.config import active_personas
 from mascot_training.common.lora import peft_lora, smoke_rows
-from mascot_training.common.manifest import digest_path, is_done, read_manifest, stage_dir
+from mascot_training.common.manifest import digest_obj, digest_path, is_done, read_manifest, stage_dir
 from mascot_training.common.progress import trainer_progress, write_curves
 from mascot_training.persona.config import PersonaAlignmentConfig
 
@@ -107,10 +108,12 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
 
     Returns:
         The stage manifest (metrics ``train_loss``, ``rows``, ``steps``; ``adapter`` = path relative to the stage
-        dir), or None when SFT is disabled. A completed stage with the same config and inputs is returned as is.
+        dir), or None when SFT is disabled. With ``sft.per_persona`` the manifest has ``adapters`` ({persona: path
+        relative to the stage dir}) instead, and ``metrics.per_persona`` ({persona: train_loss, rows, steps}). A
+        completed stage with the same config and inputs is returned as is.
 
     Raises:
-        ValueError: bad SFT data (``FILE:LINE: problem``).
+        ValueError: bad SFT data (``FILE:LINE: problem``); with ``sft.per_persona``, a persona without rows.
     """
     if not cfg.sft.enabled:
         return None
@@ -141,33 +144,91 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
         rows = smoke_rows(personas)
         data_ids = [f"smoke:{r['persona_id']}:{r['line']}" for r in rows]
 
+    if cfg.sft.per_persona:
+        by_p = {p: [r for r in rows if r["persona_id"] == p] for p in personas}
+        empty = [p for p, rs in by_p.items() if not rs]
+        if empty:
+            raise ValueError(f"sft.per_persona: no SFT rows for persona(s) {empty}; sample more situations "
+                             "(sft_data.limit), raise sft_data.k_teacher, or train one shared adapter")
+        groups = by_p
+    else:
+        groups = {"": rows}
+    with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
+        per: dict[str, dict] = {}
+        for pid, part_rows in groups.items():
+            dest = partial / ("adapters" if pid else "") / (pid or "adapter")
+            marker = dest.parent / f"{dest.name}.done.json"  # a killed stage keeps the adapters it finished
+            key = digest_obj([config, inputs, pid])
+            done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+            if done.get("key") == key and dest.is_dir():
+                per[pid] = done["metrics"]
+                continue
+            shutil.rmtree(dest, ignore_errors=True)
+            per[pid] = _train_adapter(cfg, part_rows, base_model, dest, partial / "trainer",
+                                      partial / (f"curves_{pid}.png" if pid else "curves.png"), pid)
+            atomic_write_text(marker, json.dumps({"key": key, "metrics": per[pid]}) + "\n")
+        manifest["data_ids"] = data_ids
+        manifest["base_model"] = str(base_model)
+        if cfg.sft.per_persona:
+            manifest["adapters"] = {p: f"adapters/{p}" for p in groups}
+            manifest["metrics"] = {"rows": len(rows), "steps": sum(m["steps"] for m in per.values()),
+                                   "per_persona": per}
+        else:
+            manifest["adapter"] = "adapter"
+            manifest["metrics"] = per[""]
+    return manifest
+
+
+def _train_adapter(cfg: PersonaAlignmentConfig, rows: list[dict], base_model: str, dest: Path, work: Path,
+                   curves: Path, label: str) -> dict:
+    """Train one LoRA on ``rows`` (TRL ``SFTTrainer``, prompt-completion rows), save it to ``dest`` and its loss
+    curve to ``curves`` (PNG, with the JSONL log beside it); ``label`` names the persona in progress lines.
+
+    Returns:
+        ``{"train_loss", "rows", "steps"}``.
+    """
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     on_gpu = torch.cuda.is_available()
-    with stage_dir(out, STAGE, config, inputs) as (partial, manifest):
-        ds = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
-        tok = AutoTokenizer.from_pretrained(base_model)
-        model = AutoModelForCausalLM.from_pretrained(base_model)
-        work = partial / "trainer"
-        args = SFTConfig(output_dir=str(work), num_train_epochs=cfg.sft.epochs, max_steps=cfg.sft.max_steps,
-                         learning_rate=cfg.sft.lr, per_device_train_batch_size=cfg.sft.batch_size,
-                         max_length=cfg.max_model_len, logging_steps=1, save_strategy="no", report_to=[],
-                         bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
-                         use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
-                             peft_config=peft_lora(cfg.lora), callbacks=[trainer_progress("sft")])
-        trainer.remove_callback(PrinterCallback)  # the progress lines carry the loss
-        result = trainer.train()
-        write_curves(trainer.state.log_history, partial / "curves.png", "sft")
-        adapter = partial / "adapter"
-        trainer.model.save_pretrained(str(adapter))
-        shutil.rmtree(work, ignore_errors=True)
-        manifest["data_ids"] = data_ids
-        manifest["adapter"] = "adapter"
-        manifest["base_model"] = str(base_model)
-        manifest["metrics"] = {"train_loss": float(result.training_loss), "rows": len(rows),
-                               "steps": int(trainer.state.global_step)}
-    return manifest
+    name = f"sft {label}".strip()
+    ds = Dataset.from_list([{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in rows])
+    tok = AutoTokenizer.from_pretrained(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_model)
+    args = SFTConfig(output_dir=str(work), num_train_epochs=cfg.sft.epochs, max_steps=cfg.sft.max_steps,
+                     learning_rate=cfg.sft.lr, per_device_train_batch_size=cfg.sft.batch_size,
+                     max_length=cfg.max_model_len, logging_steps=1, save_strategy="no", report_to=[],
+                     bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
+                     use_cpu=not on_gpu, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+                         peft_config=peft_lora(cfg.lora), callbacks=[trainer_progress(name)])
+    trainer.remove_callback(PrinterCallback)  # the progress lines carry the loss
+    result = trainer.train()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_curves(trainer.state.log_history, curves, name)
+    trainer.model.save_pretrained(str(dest))
+    shutil.rmtree(work, ignore_errors=True)
+    metrics = {"train_loss": float(result.training_loss), "rows": len(rows), "steps": int(trainer.state.global_step)}
+    del trainer, model
+    return metrics
+
+
+def adapter_dirs(out: str | Path, personas: list[str]) -> dict[str, Path] | None:
+    """Each persona's SFT adapter directory in the run ``out``: ``OUT/sft/adapters/<persona>`` when the stage trained
+    one per persona (``sft.per_persona``), else the shared ``OUT/sft/adapter`` for every persona; None when the stage
+    has not run (or SFT is off).
+
+    Raises:
+        ValueError: a persona of ``personas`` that the per-persona stage did not train (the run's roster changed).
+    """
+    m = read_manifest(Path(out) / STAGE)
+    if m is None:
+        return None
+    if "adapters" in m:
+        missing = [p for p in personas if p not in m["adapters"]]
+        if missing:
+            raise ValueError(f"the sft stage trained no adapter for persona(s) {missing}; rerun it with them")
+        return {p: Path(out) / STAGE / m["adapters"][p] for p in personas}
+    return {p: Path(out) / STAGE / m["adapter"] for p in personas}
