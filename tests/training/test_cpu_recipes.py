@@ -50,6 +50,7 @@ def test_the_recipes_validate_and_train_only_on_the_training_part(tmp_path, monk
     assert p1.persona_grpo.max_steps * 5 >= 80 and not p1.personas  # every support persona, 80 steps in all
     # the SFT base policy from move-compliant replies, cross-persona pairs, and a reward that carries the moves
     assert p1.sft_data.enabled and p1.sft.enabled and p1.sft_data.require_moves and p1.sft_data.limit > p1.data.limit
+    assert p1.sft.per_persona  # one SFT adapter per persona
     assert p1.pairs.cross_per_group > 0 and p1.persona_rm.require_better_than_chance
     g = p1.persona_grpo
     assert g.w_move > 0 and g.budget_penalty > 0 and g.format.l_max_from_card and g.beta > 0
@@ -113,6 +114,8 @@ def test_both_recipes_run_at_a_smoke_size_on_the_real_model(tmp_path, shared_dat
     cfg1 = _set(yaml.safe_load(P1.read_text()), personas=personas, data__limit=1, sample__k=3,
                 sft_data__limit=1, sft_data__k_teacher=2, sft_data__k_plain=1, sft_data__max_tokens=32,
                 sft_data__mid_dialogue_share=0.0, sft__max_steps=1, sft__batch_size=2,  # mid-dialogue: the tiny smoke
+                # one situation may leave a persona without a compliant reply; per-persona SFT: the tiny smoke
+                sft__per_persona=False,
                 sample__max_tokens=32, pairs__delta=0.0, pairs__heldout_fraction=0.25, persona_rm__batch_size=4,
                 persona_rm__epochs=1,
                 persona_grpo__num_generations=2, persona_grpo__batch_size=2, persona_grpo__max_completion_length=12,
@@ -207,4 +210,7 @@ def test_the_sft_only_recipe_validates_and_publishes_the_sft_adapter(tmp_path, m
         {"id": "t1", "emotion": "sad", "situation": "My dog died.", "first_utterance": "I miss my dog."}) + "\n")
     cfg = load(CONFIGS / "persona_sft_cpu.yaml")
     assert cfg.sft_data.enabled and cfg.sft.enabled and not cfg.persona_grpo.enabled and validate(cfg) == []
-    assert cfg.data.limit == 56 and cfg.sft_data.require_moves and "gate_proj" in cfg.lora.target_modules
+    assert cfg.sft_data.require_moves and cfg.sft.per_persona and "gate_proj" in cfg.lora.target_modules
+    # the same sft_data and sft settings as the whole recipe: the two runs share those stages
+    p1 = load(P1)
+    assert cfg.sft_data == p1.sft_data and cfg.sft == p1.sft and cfg.lora == p1.lora and cfg.data == p1.data

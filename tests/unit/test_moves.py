@@ -215,6 +215,10 @@ def test_the_docs_table_names_every_shipped_move() -> None:
     ("celebrating_negative", USER_LOSS, "We can celebrate her life together.", False),
     ("concrete_step", USER_EXAM, "Why not call her tonight?", True),
     ("concrete_step", USER_EXAM, "Take a deep breath and call your sister.", True),
+    ("concrete_step", USER_EXAM, "That sounds hard. Try this: call your sister tonight.", True),  # after a colon
+    ("concrete_step", USER_EXAM, "One small step for today: write down the topics you missed.", True),
+    ("concrete_step", USER_EXAM, "Here is a rephrasing: \"I failed my exam.\"", False),
+    ("concrete_step", USER_EXAM, "Remember this: take care of yourself.", False),
     ("minimising", USER_EXAM, "It was just a practice test.", True),
     ("presence_language", USER_EXAM, "I agree with you about the tests.", False),
     ("presence_language", USER_EXAM, "I'm right here with you.", True),

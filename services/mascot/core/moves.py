@@ -227,9 +227,11 @@ def _concrete_steps(text: str) -> list[str]:
     """Suggested steps in ``text``, as "verb object" (lower-cased): see :data:`_STEP_START_RE` and
     :data:`_STEP_SUGGEST_RE`; a step needs a concrete object (:func:`_object`). Questions count only when they
     suggest ("Why not call her?", "Could you write to the school?"). Line breaks end sentences, so each item of a
-    list is a step of its own."""
+    list is a step of its own; so does a colon, so a step it introduces starts a sentence ("Try this: call her
+    tonight.")."""
     out = []
-    for s in (x for line in text.replace("’", "'").splitlines() for x in split_sentences(line)):
+    for s in (c for line in text.replace("’", "'").splitlines() for x in split_sentences(line)
+              for c in re.split(r":\s+", x)):
         if s.rstrip().endswith("?") and not re.search(r"\b(?:why not|how about|could you|can you)\b", s, re.I):
             continue
         m = _STEP_START_RE.match(s)
