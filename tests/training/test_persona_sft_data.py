@@ -4,6 +4,8 @@ detectors (the stage itself runs in the phase 1 smoke test and, on the real mode
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import collections
 
 import pytest
@@ -41,13 +43,20 @@ def test_teacher_messages_put_the_hint_in_the_system_text_and_examples_before_th
     card = catalog.get("action_guide")
     plain = build_persona_messages(card, [HistoryTurn("user", "I lost my keys.")], [], FALLBACK_ACTION,
                                    card.default_tone, {})
-    hint = sd.load_hints()["action_guide"]
+    hints = sd.load_hints()
+    hint = replace(hints["action_guide"], shots=2)
     msgs = sd.teacher_messages(plain, hint, "s1|action_guide|first|0")
     assert msgs[0]["content"] == plain[0]["content"] + "\n\n" + hint.hint
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert msgs[-1] == plain[-1]
     shown = {(msgs[1]["content"], msgs[2]["content"]), (msgs[3]["content"], msgs[4]["content"])}
     assert shown <= set(hint.examples)
+    # the bundled file shows the Action Guide and the Listener four examples, the others two
+    assert {p: h.shots for p, h in hints.items()} == {"empathetic_listener": 4, "anchor": 2, "catalyst": 2,
+                                                      "action_guide": 4, "beacon": 2}
+    four = sd.teacher_messages(plain, hints["action_guide"], "s1|action_guide|first|0")
+    assert [m["role"] for m in four] == ["system", *["user", "assistant"] * 4, "user"]
+    assert len({m["content"] for m in four[1:-1:2]}) == 4  # four different examples
     # other contexts see other examples
     firsts = {sd.teacher_messages(plain, hint, f"s{i}")[1]["content"] for i in range(30)}
     assert len(firsts) >= 3
@@ -58,6 +67,13 @@ def test_hints_file_errors_name_the_file_and_persona(tmp_path) -> None:
     bad.write_text("personas:\n  anchor: {examples: []}\n")
     with pytest.raises(ValueError, match=r"h\.yaml: persona 'anchor' needs a non-empty 'hint'"):
         sd.load_hints(bad)
+    one = "examples: [{user: u, reply: r}]"
+    for shots in ("0", "9", "2", "true", "1.5"):
+        bad.write_text(f"personas:\n  anchor: {{hint: h, {one}, shots: {shots}}}\n")
+        with pytest.raises(ValueError, match=r"h\.yaml: persona 'anchor': 'shots' must be a whole number"):
+            sd.load_hints(bad)
+    bad.write_text(f"personas:\n  anchor: {{hint: h, {one}, shots: 1}}\n")
+    assert sd.load_hints(bad)["anchor"].shots == 1
     bad.write_text("personas:\n  anchor: {hint: x, examples: [{user: a}]}\n")
     with pytest.raises(ValueError, match="list of {user, reply}"):
         sd.load_hints(bad)

@@ -194,6 +194,29 @@ def test_per_persona_sft_trains_one_adapter_each_and_a_killed_stage_keeps_the_fi
         sft.adapter_dirs(tmp_path, [p0, "beacon"])
 
 
+def test_per_persona_sft_retrains_only_the_persona_whose_rows_changed(base, tmp_path, monkeypatch):
+    p0, p1 = _personas()
+
+    def row(pid, reply):
+        return json.dumps({"persona_id": pid, "messages": [{"role": "user", "content": "I lost my keys."},
+                                                           {"role": "assistant", "content": reply}]}) + "\n"
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(row(p0, "That is annoying.") + row(p1, "Check your coat pockets tonight."))
+    cfg = _cfg(sft={"enabled": True, "max_steps": 1, "per_persona": True, "data": data}, lora={"r": 4, "alpha": 8})
+    first = sft.run(cfg, tmp_path / "out", base_model=base)
+    kept = (tmp_path / "out" / "sft" / "adapters" / p0 / "adapter_model.safetensors").read_bytes()
+    # the same run directory, new rows for p1: the finished stage's p0 adapter is reused, p1 retrained
+    data.write_text(row(p0, "That is annoying.") + row(p1, "Call the last shop you visited tomorrow."))
+    real, trained = sft._train_adapter, []
+    monkeypatch.setattr(sft, "_train_adapter", lambda *a: trained.append(a[-1]) or real(*a))
+    m = sft.run(cfg, tmp_path / "out", base_model=base)
+    assert trained == [p1] and set(m["adapters"]) == {p0, p1}
+    assert m["inputs"]["data"] != first["inputs"]["data"]  # a new stage, not the old one returned
+    assert (tmp_path / "out" / "sft" / "adapters" / p0 / "adapter_model.safetensors").read_bytes() == kept
+    assert m["metrics"]["per_persona"][p0] == first["metrics"]["per_persona"][p0]
+
+
 def test_per_persona_sft_refuses_a_persona_without_rows(base, tmp_path):
     p0, p1 = _personas()
     rows = tmp_path / "rows.jsonl"

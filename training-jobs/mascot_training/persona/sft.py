@@ -157,11 +157,22 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
         per: dict[str, dict] = {}
         for pid, part_rows in groups.items():
             dest = partial / ("adapters" if pid else "") / (pid or "adapter")
-            marker = dest.parent / f"{dest.name}.done.json"  # a killed stage keeps the adapters it finished
-            key = digest_obj([config, inputs, pid])
-            done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
-            if done.get("key") == key and dest.is_dir():
-                per[pid] = done["metrics"]
+            # a killed or rerun stage keeps each adapter trained with the same settings on the same rows: new rows for
+            # one persona retrain that persona only
+            marker = dest.parent / f"{dest.name}.done.json"
+            key = digest_obj([config, inputs["base_model"], pid, [r["messages"] for r in part_rows]])
+            prev = out / STAGE / dest.relative_to(partial)  # the last finished stage's adapter of this persona
+            prev_marker = prev.parent / marker.name
+            for d, mk in ((dest, marker), (prev, prev_marker)):
+                done = json.loads(mk.read_text(encoding="utf-8")) if mk.is_file() else {}
+                if done.get("key") == key and d.is_dir():
+                    if d != dest:
+                        shutil.rmtree(dest, ignore_errors=True)
+                        shutil.copytree(d, dest)
+                        atomic_write_text(marker, mk.read_text(encoding="utf-8"))
+                    per[pid] = done["metrics"]
+                    break
+            if pid in per:
                 continue
             shutil.rmtree(dest, ignore_errors=True)
             per[pid] = _train_adapter(cfg, part_rows, base_model, dest, partial / "trainer",
