@@ -131,6 +131,27 @@ def test_stage_dir_publishes_atomically_and_resumes(tmp_path):
     assert not (tmp_path / "s.partial").exists()
 
 
+def test_a_partial_stage_left_under_other_settings_is_cleared_not_resumed(tmp_path):
+    inputs = {"x": "digest"}
+    with pytest.raises(RuntimeError):
+        with stage_dir(tmp_path, "s", {"k": 4}, inputs) as (part, m):
+            (part / "rows.jsonl").write_text('{"made": "with k 4"}\n')
+            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError):  # the same settings resume it
+        with stage_dir(tmp_path, "s", {"k": 4}, inputs) as (part, m):
+            assert (part / "rows.jsonl").is_file()
+            raise RuntimeError("crash again")
+    with stage_dir(tmp_path, "s", {"k": 6}, inputs) as (part, m):  # other settings: nothing of the old run
+        assert not (part / "rows.jsonl").exists()
+        (part / "rows.jsonl").write_text('{"made": "with k 6"}\n')
+    assert not (tmp_path / "s" / ".stage_key").exists()  # the key file is not published
+    # a partial directory without a key (left by an older version) is resumed as before
+    (tmp_path / "t.partial").mkdir()
+    (tmp_path / "t.partial" / "rows.jsonl").write_text("{}\n")
+    with stage_dir(tmp_path, "t", {"k": 1}, inputs) as (part, m):
+        assert (part / "rows.jsonl").is_file()
+
+
 def test_read_jsonl_drops_a_torn_line(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text(json.dumps({"a": 1}) + "\n" + '{"a": 2')

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 from mascot.core.files import atomic_write_text
 
 MANIFEST = "manifest.json"
+#: The file in ``<stage>.partial/`` holding the key of the run that made it (:func:`stage_dir`).
+PARTIAL_KEY = ".stage_key"
 _LIBS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "mascot")
 
 
@@ -76,12 +78,20 @@ def stage_dir(out: str | Path, stage: str, config: Any, inputs: dict[str, str]) 
 
     Yields ``(partial_dir, manifest)``; the stage fills ``manifest["metrics"]``, ``["data_ids"]`` and any extra
     keys. On success the manifest (with config, digests, versions, timings) is written and the directory renamed;
-    on an exception the partial directory stays for resumption and nothing is published.
+    on an exception the partial directory stays for resumption and nothing is published. The partial directory
+    records its stage key (config and input digests, :data:`PARTIAL_KEY`): one left by a run with another key is
+    cleared first, so a rerun with new settings or inputs never resumes rows made under the old ones (a partial
+    directory without a key is resumed as before).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     final, partial = out / stage, out / f"{stage}.partial"
+    key = digest_obj([config, inputs])
+    key_file = partial / PARTIAL_KEY
+    if key_file.is_file() and key_file.read_text(encoding="utf-8").strip() != key:
+        shutil.rmtree(partial)
     partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(key_file, key + "\n")
     manifest: dict = {"stage": stage, "config": json.loads(json.dumps(config, default=str)),
                       "config_digest": digest_obj(config), "inputs": inputs, "data_ids": [], "metrics": {},
                       "versions": library_versions()}
@@ -90,6 +100,7 @@ def stage_dir(out: str | Path, stage: str, config: Any, inputs: dict[str, str]) 
     stamp = "%Y-%m-%dT%H:%M:%SZ"
     manifest["timings"] = {"seconds": round(time.time() - t0, 3), "started": time.strftime(stamp, time.gmtime(t0)),
                            "finished": time.strftime(stamp, time.gmtime())}
+    key_file.unlink(missing_ok=True)
     manifest["outputs"] = digest_path(partial)
     atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
     if final.exists():
