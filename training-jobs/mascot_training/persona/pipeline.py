@@ -147,8 +147,7 @@ def run(cfg: PersonaAlignmentConfig, out: str | Path, stages: tuple[str, ...] = 
                     nonlocal_reset()
                 elif stage == "sample":
                     eng = await get_engine()
-                    sft_on = read_manifest(out / "sft") is not None and cfg.sft.enabled
-                    names = sft_adapter_names(adapter_dirs(out, active_personas(cfg))) if sft_on else None
+                    names = sft_adapter_names(adapter_dirs(out, active_personas(cfg))) if cfg.sft.enabled else None
                     results[stage] = await mod.run(cfg, out, engine=eng, sft_adapter=names)
                 elif stage == "judge":  # a remote JudgeService (judge.target) needs no local model
                     results[stage] = await mod.run(cfg, out, engine=None if cfg.judge.target else await get_engine())

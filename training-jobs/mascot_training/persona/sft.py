@@ -161,20 +161,16 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
             # one persona retrain that persona only
             marker = dest.parent / f"{dest.name}.done.json"
             key = digest_obj([config, inputs["base_model"], pid, [r["messages"] for r in part_rows]])
-            prev = out / STAGE / dest.relative_to(partial)  # the last finished stage's adapter of this persona
-            prev_marker = prev.parent / marker.name
-            for d, mk in ((dest, marker), (prev, prev_marker)):
-                done = json.loads(mk.read_text(encoding="utf-8")) if mk.is_file() else {}
-                if done.get("key") == key and d.is_dir():
-                    if d != dest:
-                        shutil.rmtree(dest, ignore_errors=True)
-                        shutil.copytree(d, dest)
-                        atomic_write_text(marker, mk.read_text(encoding="utf-8"))
-                    per[pid] = done["metrics"]
-                    break
-            if pid in per:
+            if (done := _finished(dest, marker, key)) is not None:
+                per[pid] = done
                 continue
+            prev = out / STAGE / dest.relative_to(partial)  # the last finished stage's adapter of this persona
             shutil.rmtree(dest, ignore_errors=True)
+            if (done := _finished(prev, prev.parent / marker.name, key)) is not None:
+                shutil.copytree(prev, dest)
+                atomic_write_text(marker, (prev.parent / marker.name).read_text(encoding="utf-8"))
+                per[pid] = done
+                continue
             per[pid] = _train_adapter(cfg, part_rows, base_model, dest, partial / "trainer",
                                       partial / (f"curves_{pid}.png" if pid else "curves.png"), pid)
             atomic_write_text(marker, json.dumps({"key": key, "metrics": per[pid]}) + "\n")
@@ -188,6 +184,13 @@ def run(cfg: PersonaAlignmentConfig, out: Path, *, base_model: str) -> dict | No
             manifest["adapter"] = "adapter"
             manifest["metrics"] = per[""]
     return manifest
+
+
+def _finished(adapter: Path, marker: Path, key: str) -> dict | None:
+    """The metrics of ``adapter`` when its ``marker`` records ``key`` (trained with these settings on these rows),
+    else None."""
+    done = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+    return done["metrics"] if done.get("key") == key and adapter.is_dir() else None
 
 
 def _train_adapter(cfg: PersonaAlignmentConfig, rows: list[dict], base_model: str, dest: Path, work: Path,
